@@ -1,0 +1,5 @@
+"""hector: fast, memory-lean GNN layers on GPUs (the Hector compiler and DF-GNN fusion)."""
+from .graph import Graph
+
+__version__ = "0.1.0"
+__all__ = ["Graph", "__version__"]

@@ -1,0 +1,239 @@
+"""Downloading and unpacking dataset files safely.
+
+Three guarantees, because dataset files come from third-party servers:
+
+* ``fetch`` never leaves a half-written file under the final name: it streams into a temporary
+  file in the destination folder and renames it only after the whole body arrived and its
+  SHA-256 matched.
+* Integrity.  When our registry knows a file's SHA-256, a mismatch is an error.  When it does
+  not, we fall back to *trust on first use*: the hash of the first download is recorded in a
+  ``<file>.sha256`` sidecar next to the file, and every later download or use of that file is
+  checked against it, so a file that changes upstream or on disk afterwards is caught.
+* ``extract`` refuses archive members that could write outside the destination or create
+  special files (absolute paths, ``..`` components, symbolic and hard links, devices, FIFOs),
+  checking every member before writing anything.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tarfile
+import tempfile
+import urllib.request
+import zipfile
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import List, Optional, Union
+
+PathLike = Union[str, os.PathLike]
+
+_CHUNK = 1 << 20
+
+
+def sha256_of(path: PathLike) -> str:
+    """The hex SHA-256 of a file, read in 1 MiB chunks (large archives never sit in memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _read_sidecar(path: Path) -> Optional[str]:
+    side = _sidecar(path)
+    if not side.exists():
+        return None
+    text = side.read_text().split()
+    if not text or len(text[0]) != 64:
+        raise ValueError(f"checksum sidecar {side} is malformed; delete it and {path.name} "
+                         "to download again")
+    return text[0].lower()
+
+
+def _write_sidecar(path: Path, digest: str) -> None:
+    # Same layout as `sha256sum` output, so `sha256sum -c` can check it too.
+    _sidecar(path).write_text(f"{digest}  {path.name}\n")
+
+
+def _mismatch(path: Path, expected: str, actual: str, where: str) -> ValueError:
+    return ValueError(f"SHA-256 mismatch for {path}: expected {expected} ({where}), got {actual}; "
+                      "the file was deleted, load again to download it afresh")
+
+
+def verify(path: PathLike, sha256: Optional[str] = None) -> str:
+    """Check an existing file against ``sha256``, or trust-on-first-use when it is None.
+
+    With ``sha256=None`` the file is checked against its ``<file>.sha256`` sidecar when one
+    exists, and a sidecar is recorded otherwise.  On a mismatch the file is deleted (so the next
+    load downloads it again) and a ``ValueError`` names the file and both hashes.
+    """
+    path = Path(path)
+    actual = sha256_of(path)
+    expected, where = (sha256.lower(), "registry") if sha256 else (_read_sidecar(path), "sidecar")
+    if expected is None:
+        _write_sidecar(path, actual)
+    elif actual != expected:
+        path.unlink()
+        raise _mismatch(path, expected, actual, where)
+    return actual
+
+
+def fetch(url: str, dest_path: PathLike, sha256: Optional[str] = None,
+          progress: bool = True) -> Path:
+    """Download ``url`` to ``dest_path`` and return the path.
+
+    The body is streamed (with a tqdm progress bar when ``progress``) into a temporary file in
+    the destination folder and hashed on the way; only a complete download whose SHA-256
+    matches is renamed to ``dest_path`` (an atomic rename on one file system).  When ``sha256``
+    is given and differs, a ``ValueError`` names the file and the expected and actual hashes and
+    nothing is kept.  When ``sha256`` is None, trust on first use: the hash is compared with the
+    ``<dest>.sha256`` sidecar if one exists (same error on a mismatch), and recorded there
+    otherwise.
+    """
+    dest = Path(dest_path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    expected, where = (sha256.lower(), "registry") if sha256 else (_read_sidecar(dest), "sidecar")
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        h = hashlib.sha256()
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url) as resp:
+            total = resp.headers.get("Content-Length")
+            bar = _progress_bar(int(total) if total and total.isdigit() else None, dest.name,
+                                progress)
+            try:
+                for chunk in iter(lambda: resp.read(_CHUNK), b""):
+                    out.write(chunk)
+                    h.update(chunk)
+                    bar.update(len(chunk))
+            finally:
+                bar.close()
+        actual = h.hexdigest()
+        if expected is not None and actual != expected:
+            raise _mismatch(dest, expected, actual, where)
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if expected is None:
+        _write_sidecar(dest, actual)
+    return dest
+
+
+def _progress_bar(total: Optional[int], desc: str, enabled: bool):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is a dependency, but a missing bar must not stop a download
+        enabled = False
+    if not enabled:
+        class _Null:
+            def update(self, n):
+                pass
+
+            def close(self):
+                pass
+        return _Null()
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
+                leave=False)
+
+
+def _check_member_name(archive: Path, name: str) -> None:
+    """Refuse names that could land outside the destination, on POSIX or Windows."""
+    for pure in (PurePosixPath(name), PureWindowsPath(name)):
+        if pure.is_absolute() or pure.anchor:
+            raise ValueError(f"unsafe member {name!r} in archive {archive}: absolute path")
+        if ".." in pure.parts:
+            raise ValueError(f"unsafe member {name!r} in archive {archive}: '..' component")
+
+
+def _within(dest: Path, name: str) -> Path:
+    target = (dest / name).resolve()
+    if target != dest and dest not in target.parents:
+        raise ValueError(f"unsafe member {name!r}: resolves outside {dest}")
+    return target
+
+
+def extract(archive: PathLike, dest: PathLike) -> List[Path]:
+    """Unpack a ``.tar.gz``/``.tgz``/``.tar``/``.zip`` archive into ``dest``; return the files.
+
+    Every member is checked before anything is written.  A member with an absolute path, a
+    ``..`` component, a symbolic or hard link, or a device/FIFO type raises a ``ValueError``
+    naming the member, and nothing is extracted.  A corrupt archive raises a ``ValueError``
+    naming it.
+    """
+    archive, dest = Path(archive), Path(dest)
+    if not archive.exists():
+        raise FileNotFoundError(f"archive not found: {archive}")
+    dest.mkdir(parents=True, exist_ok=True)
+    dest = dest.resolve()
+    name = archive.name.lower()
+    try:
+        if name.endswith(".zip"):
+            return _extract_zip(archive, dest)
+        if name.endswith((".tar.gz", ".tgz", ".tar")):
+            return _extract_tar(archive, dest)
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"cannot read archive {archive}: {e}") from e
+    raise ValueError(f"unsupported archive type for {archive} (want .tar.gz, .tgz, .tar or .zip)")
+
+
+def _extract_tar(archive: Path, dest: Path) -> List[Path]:
+    out = []
+    with tarfile.open(archive, "r:*") as tar:
+        members = tar.getmembers()
+        for m in members:
+            _check_member_name(archive, m.name)
+            if m.issym() or m.islnk():
+                raise ValueError(f"unsafe member {m.name!r} in archive {archive}: "
+                                 f"{'symbolic' if m.issym() else 'hard'} link to {m.linkname!r}")
+            if not (m.isfile() or m.isdir()):
+                raise ValueError(f"unsafe member {m.name!r} in archive {archive}: "
+                                 "device, FIFO or other special file")
+            _within(dest, m.name)
+        for m in members:
+            target = dest / m.name
+            if m.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # Copy the bytes ourselves rather than tar.extract: no owner, mode or mtime from
+            # the archive is applied, whatever the Python version's extraction filter does.
+            src = tar.extractfile(m)
+            with src, open(target, "wb") as f:
+                for chunk in iter(lambda: src.read(_CHUNK), b""):
+                    f.write(chunk)
+            out.append(target)
+    return out
+
+
+def _extract_zip(archive: Path, dest: Path) -> List[Path]:
+    out = []
+    with zipfile.ZipFile(archive) as zf:
+        infos = zf.infolist()
+        for info in infos:
+            _check_member_name(archive, info.filename)
+            mode = info.external_attr >> 16  # Unix mode bits, when the creator stored them
+            if stat.S_ISLNK(mode):
+                raise ValueError(f"unsafe member {info.filename!r} in archive {archive}: "
+                                 "symbolic link")
+            if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) and stat.S_IFMT(mode):
+                raise ValueError(f"unsafe member {info.filename!r} in archive {archive}: "
+                                 "device, FIFO or other special file")
+            _within(dest, info.filename)
+        for info in infos:
+            target = dest / info.filename
+            if info.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(target, "wb") as f:
+                for chunk in iter(lambda: src.read(_CHUNK), b""):
+                    f.write(chunk)
+            out.append(target)
+    return out

@@ -1,0 +1,318 @@
+"""``hector.Graph``: the immutable, device-resident description of a (heterogeneous) graph that
+every layer and kernel reads.  Built once per graph with vectorised torch ops; validated once,
+at build time, so the hot path never re-checks ids."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .. import _checks as C
+from . import build
+from .structures import CSR, CompactMap, DegreeStats, move, nbytes_of
+
+#: A node whose in-degree reaches this is a *super node* (the DF-GNN notion: one row with so
+#: many neighbours that a node-parallel program for it would straggle).
+SUPER_NODE_DEGREE = 1000
+
+EdgeTypeName = Tuple[str, str, str]
+
+
+class Graph:
+    """A graph with typed nodes and typed (relational) edges.
+
+    Args:
+        edge_index: ``[2, E]`` integer tensor of (source, destination) node ids.
+        edge_type: ``[E]`` relation id of each edge (default: one relation).
+        num_nodes: number of nodes (default: largest id + 1, or ``len(node_type)``).
+        num_relations: number of relations (default: largest ``edge_type`` + 1).
+        node_type: ``[N]`` node-type id of each node (default: one node type).
+        num_node_types: number of node types (default: largest ``node_type`` + 1).
+        node_type_names: a name per node type.
+        relation_names: a canonical ``(src_type, relation, dst_type)`` per relation; with
+            ``node_type_names`` given, every edge's endpoints are checked against it.
+        super_node_threshold: in-degree from which a node counts as a super node.
+
+    Canonical edge order: edges sorted by (relation, destination), input order within ties.
+    Every edge-wise array (``src``, ``dst``, ``etype``, CSR ``eid`` s, compact ``edge_row``) is
+    in that order; ``edge_perm[i]`` is the input position of canonical edge ``i``.
+
+    Attributes:
+        rel_ptr: ``[R + 1]`` segment of each relation in canonical order.
+        csr_in: CSR by destination (aggregation, softmax over incoming edges).
+        csr_out: CSR by source (source-side gradients without atomics).
+        compact_src / compact_dst: unique (src, relation) / (dst, relation) pairs.
+        in_degree / out_degree: :class:`DegreeStats`.
+        node_type_ptr: ``[T + 1]``; with ``node_perm`` (None when node types are already
+            contiguous id ranges) it lists the nodes of each type.
+    """
+
+    def __init__(self, edge_index: torch.Tensor, edge_type: Optional[torch.Tensor] = None,
+                 num_nodes: Optional[int] = None, num_relations: Optional[int] = None,
+                 node_type: Optional[torch.Tensor] = None, num_node_types: Optional[int] = None,
+                 node_type_names: Optional[Sequence[str]] = None,
+                 relation_names: Optional[Sequence[EdgeTypeName]] = None,
+                 super_node_threshold: int = SUPER_NODE_DEGREE):
+        src, dst, etype, ntype, sizes = _validate(
+            edge_index, edge_type, num_nodes, num_relations, node_type, num_node_types,
+            node_type_names, relation_names, super_node_threshold)
+        self.num_nodes, self.num_relations, self.num_node_types = sizes
+        self.num_edges = int(src.numel())
+        self.device = src.device
+        self.index_dtype = build.index_dtype(self.num_nodes, self.num_edges)
+        self.node_type_names = list(node_type_names) if node_type_names is not None else None
+        self.relation_names = [tuple(r) for r in relation_names] if relation_names is not None else None
+        self.graph_ptr: Optional[torch.Tensor] = None   # set by Graph.batch
+        self._build(src, dst, etype, ntype, super_node_threshold)
+        self._device_copies: Dict[torch.device, Graph] = {self.device: self}
+
+    # -- construction ---------------------------------------------------------------------
+    def _build(self, src, dst, etype, ntype, super_node_threshold):
+        n, r, t = self.num_nodes, self.num_relations, self.num_node_types
+        idx = self.index_dtype
+        perm = build.canonical_order(src, dst, etype, n)
+        src, dst, etype = src[perm], dst[perm], etype[perm]
+        self.rel_ptr = build.ptr_of(etype, r)
+        self.csr_in = build.csr(dst, src, n)
+        self.csr_out = build.csr(src, dst, n)
+        self.compact_src = build.compact_map(src, etype, n, r, keys_sorted=False)
+        self.compact_dst = build.compact_map(dst, etype, n, r, keys_sorted=True)
+        self.in_degree = DegreeStats.of(self.csr_in.degrees(), super_node_threshold)
+        self.out_degree = DegreeStats.of(self.csr_out.degrees(), super_node_threshold)
+        if ntype is None:
+            ntype = torch.zeros(n, dtype=torch.int64, device=src.device)
+        self.node_type_ptr, node_perm, self.node_types_contiguous = build.type_grouping(ntype, t)
+        # Narrow every id array to the index dtype once, here; pointers that may exceed the
+        # number of edges stay int64 only when the index dtype is int64 anyway.
+        self.src, self.dst, self.etype = src.to(idx), dst.to(idx), etype.to(torch.int32)
+        self.edge_perm = perm.to(idx)
+        self.node_type = ntype.to(torch.int32)
+        self.node_perm = node_perm.to(idx) if node_perm is not None else None
+        self.rel_ptr = self.rel_ptr.to(idx)
+        self.node_type_ptr = self.node_type_ptr.to(idx)
+        self.csr_in = CSR(*(a.to(idx) for a in (self.csr_in.ptr, self.csr_in.col, self.csr_in.eid)))
+        self.csr_out = CSR(*(a.to(idx) for a in (self.csr_out.ptr, self.csr_out.col, self.csr_out.eid)))
+        self.compact_src = _narrow_compact(self.compact_src, idx)
+        self.compact_dst = _narrow_compact(self.compact_dst, idx)
+
+    @classmethod
+    def from_hetero(cls, edge_index_dict: Dict[EdgeTypeName, torch.Tensor],
+                    num_nodes_dict: Dict[str, int], **kwargs) -> "Graph":
+        """Build from PyG's ``HeteroData`` layout: per-type local ids become one global id
+        space where node type ``t`` owns a contiguous range (in ``num_nodes_dict`` order), and
+        relations are numbered in ``edge_index_dict`` order."""
+        from .hetero import flatten_hetero
+        flat = flatten_hetero(edge_index_dict, num_nodes_dict)
+        return cls(flat.edge_index, edge_type=flat.edge_type, num_nodes=flat.num_nodes,
+                   num_relations=len(flat.relation_names), node_type=flat.node_type,
+                   num_node_types=len(flat.node_type_names),
+                   node_type_names=flat.node_type_names, relation_names=flat.relation_names,
+                   **kwargs)
+
+    @classmethod
+    def batch(cls, graphs: Sequence["Graph"]) -> "Graph":
+        """Block-diagonal batch of graphs sharing one schema (node types and relations).
+        ``graph_ptr[i]:graph_ptr[i+1]`` are the node ids of graph ``i`` in the batch."""
+        from .batching import batch_graphs
+        return batch_graphs(cls, graphs)
+
+    # -- views ----------------------------------------------------------------------------
+    def input_edge_index(self) -> torch.Tensor:
+        """``[2, E]`` edges back in the order they were given (int64)."""
+        out = torch.empty(2, self.num_edges, dtype=torch.int64, device=self.device)
+        out[:, self.edge_perm.long()] = torch.stack([self.src, self.dst]).long()
+        return out
+
+    def input_edge_type(self) -> torch.Tensor:
+        out = torch.empty(self.num_edges, dtype=torch.int64, device=self.device)
+        out[self.edge_perm.long()] = self.etype.long()
+        return out
+
+    def nodes_of_type(self, node_type) -> torch.Tensor:
+        """Global ids of the nodes of one type (by index or name), ascending."""
+        t = self._type_index(node_type)
+        lo, hi = int(self.node_type_ptr[t]), int(self.node_type_ptr[t + 1])
+        if self.node_types_contiguous:
+            return torch.arange(lo, hi, device=self.device)
+        return self.node_perm[lo:hi].long()
+
+    def relation_index(self, relation) -> int:
+        if isinstance(relation, int):
+            if not 0 <= relation < self.num_relations:
+                raise ValueError(f"relation {relation} out of range for num_relations="
+                                 f"{self.num_relations}")
+            return relation
+        names = self.relation_names or []
+        if isinstance(relation, str):
+            matches = [i for i, n in enumerate(names) if n[1] == relation]
+        else:
+            matches = [i for i, n in enumerate(names) if n == tuple(relation)]
+        if len(matches) != 1:
+            raise ValueError(f"relation {relation!r} is {'ambiguous' if matches else 'unknown'}; "
+                             f"known relations: {names}")
+        return matches[0]
+
+    def _type_index(self, node_type) -> int:
+        if isinstance(node_type, str):
+            if not self.node_type_names or node_type not in self.node_type_names:
+                raise ValueError(f"unknown node type {node_type!r}; known: {self.node_type_names}")
+            return self.node_type_names.index(node_type)
+        if not 0 <= node_type < self.num_node_types:
+            raise ValueError(f"node type {node_type} out of range for num_node_types="
+                             f"{self.num_node_types}")
+        return node_type
+
+    # -- device and memory ----------------------------------------------------------------
+    def to(self, device) -> "Graph":
+        """This graph on ``device``; the copy is kept, so moving twice costs nothing."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device not in self._device_copies:
+            other = object.__new__(Graph)
+            other.__dict__.update({k: _move_value(v, device) for k, v in self.__dict__.items()
+                                   if k != "_device_copies"})
+            other.device = device
+            other._device_copies = self._device_copies   # shared: every copy knows the others
+            self._device_copies[device] = other
+        return self._device_copies[device]
+
+    def nbytes(self) -> int:
+        """Bytes held by this graph's index structures on its device."""
+        tensors = [self.src, self.dst, self.etype, self.edge_perm, self.rel_ptr, self.node_type,
+                   self.node_type_ptr, self.node_perm, self.graph_ptr]
+        return (sum(t.numel() * t.element_size() for t in tensors if t is not None)
+                + nbytes_of(self.csr_in, self.csr_out, self.compact_src, self.compact_dst))
+
+    def summary(self) -> dict:
+        """Plain-Python statistics (what ``hector info`` prints)."""
+        rel_counts = (self.rel_ptr[1:] - self.rel_ptr[:-1]).tolist()
+        type_counts = (self.node_type_ptr[1:] - self.node_type_ptr[:-1]).tolist()
+        return {
+            "num_nodes": self.num_nodes, "num_edges": self.num_edges,
+            "num_node_types": self.num_node_types, "num_relations": self.num_relations,
+            "nodes_per_type": dict(zip(self.node_type_names or map(str, range(self.num_node_types)),
+                                       type_counts)),
+            "edges_per_relation": dict(zip(
+                ["/".join(r) for r in self.relation_names] if self.relation_names
+                else map(str, range(self.num_relations)), rel_counts)),
+            "compact_src_rows": self.compact_src.num_rows,
+            "compact_dst_rows": self.compact_dst.num_rows,
+            "in_degree": self.in_degree.__dict__, "out_degree": self.out_degree.__dict__,
+            "index_dtype": str(self.index_dtype).replace("torch.", ""),
+            "device": str(self.device), "nbytes": self.nbytes(),
+        }
+
+    def __repr__(self) -> str:
+        return (f"Graph(num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
+                f"num_relations={self.num_relations}, num_node_types={self.num_node_types}, "
+                f"max_in_degree={self.in_degree.max}, device={self.device})")
+
+
+def _narrow_compact(m: CompactMap, idx: torch.dtype) -> CompactMap:
+    return CompactMap(node=m.node.to(idx), rel=m.rel.to(torch.int32), rel_ptr=m.rel_ptr.to(idx),
+                      edge_row=m.edge_row.to(idx))
+
+
+def _move_value(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (CSR, CompactMap)):
+        return move(value, device)
+    return value
+
+
+def _validate(edge_index, edge_type, num_nodes, num_relations, node_type, num_node_types,
+              node_type_names, relation_names, super_node_threshold):
+    """Every check of DESIGN.md section 6 that concerns graph structure, in one place, before
+    any structure is built.  Returns int64 (src, dst, etype, node_type|None) and the sizes."""
+    C.check_edge_index(edge_index)
+    num_edges = edge_index.shape[1]
+    if edge_type is not None:
+        C.check_index(edge_type, "edge_type", 1)
+        C.check_same_length(edge_type, "edge_type", num_edges, "edge_index (its second dim)")
+    if node_type is not None:
+        C.check_index(node_type, "node_type", 1)
+    C.check_same_device([("edge_index", edge_index), ("edge_type", edge_type),
+                         ("node_type", node_type)])
+    num_nodes = C.check_count(num_nodes, "num_nodes", allow_none=True)
+    num_relations = C.check_count(num_relations, "num_relations", allow_none=True)
+    num_node_types = C.check_count(num_node_types, "num_node_types", allow_none=True)
+    C.check_count(super_node_threshold, "super_node_threshold")
+
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    if node_type is not None:
+        if num_nodes is None:
+            num_nodes = int(node_type.shape[0])
+        C.check_same_length(node_type, "node_type", num_nodes, "num_nodes")
+    if num_nodes is None:
+        if num_edges and int(edge_index.min()) < 0:
+            C.check_range(edge_index.reshape(-1), "edge_index", 1, "num_nodes")
+        num_nodes = int(edge_index.max()) + 1 if num_edges else 0
+    C.check_range(src, "edge_index[0] (source ids)", num_nodes, "num_nodes")
+    C.check_range(dst, "edge_index[1] (destination ids)", num_nodes, "num_nodes")
+
+    if edge_type is None:
+        etype = torch.zeros(num_edges, dtype=torch.int64, device=src.device)
+        num_relations = 1 if num_relations is None else num_relations
+        if num_relations < 1 and num_edges:
+            raise ValueError("num_relations must be >= 1 when the graph has edges")
+    else:
+        etype = edge_type.long()
+        if num_relations is None:
+            num_relations = int(etype.max()) + 1 if num_edges else 1
+            if num_edges and int(etype.min()) < 0:
+                C.check_range(etype, "edge_type", num_relations, "num_relations")
+        C.check_range(etype, "edge_type", num_relations, "num_relations")
+
+    ntype = None
+    if node_type is not None:
+        ntype = node_type.long()
+        if num_node_types is None:
+            num_node_types = int(ntype.max()) + 1 if num_nodes else 1
+            if num_nodes and int(ntype.min()) < 0:
+                C.check_range(ntype, "node_type", num_node_types, "num_node_types")
+        C.check_range(ntype, "node_type", num_node_types, "num_node_types")
+    num_node_types = 1 if num_node_types is None else max(num_node_types, 1)
+
+    _check_names(node_type_names, "node_type_names", num_node_types, "num_node_types")
+    _check_names(relation_names, "relation_names", num_relations, "num_relations")
+    if relation_names is not None:
+        for i, r in enumerate(relation_names):
+            if not (isinstance(r, (tuple, list)) and len(r) == 3 and all(isinstance(s, str) for s in r)):
+                raise TypeError(f"relation_names[{i}] must be a (src_type, relation, dst_type) "
+                                f"tuple of str, got {r!r}")
+        if node_type_names is not None:
+            _check_endpoint_types(src, dst, etype, ntype, node_type_names, relation_names)
+    return src, dst, etype, ntype, (num_nodes, num_relations, num_node_types)
+
+
+def _check_names(names, name: str, expected: int, expected_name: str) -> None:
+    if names is None:
+        return
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
+        raise TypeError(f"{name} must be a sequence, got {type(names).__name__}")
+    if len(names) != expected:
+        raise ValueError(f"{name} has {len(names)} entries but {expected_name}={expected}")
+
+
+def _check_endpoint_types(src, dst, etype, ntype, node_type_names: List[str],
+                          relation_names: Sequence[EdgeTypeName]) -> None:
+    """Each edge of relation (s, r, d) must leave a node of type s and enter one of type d."""
+    index = {n: i for i, n in enumerate(node_type_names)}
+    for i, (s, _, d) in enumerate(relation_names):
+        for t in (s, d):
+            if t not in index:
+                raise ValueError(f"relation_names[{i}]={relation_names[i]!r} names node type "
+                                 f"{t!r}, which is not in node_type_names {list(node_type_names)}")
+    if ntype is None or src.numel() == 0:
+        return
+    want = torch.tensor([[index[s], index[d]] for s, _, d in relation_names],
+                        dtype=torch.int64, device=src.device)[etype]
+    bad = (ntype[src] != want[:, 0]) | (ntype[dst] != want[:, 1])
+    if bool(bad.any()):
+        e = int(bad.nonzero()[0, 0])
+        r = relation_names[int(etype[e])]
+        raise ValueError(f"edge {e} ({int(src[e])} -> {int(dst[e])}) has relation {r!r} but "
+                         f"its endpoints have node types ({node_type_names[int(ntype[src[e]])]!r}, "
+                         f"{node_type_names[int(ntype[dst[e]])]!r})")
