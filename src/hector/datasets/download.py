@@ -59,9 +59,10 @@ def _write_sidecar(path: Path, digest: str) -> None:
     _sidecar(path).write_text(f"{digest}  {path.name}\n")
 
 
-def _mismatch(path: Path, expected: str, actual: str, where: str) -> ValueError:
+def _mismatch(path: Path, expected: str, actual: str, where: str,
+              fate: str = "the file was deleted, load again to download it afresh") -> ValueError:
     return ValueError(f"SHA-256 mismatch for {path}: expected {expected} ({where}), got {actual}; "
-                      "the file was deleted, load again to download it afresh")
+                      f"{fate}")
 
 
 def verify(path: PathLike, sha256: Optional[str] = None) -> str:
@@ -83,7 +84,7 @@ def verify(path: PathLike, sha256: Optional[str] = None) -> str:
 
 
 def fetch(url: str, dest_path: PathLike, sha256: Optional[str] = None,
-          progress: bool = True) -> Path:
+          progress: bool = True, timeout: float = 60.0) -> Path:
     """Download ``url`` to ``dest_path`` and return the path.
 
     The body is streamed (with a tqdm progress bar when ``progress``) into a temporary file in
@@ -92,7 +93,8 @@ def fetch(url: str, dest_path: PathLike, sha256: Optional[str] = None,
     is given and differs, a ``ValueError`` names the file and the expected and actual hashes and
     nothing is kept.  When ``sha256`` is None, trust on first use: the hash is compared with the
     ``<dest>.sha256`` sidecar if one exists (same error on a mismatch), and recorded there
-    otherwise.
+    otherwise.  ``timeout`` (seconds) bounds each network wait, so a stalled server fails
+    instead of hanging.
     """
     dest = Path(dest_path)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +103,7 @@ def fetch(url: str, dest_path: PathLike, sha256: Optional[str] = None,
     tmp = Path(tmp_name)
     try:
         h = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url) as resp:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
             total = resp.headers.get("Content-Length")
             bar = _progress_bar(int(total) if total and total.isdigit() else None, dest.name,
                                 progress)
@@ -114,7 +116,7 @@ def fetch(url: str, dest_path: PathLike, sha256: Optional[str] = None,
                 bar.close()
         actual = h.hexdigest()
         if expected is not None and actual != expected:
-            raise _mismatch(dest, expected, actual, where)
+            raise _mismatch(dest, expected, actual, where, "the download was discarded")
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -237,3 +239,21 @@ def _extract_zip(archive: Path, dest: Path) -> List[Path]:
                     f.write(chunk)
             out.append(target)
     return out
+
+
+def require_file(root: PathLike, name: str) -> Path:
+    """``root/name``, or the one ``root/*/name`` (archives often unpack into a subfolder).
+
+    A missing file raises ``FileNotFoundError`` naming the full path that was expected.
+    """
+    root = Path(root)
+    path = root / name
+    if path.is_file():
+        return path
+    nested = sorted(p for p in root.glob(f"*/{name}") if p.is_file()) if root.is_dir() else []
+    if len(nested) == 1:
+        return nested[0]
+    if len(nested) > 1:
+        raise ValueError(f"{name} found in several subfolders of {root}: "
+                         f"{', '.join(map(str, nested))}; point root at one of them")
+    raise FileNotFoundError(f"dataset file not found: {path}")

@@ -170,8 +170,9 @@ class Graph:
             device = torch.device("cuda", torch.cuda.current_device())
         if device not in self._device_copies:
             other = object.__new__(Graph)
+            # Derived graphs (``_derived``) are rebuilt per device on demand, not shared.
             other.__dict__.update({k: _move_value(v, device) for k, v in self.__dict__.items()
-                                   if k != "_device_copies"})
+                                   if k not in ("_device_copies", "_derived")})
             other.device = device
             other._device_copies = self._device_copies   # shared: every copy knows the others
             self._device_copies[device] = other
