@@ -71,7 +71,7 @@ class Graph:
         n, r, t = self.num_nodes, self.num_relations, self.num_node_types
         idx = self.index_dtype
         perm = build.canonical_order(src, dst, etype, n)
-        src, dst, etype = src[perm], dst[perm], etype[perm]
+        src, dst, etype = (build.take(a, perm) for a in (src, dst, etype))
         self.rel_ptr = build.ptr_of(etype, r)
         self.csr_in = build.csr(dst, src, n)
         self.csr_out = build.csr(src, dst, n)
