@@ -1,0 +1,141 @@
+"""The DF-GNN strategy suite on a GPU: node- vs edge-parallel vs auto for GAT, AGNN and
+Transformer layers, against PyG, on citation graphs, batches of small graphs, super-node
+graphs and the large synthetic profiles.
+
+    python scripts/attention_suite.py [--graphs cora,github-musae,...] [--out results.json]
+
+For each (graph, layer, F x H) it measures inference (forward under no_grad) and training
+(forward + backward) with CUDA events through triton.testing.do_bench (median), and the peak
+memory of one training step; PyG runs the same layer with parameters copied (an OOM is
+recorded as such).  Prints one table row per case and writes everything as JSON.
+"""
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from hector import datasets
+from hector.graph import Graph
+from hector.nn import AGNNConv, GATConv, TransformerConv
+
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+SIZES = [(128, 1), (64, 4)]     # (features per head, heads), DF-GNN's settings
+
+
+def suite_graphs(names):
+    for name in names:
+        t0 = time.perf_counter()
+        if name.startswith("batch:"):          # many small molecule-like graphs
+            count = int(name.split(":")[1])
+            gen = torch.Generator().manual_seed(0)
+            graphs = []
+            for _ in range(count):
+                n = int(torch.randint(10, 40, (1,), generator=gen))
+                e = 2 * n
+                ei = torch.randint(0, n, (2, e), generator=gen)
+                graphs.append(Graph(torch.cat([ei, ei.flip(0)], 1).cuda(), num_nodes=n))
+            g = Graph.batch(graphs)
+        elif name.startswith("synthetic:"):
+            d = datasets.load(name, device="cuda")
+            g = Graph(d.edge_index, num_nodes=d.num_nodes)
+        else:
+            d = datasets.load(name, root=DATA / name)
+            g = Graph(d.edge_index.cuda(), num_nodes=d.num_nodes)
+        torch.cuda.synchronize()
+        yield name, g, time.perf_counter() - t0
+
+
+def make(kind, f, h, strategy=None):
+    """hector layer (strategy given) or PyG layer (strategy None), seeded identically."""
+    import torch_geometric.nn as pyg
+    torch.manual_seed(0)
+    if kind == "gat":
+        ref = pyg.GATConv(f * h, f, heads=h, add_self_loops=False)
+    elif kind == "agnn":
+        ref = pyg.AGNNConv(add_self_loops=False)
+    else:
+        ref = pyg.TransformerConv(f * h, f, heads=h)
+    ref = ref.cuda()
+    if strategy is None:
+        return ref
+    cls = {"gat": GATConv, "agnn": AGNNConv, "transformer": TransformerConv}[kind]
+    return cls.from_pyg(ref, strategy=strategy, backend="triton")
+
+
+def measure(layer, x, graph_arg):
+    """(inference ms, training ms, peak training MiB) or an 'OOM' marker."""
+    from triton.testing import do_bench
+    try:
+        with torch.no_grad():
+            t_inf = do_bench(lambda: layer(x, graph_arg), warmup=25, rep=100, return_mode="median")
+        xg = x.detach().requires_grad_()
+
+        def step():
+            layer.zero_grad(set_to_none=True)
+            layer(xg, graph_arg).sum().backward()
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        t_train = do_bench(step, warmup=25, rep=100, return_mode="median")
+        return {"inference_ms": t_inf, "training_ms": t_train, "peak_train_MiB": peak}
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return {"oom": True}
+
+
+def fmt(r, key):
+    return "OOM" if r.get("oom") else f"{r[key]:.3f}"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--graphs", default="cora,amazon-computers,github-musae,synthetic:pubmed,"
+                   "synthetic:arxiv,batch:4000,synthetic:proteins,synthetic:reddit")
+    p.add_argument("--kinds", default="gat,agnn,transformer")
+    p.add_argument("--out", default="attention_suite.json")
+    p.add_argument("--no-pyg", action="store_true")
+    args = p.parse_args()
+    rows = []
+    print(f"{'graph':22s} {'layer':11s} {'FxH':6s} {'auto':5s} | "
+          f"{'node inf/train':>17s} {'edge inf/train':>17s} {'auto inf/train':>17s} "
+          f"{'PyG inf/train':>17s} | mem MiB ours/PyG")
+    for name, g, t_build in suite_graphs(args.graphs.split(",")):
+        for kind in args.kinds.split(","):
+            for f, h in SIZES:
+                if kind == "agnn" and h != 1:
+                    continue                       # AGNN has one head by definition
+                width = f * h
+                x = torch.randn(g.num_nodes, width, device="cuda")
+                res = {s: measure(make(kind, f, h, s), x, g) for s in ("node", "edge", "auto")}
+                if not args.no_pyg:
+                    ei = g.input_edge_index()
+                    res["pyg"] = measure(make(kind, f, h), x, ei)
+                    del ei
+                from hector.runtime.attention import choose_strategy, num_sms
+                chosen, why = choose_strategy(g.in_degree, g.num_edges, num_sms(g.device))
+                row = dict(graph=name, nodes=g.num_nodes, edges=g.num_edges, build_s=t_build,
+                           max_degree=g.in_degree.max, kind=kind, f=f, heads=h, auto=chosen,
+                           reason=why, **{f"{k}": v for k, v in res.items()})
+                rows.append(row)
+                pyg = res.get("pyg", {"oom": True})
+                print(f"{name:22s} {kind:11s} {f}x{h:<4d} {chosen:5s} | "
+                      + " ".join(f"{fmt(res[s], 'inference_ms'):>8s}/{fmt(res[s], 'training_ms'):<8s}"
+                                 for s in ("node", "edge", "auto"))
+                      + f" {fmt(pyg, 'inference_ms'):>8s}/{fmt(pyg, 'training_ms'):<8s} | "
+                      f"{fmt(res['auto'], 'peak_train_MiB')}/{fmt(pyg, 'peak_train_MiB')}",
+                      flush=True)
+                Path(args.out).write_text(json.dumps(rows, indent=1))
+                del x
+                torch.cuda.empty_cache()
+        del g
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
