@@ -1,0 +1,56 @@
+r"""AGNN (Thekumparampil et al. 2018), PyG ``AGNNConv`` semantics, on hector's fused attention."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops import edge_attention
+from ._common import check_backend, check_strategy, load_from_pyg, resolve_graph
+
+
+class AGNNConv(nn.Module):
+    r"""Attention-based propagation:
+
+    .. math::
+        \alpha_{ij} = \mathrm{softmax}_j\big(\beta \cos(x_i, x_j)\big), \qquad
+        x_i' = \sum_{j \in N(i)} \alpha_{ij} x_j
+
+    Args:
+        requires_grad: learn :math:`\beta` (else fixed at 1).
+        add_self_loops: replace self loops by exactly one per node, as PyG does.
+        strategy: ``"auto"``, ``"node"`` or ``"edge"``; backend: ``"auto"``, ``"triton"`` or ``"torch"``.
+
+    Shapes: x ``[N, F]``, edge_index ``[2, E]`` or a ``hector.Graph`` -> ``[N, F]``.
+    """
+
+    def __init__(self, requires_grad: bool = True, add_self_loops: bool = True,
+                 strategy: str = "auto", backend: str = "auto"):
+        super().__init__()
+        self.requires_grad, self.add_self_loops = requires_grad, add_self_loops
+        self.strategy = check_strategy(strategy)
+        self.backend = check_backend(backend)
+        if requires_grad:
+            self.beta = nn.Parameter(torch.ones(1))
+        else:
+            self.register_buffer("beta", torch.ones(1))
+
+    def reset_parameters(self) -> None:
+        if self.requires_grad:
+            self.beta.data.fill_(1)
+
+    def forward(self, x, edge_index):
+        graph = resolve_graph(x, edge_index, self.add_self_loops)
+        x_norm = F.normalize(x, p=2.0, dim=-1).unsqueeze(1)
+        out = edge_attention(graph, x.unsqueeze(1), q=x_norm * self.beta.to(x.dtype), k=x_norm,
+                             strategy=self.strategy,
+                             backend=self.backend)
+        return out.squeeze(1)
+
+    @classmethod
+    def from_pyg(cls, module, strategy: str = "auto", backend: str = "auto") -> "AGNNConv":
+        ours = cls(module.requires_grad, module.add_self_loops, strategy, backend)
+        return load_from_pyg(ours, module)
+
+    def __repr__(self) -> str:
+        return "AGNNConv()"

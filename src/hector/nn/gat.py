@@ -1,0 +1,89 @@
+r"""GAT (Veličković et al. 2018), PyG ``GATConv`` semantics, on hector's fused attention."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..ops import edge_attention
+from ._common import check_backend, check_strategy, load_from_pyg, no_edge_features, resolve_graph
+
+
+class GATConv(nn.Module):
+    r"""Graph attention:
+
+    .. math::
+        \alpha_{ij} = \mathrm{softmax}_j\big(\mathrm{LeakyReLU}(a_s^\top \Theta x_j +
+        a_t^\top \Theta x_i)\big), \qquad x_i' = \sum_{j \in N(i)} \alpha_{ij} \Theta x_j
+
+    per head; heads concatenated (``concat=True``) or averaged, then bias.  Score, softmax and
+    aggregation run as one fused kernel (node- or edge-parallel, see ``strategy``).
+
+    Args:
+        in_channels, out_channels, heads, concat, negative_slope, dropout, add_self_loops,
+        bias, residual: as in PyG's ``GATConv`` (``dropout`` applies to the attention
+        coefficients).
+        strategy: ``"auto"`` (chosen from the graph's degree statistics), ``"node"`` or ``"edge"``.
+        backend: ``"auto"`` (Triton on CUDA or under ``TRITON_INTERPRET=1``, else torch),
+            ``"triton"`` or ``"torch"``.
+
+    Shapes:
+        x ``[N, in_channels]``, edge_index ``[2, E]`` or a ``hector.Graph``
+        -> ``[N, heads * out_channels]`` (concat) or ``[N, out_channels]``.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
+                 negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
+                 edge_dim=None, fill_value="mean", bias: bool = True, residual: bool = False,
+                 strategy: str = "auto", backend: str = "auto"):
+        super().__init__()
+        if not isinstance(in_channels, int):
+            raise NotImplementedError("GATConv: only int in_channels (one node set) is supported")
+        if edge_dim is not None:
+            no_edge_features(edge_dim, "GATConv")
+        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        self.concat, self.negative_slope, self.dropout = concat, negative_slope, dropout
+        self.add_self_loops, self.strategy = add_self_loops, check_strategy(strategy)
+        self.backend = check_backend(backend)
+        total = out_channels * (heads if concat else 1)
+        self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+        self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
+        self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
+        self.res = nn.Linear(in_channels, total, bias=False) if residual else None
+        self.bias = nn.Parameter(torch.empty(total)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for w in (self.lin.weight, self.att_src, self.att_dst) + (
+                (self.res.weight,) if self.res is not None else ()):
+            nn.init.xavier_uniform_(w)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x, edge_index, edge_attr=None):
+        no_edge_features(edge_attr, "GATConv")
+        graph = resolve_graph(x, edge_index, self.add_self_loops)
+        H, C = self.heads, self.out_channels
+        z = self.lin(x).view(-1, H, C)
+        out = edge_attention(graph, z, a_src=(z * self.att_src).sum(-1),
+                             a_dst=(z * self.att_dst).sum(-1), negative_slope=self.negative_slope,
+                             dropout=self.dropout, training=self.training, strategy=self.strategy,
+                             backend=self.backend)
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if self.res is not None:
+            out = out + self.res(x)
+        return out + self.bias if self.bias is not None else out
+
+    @classmethod
+    def from_pyg(cls, module, strategy: str = "auto", backend: str = "auto") -> "GATConv":
+        """A GATConv with the hyper-parameters and parameters of a PyG ``GATConv``."""
+        if module.lin is None or module.lin_edge is not None:
+            raise NotImplementedError("GATConv.from_pyg: bipartite (tuple in_channels) and "
+                                      "edge_dim layers are not supported yet")
+        ours = cls(module.in_channels, module.out_channels, module.heads, module.concat,
+                   module.negative_slope, module.dropout, module.add_self_loops,
+                   bias=module.bias is not None, residual=module.res is not None,
+                   strategy=strategy, backend=backend)
+        return load_from_pyg(ours, module)
+
+    def __repr__(self) -> str:
+        return f"GATConv({self.in_channels}, {self.out_channels}, heads={self.heads})"

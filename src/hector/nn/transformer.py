@@ -1,0 +1,88 @@
+r"""Graph transformer (Shi et al. 2021), PyG ``TransformerConv`` semantics, on hector's fused
+attention."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..ops import edge_attention
+from ._common import check_backend, check_strategy, load_from_pyg, no_edge_features, resolve_graph
+
+
+class TransformerConv(nn.Module):
+    r"""Multi-head dot-product attention over each node's incoming edges:
+
+    .. math::
+        \alpha_{ij} = \mathrm{softmax}_j\Big(\frac{(W_q x_i)^\top (W_k x_j)}{\sqrt{d}}\Big),
+        \qquad x_i' = W_r x_i + \sum_{j \in N(i)} \alpha_{ij} W_v x_j
+
+    with the optional gate :math:`\beta_i = \sigma(w^\top [m_i, W_r x_i, m_i - W_r x_i])`
+    (``beta=True``) mixing root and message.
+
+    Args: in_channels, out_channels, heads, concat, beta, dropout, bias, root_weight: as in
+    PyG's ``TransformerConv``; strategy: ``"auto"``, ``"node"`` or ``"edge"``; backend:
+    ``"auto"``, ``"triton"`` or ``"torch"``.
+
+    Shapes: x ``[N, in_channels]`` -> ``[N, heads * out_channels]`` (concat) or
+    ``[N, out_channels]``.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
+                 beta: bool = False, dropout: float = 0.0, edge_dim=None, bias: bool = True,
+                 root_weight: bool = True, strategy: str = "auto", backend: str = "auto"):
+        super().__init__()
+        if not isinstance(in_channels, int):
+            raise NotImplementedError("TransformerConv: only int in_channels is supported")
+        if edge_dim is not None:
+            no_edge_features(edge_dim, "TransformerConv")
+        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        self.concat, self.dropout, self.root_weight = concat, dropout, root_weight
+        self.beta = beta and root_weight
+        self.strategy = check_strategy(strategy)
+        self.backend = check_backend(backend)
+        hc = heads * out_channels
+        self.lin_key = nn.Linear(in_channels, hc, bias=bias)
+        self.lin_query = nn.Linear(in_channels, hc, bias=bias)
+        self.lin_value = nn.Linear(in_channels, hc, bias=bias)
+        skip = hc if concat else out_channels
+        self.lin_skip = nn.Linear(in_channels, skip, bias=bias) if root_weight else None
+        self.lin_beta = nn.Linear(3 * skip, 1, bias=False) if self.beta else None
+
+    def reset_parameters(self) -> None:
+        for lin in (self.lin_key, self.lin_query, self.lin_value, self.lin_skip, self.lin_beta):
+            if lin is not None:
+                lin.reset_parameters()
+
+    def forward(self, x, edge_index, edge_attr=None):
+        no_edge_features(edge_attr, "TransformerConv")
+        graph = resolve_graph(x, edge_index, add_self_loops=False)
+        H, C = self.heads, self.out_channels
+        q = self.lin_query(x).view(-1, H, C)
+        k = self.lin_key(x).view(-1, H, C)
+        v = self.lin_value(x).view(-1, H, C)
+        out = edge_attention(graph, v, q=q, k=k, scale=1.0 / math.sqrt(C), dropout=self.dropout,
+                             training=self.training, strategy=self.strategy,
+                             backend=self.backend)
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if self.lin_skip is not None:
+            x_r = self.lin_skip(x)
+            if self.lin_beta is not None:
+                b = torch.sigmoid(self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)))
+                out = b * x_r + (1 - b) * out
+            else:
+                out = out + x_r
+        return out
+
+    @classmethod
+    def from_pyg(cls, module, strategy: str = "auto", backend: str = "auto") -> "TransformerConv":
+        if module.lin_edge is not None:
+            raise NotImplementedError("TransformerConv.from_pyg: edge_dim is not supported yet")
+        ours = cls(module.in_channels, module.out_channels, module.heads, module.concat,
+                   module.beta, module.dropout, bias=module.lin_key.bias is not None,
+                   root_weight=module.root_weight, strategy=strategy, backend=backend)
+        return load_from_pyg(ours, module)
+
+    def __repr__(self) -> str:
+        return f"TransformerConv({self.in_channels}, {self.out_channels}, heads={self.heads})"

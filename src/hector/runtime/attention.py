@@ -1,0 +1,241 @@
+"""Runtime of the fused edge attention on the Triton path: the strategy choice (DF-GNN's
+dynamic fusion), per-graph chunk tables, kernel launches and the ``autograd.Function``.
+
+Saved for backward: the inputs themselves (references, no copies), the output ``o`` and one
+fp32 log-sum-exp per (row, head) -- never the [E, H] attention weights.  The backward
+recomputes ``alpha = exp(s - lse)`` on the fly (FlashAttention style); the row max is folded
+into ``lse``, so it is not stored separately.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from ..backends.torch_attention import dropout_threshold
+from ..plan.attention import AttentionSpec, Schedule, default_schedule, next_pow2
+
+#: Programs in flight per SM assumed by the strategy rule and the chunk sizing.
+PROGRAMS_PER_SM = 4
+#: SM count assumed off-GPU (interpreter runs, planning on CPU): an H200.
+DEFAULT_NUM_SMS = 132
+#: Below this in-degree no row is long enough to straggle, whatever the graph.
+MIN_STRAGGLER_DEGREE = 512
+
+_chunk_tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_NUM_SMS
+
+
+def choose_strategy(degree, num_edges: int, sms: int = DEFAULT_NUM_SMS) -> Tuple[str, str]:
+    """('node' | 'edge', why) for a traversal over rows with degree statistics ``degree``.
+
+    Node-parallel finishes when its longest row does, so it loses once one row holds more
+    edges than a fair share of the whole traversal: ``E / (SMs * programs per SM)``, the work
+    each in-flight program would get if edges were spread evenly.  Edge-parallel pays for a
+    combine pass and a row loop per chunk, so it is only chosen when the longest row exceeds
+    twice that share and is long in absolute terms (at least MIN_STRAGGLER_DEGREE).
+    """
+    lanes = sms * PROGRAMS_PER_SM
+    share = num_edges / lanes if lanes else float(num_edges)
+    facts = (f"max degree {degree.max}, mean {degree.mean:.1f}, cv {degree.cv:.2f}; "
+             f"fair share per program E/({sms} SMs x {PROGRAMS_PER_SM}) = {share:.0f} edges")
+    if degree.max >= MIN_STRAGGLER_DEGREE and degree.max > 2 * share:
+        return "edge", f"edge-parallel: the longest row would straggle ({facts})"
+    return "node", f"node-parallel: no row long enough to straggle ({facts})"
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """The schedules of one call: forward + destination-side backward traverse CSR-by-
+    destination (``dst``); the source-side backward traverses CSR-by-source (``src``), whose
+    skew is the out-degree's, so it gets its own choice."""
+    dst: Schedule
+    src: Schedule
+
+
+def make_plan(graph, spec: AttentionSpec, strategy: str = "auto",
+              schedule: Optional[Schedule] = None) -> AttentionPlan:
+    """``schedule`` (tests, tuning) overrides both sides; otherwise 'auto' runs the rule."""
+    if schedule is not None:
+        return AttentionPlan(schedule, schedule)
+    sms = num_sms(graph.device)
+    scheds = []
+    for stats in (graph.in_degree, graph.out_degree):
+        if strategy == "auto":
+            chosen, reason = choose_strategy(stats, graph.num_edges, sms)
+        else:
+            chosen, reason = strategy, f"{strategy}-parallel: requested by the caller"
+        scheds.append(default_schedule(spec, chosen, graph.num_edges, stats.mean,
+                                       sms * PROGRAMS_PER_SM, reason=reason))
+    return AttentionPlan(*scheds)
+
+
+def chunk_rows(graph, csr, chunk: int) -> torch.Tensor:
+    """``[num_chunks, 2]`` (first row, end row) of each equal edge chunk of ``csr``.
+
+    Chunk ``c`` covers edges ``[c*chunk, (c+1)*chunk)``; it starts at the row containing its
+    first edge and ends after the row containing its last edge.  Rows without edges are given
+    to the chunk before the boundary they sit on, so every row is written exactly once.
+    Cached per (graph, csr, chunk): it depends on the structure only.
+    """
+    table = _chunk_tables.setdefault(graph, {})
+    key = (id(csr), chunk)
+    if key not in table:
+        ptr = csr.ptr.to(torch.int64)
+        n, e = ptr.numel() - 1, int(graph.num_edges)
+        num_chunks = max(1, -(-e // chunk))
+        bounds = (torch.arange(num_chunks + 1, device=ptr.device) * chunk).clamp_(max=e)
+        first = torch.searchsorted(ptr[1:].contiguous(), bounds, right=True)
+        first[0], first[-1] = 0, n
+        # The row holding the next chunk's first edge is cut (so shared) when it starts before.
+        end = first[1:] + (ptr[first[1:]] < bounds[1:]).to(torch.int64)
+        rows = torch.stack([first[:-1], end], dim=1)
+        table[key] = rows.to(graph.index_dtype).contiguous()
+    return table[key]
+
+
+def _meta(spec: AttentionSpec, sched: Schedule) -> dict:
+    """The constexpr specialisation of one launch: which terms exist, and the tile sizes."""
+    return dict(HAS_QK=spec.has_qk, HAS_SRC=spec.has_src, HAS_DST=spec.has_dst,
+                HAS_LEAKY=spec.has_leaky, HAS_DROPOUT=spec.has_dropout,
+                EDGE_PARALLEL=sched.strategy == "edge", BLOCK_E=sched.block_e,
+                BLOCK_H=sched.block_h, BLOCK_DK=sched.block_dk, BLOCK_DV=sched.block_dv,
+                num_warps=sched.num_warps)
+
+
+def _traversal(graph, csr, sched: Schedule, heads: int):
+    """(grid, chunk table, number of chunks) of one traversal."""
+    hb = -(-heads // sched.block_h)
+    if sched.strategy == "edge":
+        rows = chunk_rows(graph, csr, sched.chunk)
+        return (rows.shape[0], hb), rows, rows.shape[0]
+    return (graph.num_nodes, hb), csr.ptr, 0
+
+
+def _combine_sum(csr, sched, rows, nchunks, part, out):
+    from ..codegen.triton_attention_bwd import combine_sum_kernel
+    if nchunks > 1:
+        width = part.shape[-1]
+        block_w = min(1024, next_pow2(width))
+        combine_sum_kernel[(nchunks - 1, -(-width // block_w))](
+            csr.ptr, rows, part, out, width, sched.chunk, BLOCK_W=block_w)
+
+
+class EdgeAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
+                v, q, k, a_src, a_dst):
+        from ..codegen.triton_attention_fwd import attention_combine_kernel, attention_fwd_kernel
+        n, heads, dim_v = v.shape
+        sched = plan.dst
+        csr = graph.csr_in
+        out = torch.empty_like(v)
+        lse = torch.empty(n, heads, dtype=torch.float32, device=v.device)
+        grid, rows, nchunks = _traversal(graph, csr, sched, heads)
+        if sched.strategy == "edge":
+            m_part = torch.empty(nchunks, 2, heads, dtype=torch.float32, device=v.device)
+            l_part = torch.empty_like(m_part)
+            acc_part = torch.empty(nchunks, 2, heads, dim_v, dtype=torch.float32, device=v.device)
+        else:
+            m_part = l_part = acc_part = lse
+        if n > 0:
+            attention_fwd_kernel[grid](
+                csr.ptr, csr.col, csr.eid, rows, _or(q, v), _or(k, v), v, _or(a_src, lse),
+                _or(a_dst, lse), out, lse, m_part, l_part, acc_part,
+                *_scalars(params), graph.num_edges, heads, spec.dim_qk, dim_v, sched.chunk,
+                **_meta(spec, sched))
+            if nchunks > 1:
+                attention_combine_kernel[(nchunks - 1, grid[1])](
+                    csr.ptr, rows, m_part, l_part, acc_part, out, lse, heads, dim_v,
+                    sched.chunk, BLOCK_H=sched.block_h, BLOCK_DV=sched.block_dv)
+        ctx.graph, ctx.spec, ctx.plan, ctx.params = graph, spec, plan, params
+        ctx.save_for_backward(v, q, k, a_src, a_dst, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        from ..codegen.triton_attention_bwd import (attention_bwd_dst_kernel,
+                                                    attention_bwd_src_kernel, row_dot_kernel)
+        v, q, k, a_src, a_dst, out, lse = ctx.saved_tensors
+        graph, spec, plan = ctx.graph, ctx.spec, ctx.plan
+        need_v, need_q, need_k, need_src, need_dst = ctx.needs_input_grad[4:9]
+        n, heads, dim_v = v.shape
+        dim_k = spec.dim_qk
+        dout = dout.contiguous()
+        dq = torch.empty_like(q) if need_q else None
+        dk = torch.empty_like(k) if need_k else None
+        dv = torch.empty_like(v) if need_v else None
+        da_src = torch.empty_like(a_src) if need_src else None
+        da_dst = torch.empty_like(a_dst) if need_dst else None
+        if n == 0 or not any((need_v, need_q, need_k, need_src, need_dst)):
+            return None, None, None, None, dv, dq, dk, da_src, da_dst
+        delta = torch.empty(n, heads, dtype=torch.float32, device=v.device)
+        rows_total = n * heads
+        row_dot_kernel[(-(-rows_total // 16),)](dout, out, delta, rows_total, dim_v,
+                                                BLOCK_R=16, BLOCK_D=min(next_pow2(dim_v), 128))
+        tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse), dout, lse, delta)
+        fp32 = dict(dtype=torch.float32, device=v.device)
+
+        if need_q or need_dst:
+            sched, csr = plan.dst, graph.csr_in
+            grid, rows, nchunks = _traversal(graph, csr, sched, heads)
+            dq_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_q and nchunks else lse
+            dd_part = torch.empty(nchunks, 2, heads, **fp32) if need_dst and nchunks else lse
+            attention_bwd_dst_kernel[grid](
+                csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dq, lse), _or(da_dst, lse),
+                dq_part, dd_part, *_scalars(ctx.params), graph.num_edges, heads, dim_k, dim_v,
+                sched.chunk, NEED_DQ=need_q, NEED_DDST=need_dst, **_meta(spec, sched))
+            if need_q:
+                _combine_sum(csr, sched, rows, nchunks, dq_part, dq)
+            if need_dst:
+                _combine_sum(csr, sched, rows, nchunks, dd_part, da_dst)
+
+        if need_k or need_v or need_src:
+            sched, csr = plan.src, graph.csr_out
+            grid, rows, nchunks = _traversal(graph, csr, sched, heads)
+            dk_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_k and nchunks else lse
+            dv_part = torch.empty(nchunks, 2, heads * dim_v, **fp32) if need_v and nchunks else lse
+            ds_part = torch.empty(nchunks, 2, heads, **fp32) if need_src and nchunks else lse
+            attention_bwd_src_kernel[grid](
+                csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dk, lse), _or(dv, lse),
+                _or(da_src, lse), dk_part, dv_part, ds_part, *_scalars(ctx.params),
+                graph.num_edges, heads, dim_k, dim_v, sched.chunk, NEED_DK=need_k,
+                NEED_DV=need_v, NEED_DSRC=need_src, **_meta(spec, sched))
+            for flag, part, grad in ((need_k, dk_part, dk), (need_v, dv_part, dv),
+                                     (need_src, ds_part, da_src)):
+                if flag:
+                    _combine_sum(csr, sched, rows, nchunks, part, grad)
+        return None, None, None, None, dv, dq, dk, da_src, da_dst
+
+
+def _or(t: Optional[torch.Tensor], dummy: torch.Tensor) -> torch.Tensor:
+    # Absent operands are compiled out by the constexpr flags; any pointer fills the slot.
+    return t if t is not None else dummy
+
+
+def _scalars(params: tuple):
+    """(scale, slope, seed, keep threshold, 1/(1-p)) as the kernels take them."""
+    scale, slope, p, seed = params
+    return (float(scale), float(slope if slope is not None else 0.0),
+            int(seed or 0) & 0x7FFFFFFF, dropout_threshold(p) if p > 0 else 0,
+            1.0 / (1.0 - p) if p > 0 else 1.0)
+
+
+def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0,
+                          negative_slope=None, dropout=0.0, seed=None, strategy="auto",
+                          schedule: Optional[Schedule] = None) -> torch.Tensor:
+    """The Triton path of :func:`hector.ops.edge_attention` (inputs already validated)."""
+    spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
+    plan = make_plan(graph, spec, strategy, schedule)
+    tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
+    return EdgeAttentionFunction.apply(graph, spec, plan, (scale, negative_slope, dropout, seed),
+                                       *tensors)

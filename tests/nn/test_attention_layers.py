@@ -1,0 +1,145 @@
+"""GATConv, AGNNConv and TransformerConv against their PyG namesakes, parameters copied with
+``from_pyg``: outputs and the gradients of the input and of every parameter.
+
+On a CPU, small random graphs run the Triton kernels under the interpreter (both strategies)
+and the real graphs run the torch backend (the interpreter is too slow for them); on CUDA every
+case runs the Triton kernels, both strategies, in fp32 and bf16 (scripts/gpu-check runs this
+file on the H200).
+"""
+from pathlib import Path
+
+import pytest
+import torch
+
+pyg = pytest.importorskip("torch_geometric.nn")
+from hector import datasets                                       # noqa: E402
+from hector.nn import AGNNConv, GATConv, TransformerConv          # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
+
+
+def make_layers(kind, f_in, heads, concat):
+    torch.manual_seed(0)
+    if kind == "gat":
+        ref = pyg.GATConv(f_in, 16, heads=heads, concat=concat)
+    elif kind == "agnn":
+        ref = pyg.AGNNConv()
+        with torch.no_grad():
+            ref.beta.fill_(1.7)       # not the initial 1, so a lost beta is seen
+    else:
+        ref = pyg.TransformerConv(f_in, 16, heads=heads, concat=concat, beta=True)
+    # Non-trivial parameters: PyG zero-initialises biases.
+    with torch.no_grad():
+        for p in ref.parameters():
+            if p.dim() == 1 and p.numel() > 1:
+                p.normal_(0, 0.1)
+    return ref.to(DEVICE)
+
+
+def rel_err(a, b, floor=1e-30):
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(floor))
+
+
+def compare(kind, edge_index, x, heads=2, concat=True, strategy="auto", backend="auto",
+            dtype=torch.float32):
+    ref = make_layers(kind, x.shape[1], heads, concat)
+    ours = type_of(kind).from_pyg(ref, strategy=strategy, backend=backend)
+    ref, ours = ref.to(dtype), ours.to(dtype)
+    x = x.to(DEVICE, dtype)
+    edge_index = edge_index.to(DEVICE)
+    x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_ref, out = ref(x_ref, edge_index), ours(x_ours, edge_index)
+    assert out.shape == out_ref.shape and out.dtype == dtype
+    assert not torch.isnan(out).any()
+    tol = TOL[dtype]
+    assert rel_err(out, out_ref) < tol, f"output: {rel_err(out, out_ref)}"
+    grad_out = torch.randn_like(out)
+    params_ref, params = dict(ref.named_parameters()), dict(ours.named_parameters())
+    assert params_ref.keys() == params.keys()
+    names = list(params_ref)
+    g_ref = torch.autograd.grad(out_ref, [x_ref] + [params_ref[n] for n in names], grad_out)
+    g = torch.autograd.grad(out, [x_ours] + [params[n] for n in names], grad_out)
+    # Some gradients are zero in exact arithmetic (a bias on the keys shifts every score of
+    # a row equally, which softmax ignores) and hold only rounding noise: measure every error
+    # against at least a thousandth of the largest gradient of the call.
+    floor = 1e-3 * max(float(b.double().norm()) for b in g_ref)
+    for name, a, b in zip(["x"] + names, g, g_ref):
+        err = rel_err(a, b, floor)
+        assert err < tol * 5, f"grad of {name}: {err}"
+
+
+def type_of(kind):
+    return {"gat": GATConv, "agnn": AGNNConv, "transformer": TransformerConv}[kind]
+
+
+def random_graph(n, e, seed, hub=0):
+    """Random edges plus isolated nodes (the last ten), duplicates and a hub of degree ``hub``."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, n - 10, (e,), generator=g)
+    dst = torch.randint(0, n - 10, (e,), generator=g)
+    src = torch.cat([src, src[:5], torch.randint(0, n - 10, (hub,), generator=g)])
+    dst = torch.cat([dst, dst[:5], torch.zeros(hub, dtype=torch.long)])
+    return torch.stack([src, dst])
+
+
+@pytest.mark.parametrize("kind", ["gat", "agnn", "transformer"])
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+def test_small_random_graphs(kind, strategy):
+    ei = random_graph(40, 150, seed=1, hub=80)
+    x = torch.randn(40, 12, generator=torch.Generator().manual_seed(2))
+    for dtype in DTYPES:
+        compare(kind, ei, x, heads=3, strategy=strategy, backend="triton", dtype=dtype)
+
+
+@pytest.mark.parametrize("kind", ["gat", "transformer"])
+def test_mean_over_heads(kind):
+    ei = random_graph(30, 90, seed=3)
+    compare(kind, ei, torch.randn(30, 8), heads=2, concat=False, backend="triton")
+
+
+def real_graph(name):
+    if not (DATA / name).is_dir():
+        pytest.skip(f"real dataset {name} not found at {DATA / name}")
+    data = datasets.load(name, root=DATA / name)
+    x = data.x if data.x is not None else torch.randn(data.num_nodes, 32)
+    return data.edge_index, x
+
+
+@pytest.mark.parametrize("name", ["cora", "amazon-computers", "github-musae"])
+@pytest.mark.parametrize("kind", ["gat", "agnn", "transformer"])
+def test_real_graphs(name, kind):
+    ei, x = real_graph(name)
+    if not CUDA:
+        compare(kind, ei, x, heads=2, backend="torch")
+        return
+    for strategy in ("node", "edge"):
+        for dtype in DTYPES:
+            compare(kind, ei, x, heads=2, strategy=strategy, backend="triton", dtype=dtype)
+
+
+def test_layers_accept_a_prebuilt_graph():
+    from hector import Graph
+    ei = random_graph(30, 80, seed=4)
+    layer = GATConv(8, 4, heads=2, backend="torch").to(DEVICE)
+    x = torch.randn(30, 8, device=DEVICE)
+    assert torch.allclose(layer(x, Graph(ei.to(DEVICE), num_nodes=30)), layer(x, ei.to(DEVICE)))
+
+
+def test_layer_errors_name_the_argument():
+    from hector import Graph
+    layer = GATConv(8, 4)
+    ei = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match=r"x must have 3 rows"):
+        layer(torch.randn(2, 8), Graph(ei))
+    with pytest.raises(TypeError, match="x must be a floating tensor"):
+        layer(torch.ones(3, 8, dtype=torch.long), ei)
+    with pytest.raises(ValueError, match=r"edge_index\[1\] \(destination ids\) contains id 5"):
+        layer(torch.randn(3, 8), torch.tensor([[0, 1], [1, 5]]))
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        GATConv(8, 4, strategy="fast")
+    with pytest.raises(NotImplementedError, match="edge_attr"):
+        layer(torch.randn(3, 8), ei, edge_attr=torch.randn(2, 3))
