@@ -131,3 +131,8 @@ def _check_scalars(scale, negative_slope, dropout, training, seed):
     if seed is not None:
         C.check_count(seed, "seed")
     return scale, negative_slope, dropout
+
+
+# The segment GEMM lives in its own module (one op per file); re-exported so every public op
+# is reachable as hector.ops.<name>.
+from .ops_gemm import segment_mm  # noqa: E402,F401
