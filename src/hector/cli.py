@@ -90,8 +90,20 @@ def format_info(s: dict) -> str:
     return "\n".join(lines)
 
 
+def _configure_explain(p: argparse.ArgumentParser) -> None:
+    from .explain import configure
+    configure(p)
+
+
+def _run_explain(args: argparse.Namespace) -> int:
+    from .explain import run
+    return run(args)
+
+
 COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
     "info": ("print a dataset's statistics", _configure_info, _run_info),
+    "explain": ("show a model's IR before and after each pass, the decisions, the plan and "
+                "the kernels", _configure_explain, _run_explain),
 }
 
 

@@ -1,6 +1,9 @@
 """User-facing layers with PyG-compatible signatures."""
 from .agnn import AGNNConv
 from .gat import GATConv
+from .hgt import HGTConv
+from .rgat import RGATConv
+from .rgcn import RGCNConv
 from .transformer import TransformerConv
 
-__all__ = ["GATConv", "AGNNConv", "TransformerConv"]
+__all__ = ["RGCNConv", "RGATConv", "HGTConv", "GATConv", "AGNNConv", "TransformerConv"]

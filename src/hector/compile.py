@@ -1,0 +1,201 @@
+"""``hector.compile``: a DSL function -> a ``torch.nn.Module``.
+
+The function is traced once into IR; the first call on a graph runs the pass pipeline with
+that graph's statistics, lowers forward (and, for training, backward) IR to plans, and
+caches them per (row counts, dtype): graphs of one shape share decisions.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from . import _checks as C
+from .dsl import Traced, trace
+from .ir.nodes import Value
+from .lower import lower
+from .passes.common import GraphStats
+from .passes.pipeline import PassRecord, run_pipeline
+from .plan.program import Plan
+
+BACKENDS = ("auto", "torch", "triton")
+AUTODIFF = ("ir", "torch")
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass
+class CompiledPlan:
+    """Everything one (graph shape, dtype) needs: plans and the pass log."""
+    stats: GraphStats
+    forward_ir: Tuple[Value, ...]
+    forward_plan: Plan
+    log: List[PassRecord]
+    backward_plan: Optional[Plan] = None
+    saved_values: Tuple[Value, ...] = ()     # forward-plan values kept for the backward
+    saved_leaves: Tuple[Value, ...] = ()     # their ``saved`` leaves in the backward plan
+    grad_leaves: Tuple[Value, ...] = ()      # ``grad_output`` leaves, one per forward output
+    grad_targets: Tuple[Value, ...] = ()     # forward leaf whose gradient each output is
+    extra: Dict[str, object] = field(default_factory=dict)
+
+
+def _backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    if backend == "auto":
+        interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        return "triton" if (device.type == "cuda" or interp) and dtype in _TRITON_DTYPES else "torch"
+    return backend
+
+
+class Program:
+    """A traced layer plus its per-graph compiled plans (no parameters: ``hector.nn`` layers
+    keep PyG's parameters and pass them in)."""
+
+    def __init__(self, fn: Callable, *, reorder: bool = True, compact: bool = True,
+                 fuse: bool = True, backend: str = "auto", autodiff: str = "ir",
+                 num_relations: int = 1, num_node_types: int = 1, **dims):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if autodiff not in AUTODIFF:
+            raise ValueError(f"autodiff must be one of {AUTODIFF}, got {autodiff!r}")
+        for name in ("reorder", "compact", "fuse"):
+            if not isinstance(locals()[name], bool):
+                raise TypeError(f"{name} must be a bool, got {locals()[name]!r}")
+        C.check_count(num_relations, "num_relations")
+        C.check_count(num_node_types, "num_node_types")
+        self.fn, self.dims = fn, dict(dims)
+        self.options = dict(reorder=reorder, compact=compact, fuse=fuse)
+        self.backend, self.autodiff = backend, autodiff
+        self.num_relations, self.num_node_types = num_relations, num_node_types
+        self.traced: Traced = trace(fn, num_relations=num_relations,
+                                    num_node_types=num_node_types, **dims)
+        self._cache: Dict[tuple, CompiledPlan] = {}
+
+    # -- compilation ----------------------------------------------------------------------
+    def compiled_for(self, graph, dtype: torch.dtype = torch.float32,
+                     backward: bool = True) -> CompiledPlan:
+        stats = GraphStats.of(graph)
+        key = (stats, dtype, backward and self.autodiff == "ir")
+        if key not in self._cache:
+            self._cache[key] = self._compile(stats, dtype, key[2])
+        return self._cache[key]
+
+    def _compile(self, stats: GraphStats, dtype: torch.dtype, backward: bool) -> CompiledPlan:
+        fwd, bwd, log = run_pipeline(self.traced.outputs, stats, backward=backward,
+                                     **self.options)
+        cp = CompiledPlan(stats, fwd, lower(fwd, dtype), log)
+        if bwd is not None:
+            cp.backward_plan = lower(bwd.outputs, dtype)
+            cp.saved_values, cp.saved_leaves = bwd.saved_values, bwd.saved_leaves
+            cp.grad_leaves, cp.grad_targets = bwd.grad_leaves, bwd.targets
+        return cp
+
+    # -- running --------------------------------------------------------------------------
+    def check_graph(self, graph) -> None:
+        from .graph import Graph
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
+        for name, decl in self.traced.weights.items():
+            per = decl.value.per
+            if per == "relation" and graph.num_relations != self.num_relations:
+                raise ValueError(f"graph has num_relations={graph.num_relations} but weight "
+                                 f"{name!r} was declared for {self.num_relations}")
+            if per == "node_type" and graph.num_node_types != self.num_node_types:
+                raise ValueError(f"graph has num_node_types={graph.num_node_types} but weight "
+                                 f"{name!r} was declared for {self.num_node_types}")
+
+    def leaves(self, graph, inputs: Dict[str, torch.Tensor],
+               weights: Dict[str, torch.Tensor]) -> Dict[Value, torch.Tensor]:
+        """Check every input and weight against its declaration; the leaf map the plans read."""
+        out = {}
+        unknown = set(inputs) - set(self.traced.inputs)
+        if unknown:
+            raise ValueError(f"unknown input(s) {sorted(unknown)}; the layer declares "
+                             f"{sorted(self.traced.inputs)}")
+        for name, v in self.traced.inputs.items():
+            if name not in inputs:
+                raise ValueError(f"missing input {name!r} (shape [num_nodes, {v.dim}])")
+            x = C.check_features(inputs[name], name, graph.num_nodes, "graph.num_nodes",
+                                 graph.device, num_cols=v.dim)
+            out[v] = x.reshape(x.shape[0], 1, v.dim)
+        for name, decl in self.traced.weights.items():
+            if name not in weights:
+                raise ValueError(f"missing weight {name!r} of shape {decl.full_shape}")
+            w = C.check_tensor(weights[name], name)
+            if tuple(w.shape) != decl.full_shape:
+                raise ValueError(f"weight {name!r} must have shape {decl.full_shape}, got "
+                                 f"{tuple(w.shape)}")
+            if w.device != graph.device:
+                raise ValueError(f"weight {name!r} is on {w.device} but the graph is on "
+                                 f"{graph.device}; move one of them with .to(device)")
+            out[decl.value] = w
+        return out
+
+    def __call__(self, graph, inputs: Dict[str, torch.Tensor],
+                 weights: Dict[str, torch.Tensor]) -> List[torch.Tensor]:
+        from .runtime.executor import execute
+        from .runtime.torch_eval import GraphIndex
+        self.check_graph(graph)
+        leaves = self.leaves(graph, inputs, weights)
+        dtype = next(iter(self.leaves_dtype(leaves)))
+        # fp32 accumulation: half inputs are computed in fp32 and the outputs cast back.
+        work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        leaves = {v: t.to(work) for v, t in leaves.items()}
+        backend = _backend(self.backend, graph.device, work)
+        cp = self.compiled_for(graph, work)
+        outs = execute(cp, GraphIndex.of(graph), leaves, backend, self.autodiff)
+        return [o.reshape(o.shape[0], -1).to(dtype) for o in outs]
+
+    @staticmethod
+    def leaves_dtype(leaves):
+        dtypes = {t.dtype for v, t in leaves.items() if v.op == "input"}
+        if len(dtypes) > 1:
+            raise TypeError(f"node inputs have different dtypes {sorted(map(str, dtypes))}")
+        return dtypes or {torch.float32}
+
+
+class CompiledModule(nn.Module):
+    """What ``hector.compile`` returns: the DSL's weights as parameters, ``forward(graph,
+    **inputs)`` returning the layer's output (a tuple when it has several)."""
+
+    def __init__(self, program: Program):
+        super().__init__()
+        self.program = program
+        for name, decl in program.traced.weights.items():
+            self.register_parameter(name, nn.Parameter(torch.empty(decl.full_shape)))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for name, decl in self.program.traced.weights.items():
+            p = getattr(self, name)
+            if decl.init == "zeros":
+                nn.init.zeros_(p)
+            elif decl.init == "ones":
+                nn.init.ones_(p)
+            else:   # glorot over the slice's last two axes, as PyG does
+                fan = p.shape[-2] + p.shape[-1] if p.dim() >= 2 else 2 * p.shape[-1]
+                bound = math.sqrt(6.0 / fan)
+                nn.init.uniform_(p, -bound, bound)
+
+    def forward(self, graph, **inputs):
+        weights = {n: getattr(self, n) for n in self.program.traced.weights}
+        outs = self.program(graph, inputs, weights)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def compile(fn: Callable, *, reorder: bool = True, compact: bool = True, fuse: bool = True,
+            backend: str = "auto", autodiff: str = "ir", **dims) -> CompiledModule:
+    """Compile DSL function ``fn(m, **dims)`` into a module.
+
+    Args:
+        reorder, compact, fuse: switch the optimisation passes.
+        backend: 'auto' (Triton on CUDA or under ``TRITON_INTERPRET=1``, else torch),
+            'torch' or 'triton'.
+        autodiff: 'ir' (backward plan from the IR-level autodiff) or 'torch'.
+        dims: the function's dimensions, plus ``num_relations`` / ``num_node_types`` sizing
+            per-relation / per-node-type weights.
+    """
+    return CompiledModule(Program(fn, reorder=reorder, compact=compact, fuse=fuse,
+                                  backend=backend, autodiff=autodiff, **dims))

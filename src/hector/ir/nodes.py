@@ -1,0 +1,297 @@
+"""The inter-operator IR: one generic node type, :class:`Value`, in the tinygrad style.
+
+A ``Value`` is a frozen dataclass with tuple children, so structurally equal expressions are
+equal and hash alike: common subexpressions collapse for free, and golden pass tests compare
+trees with ``==``.
+
+Every value has a *kind* saying which rows it has:
+
+* ``node``        one row per node (weights of a typed linear picked by the row's node type),
+* ``edge``        one row per edge, in the graph's canonical (relation, dst) order,
+* ``compact_src`` one row per unique (src, relation) pair (``graph.compact_src``),
+* ``compact_dst`` one row per unique (dst, relation) pair (``graph.compact_dst``),
+* ``weight``      a parameter, optionally sliced by relation or node type (attr ``per``).
+
+Row values hold ``[rows, heads, features]`` tensors and ``shape == (heads, features)``; a
+weight's ``shape`` is the shape of one slice (``(K, N)`` for a dense typed linear,
+``(H, K, N)`` for a per-head one, ``(h, d)`` or ``(n,)`` for an elementwise operand).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Tuple
+
+NODE, EDGE, CSRC, CDST, WEIGHT = "node", "edge", "compact_src", "compact_dst", "weight"
+ROW_KINDS = (NODE, EDGE, CSRC, CDST)
+PER = (None, "relation", "node_type")
+
+#: Row kinds whose rows carry a relation (so per-relation weights can be picked per row).
+RELATION_ROWS = (EDGE, CSRC, CDST)
+
+#: (from kind, to kind) -> endpoint of a gather; a scatter is the reverse move.
+MOVES = {(NODE, EDGE): ("src", "dst"), (NODE, CSRC): ("src",), (NODE, CDST): ("dst",),
+         (CSRC, EDGE): ("src",), (CDST, EDGE): ("dst",)}
+
+UNARY = ("neg", "exp", "sigmoid", "tanh", "gelu", "relu", "leaky_relu", "scale",
+         # derivatives used by autodiff: leaky_relu'(x), gelu'(x)
+         "leaky_relu_grad", "gelu_grad")
+BINARY = ("add", "sub", "mul")
+WEIGHT_OPS = ("param", "wmul", "wcombine", "blockdiag", "wT")
+
+
+@dataclass(frozen=True)
+class Value:
+    op: str
+    args: Tuple["Value", ...] = ()
+    kind: str = NODE
+    shape: Tuple[int, ...] = (1, 1)
+    attrs: Tuple[Tuple[str, Any], ...] = ()
+    _hash: int = field(default=0, compare=False, repr=False)
+
+    def __post_init__(self):
+        # Hash once: passes memoise on values, and a recursive hash per lookup is quadratic.
+        object.__setattr__(self, "_hash", hash((self.op, self.args, self.kind, self.shape,
+                                                self.attrs)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def attr(self, key: str, default=None):
+        for k, v in self.attrs:
+            if k == key:
+                return v
+        return default
+
+    def with_attrs(self, **kw) -> "Value":
+        d = dict(self.attrs)
+        d.update(kw)
+        return Value(self.op, self.args, self.kind, self.shape, tuple(sorted(d.items())))
+
+    @property
+    def heads(self) -> int:
+        return self.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def per(self) -> Optional[str]:
+        return self.attr("per")
+
+    def __repr__(self) -> str:  # the printer gives the full listing; this stays short
+        return f"Value({self.op}, {self.kind}{list(self.shape)})"
+
+
+def _attrs(**kw) -> Tuple[Tuple[str, Any], ...]:
+    return tuple(sorted((k, v) for k, v in kw.items() if v is not None))
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+# -- leaves -------------------------------------------------------------------------------
+def input_(name: str, dim: int, heads: int = 1) -> Value:
+    return Value("input", (), NODE, (heads, dim), _attrs(name=name))
+
+
+def param(name: str, shape: Tuple[int, ...], per: Optional[str] = None) -> Value:
+    _need(per in PER, f"weight {name!r}: per must be one of {PER}, got {per!r}")
+    _need(all(isinstance(s, int) and s > 0 for s in shape),
+          f"weight {name!r}: shape must be positive ints, got {shape}")
+    return Value("param", (), WEIGHT, tuple(shape), _attrs(name=name, per=per))
+
+
+def saved(v: Value, key: int) -> Value:
+    """A forward value read by a backward IR (a leaf there: passes do not look inside)."""
+    return Value("saved", (), v.kind, v.shape, _attrs(key=key, per=v.per))
+
+
+def grad_input(v: Value) -> Value:
+    """The incoming gradient of output ``v`` (a leaf of the backward IR)."""
+    return Value("grad_output", (), v.kind, v.shape, _attrs(key=0))
+
+
+# -- row operators ------------------------------------------------------------------------
+def linear(x: Value, w: Value, heads: Optional[int] = None) -> Value:
+    """Typed linear: ``x_row @ W[type(row)]``; dense ``(K, N)`` weights act on the flattened
+    ``heads * features`` row and split the result into ``heads``; per-head ``(H, K, N)``
+    weights act head by head."""
+    _need(x.kind in ROW_KINDS, f"linear: input must be row-wise, got {x.kind}")
+    _need(w.kind == WEIGHT, f"linear: weight must be a weight, got {x.kind}")
+    if w.per == "relation":
+        _need(x.kind in RELATION_ROWS, f"linear: a per-relation weight needs edge or compact "
+              f"rows, got {x.kind} rows")
+    if w.per == "node_type":
+        _need(x.kind == NODE, f"linear: a per-node-type weight needs node rows, got {x.kind}")
+    if len(w.shape) == 3:
+        _need(w.shape[0] == x.heads and w.shape[1] == x.dim,
+              f"linear: per-head weight {w.shape} does not fit input {x.shape}")
+        return Value("linear", (x, w), x.kind, (x.heads, w.shape[2]))
+    _need(len(w.shape) == 2 and w.shape[0] == x.heads * x.dim,
+          f"linear: weight {w.shape} does not fit input {x.shape} (K = heads * features)")
+    heads = heads or 1
+    _need(w.shape[1] % heads == 0, f"linear: output width {w.shape[1]} not divisible by heads {heads}")
+    return Value("linear", (x, w), x.kind, (heads, w.shape[1] // heads), _attrs(heads=heads))
+
+
+def gather(x: Value, to: str, end: str) -> Value:
+    _need((x.kind, to) in MOVES and end in MOVES[(x.kind, to)],
+          f"gather: cannot move {x.kind} rows to {to} rows by {end}")
+    return Value("gather", (x,), to, x.shape, _attrs(end=end, norm=None))
+
+
+def gather_mean_grad(x: Value, to: str, end: str) -> Value:
+    """``x[row(e)] / count(row(e))``: the adjoint of a mean scatter."""
+    return Value("gather", (x,), to, x.shape, _attrs(end=end, norm="mean"))
+
+
+def scatter(x: Value, to: str, end: str, reduce: str = "sum") -> Value:
+    _need((to, x.kind) in MOVES and end in MOVES[(to, x.kind)],
+          f"scatter: cannot move {x.kind} rows to {to} rows by {end}")
+    _need(reduce in ("sum", "mean"), f"scatter: reduce must be 'sum' or 'mean', got {reduce!r}")
+    return Value("scatter", (x,), to, x.shape, _attrs(end=end, reduce=reduce))
+
+
+def edge_softmax(s: Value) -> Value:
+    _need(s.kind == EDGE, f"edge_softmax: scores must be edge-wise, got {s.kind}")
+    return Value("edge_softmax", (s,), EDGE, s.shape)
+
+
+def dot(a: Value, b: Value) -> Value:
+    _need(a.kind == b.kind and a.kind in ROW_KINDS, f"dot: kinds differ ({a.kind}, {b.kind})")
+    _need(a.shape == b.shape, f"dot: shapes differ ({a.shape}, {b.shape})")
+    return Value("dot", (a, b), a.kind, (a.heads, 1))
+
+
+def _operand_shape(v: Value) -> Tuple[int, int]:
+    if v.kind == WEIGHT:
+        _need(len(v.shape) in (1, 2), f"elementwise weight operand must be 1-D or 2-D, got {v.shape}")
+        return (1, v.shape[0]) if len(v.shape) == 1 else v.shape
+    return v.shape
+
+
+def broadcast(a: Tuple[int, int], b: Tuple[int, int]) -> Tuple[int, int]:
+    out = []
+    for x, y in zip(a, b):
+        _need(x == y or 1 in (x, y), f"shapes {a} and {b} do not broadcast")
+        out.append(max(x, y))
+    return tuple(out)
+
+
+def binary(op: str, a: Value, b: Value) -> Value:
+    _need(op in BINARY, f"unknown binary op {op!r}")
+    if a.kind == WEIGHT and b.kind == WEIGHT:
+        _need(a.shape == b.shape and (a.per == b.per or None in (a.per, b.per)),
+              f"{op}: weight operands {a.shape}/{a.per} and {b.shape}/{b.per} do not match")
+        return Value(op, (a, b), WEIGHT, a.shape, _attrs(per=a.per or b.per))
+    rows = a if a.kind != WEIGHT else b
+    for w in (a, b):
+        if w.kind == WEIGHT and w.per == "relation":
+            _need(rows.kind in RELATION_ROWS, f"{op}: per-relation operand on {rows.kind} rows")
+        if w.kind == WEIGHT and w.per == "node_type":
+            _need(rows.kind == NODE, f"{op}: per-node-type operand on {rows.kind} rows")
+    if a.kind != WEIGHT and b.kind != WEIGHT:
+        _need(a.kind == b.kind, f"{op}: row kinds differ ({a.kind}, {b.kind}); gather first")
+    return Value(op, (a, b), rows.kind, broadcast(_operand_shape(a), _operand_shape(b)))
+
+
+def unary(op: str, x: Value, **attrs) -> Value:
+    _need(op in UNARY, f"unknown unary op {op!r}")
+    return Value(op, (x,), x.kind, x.shape, _attrs(per=x.per, **attrs) if x.kind == WEIGHT
+                 else _attrs(**attrs))
+
+
+def head_mean(x: Value) -> Value:
+    return Value("head_mean", (x,), x.kind, (1, x.dim))
+
+
+def reshape(x: Value, heads: int) -> Value:
+    width = x.heads * x.dim
+    _need(width % heads == 0, f"reshape: {width} features do not split into {heads} heads")
+    return Value("reshape", (x,), x.kind, (heads, width // heads))
+
+
+def reduce_to(x: Value, shape: Tuple[int, int]) -> Value:
+    """Sum the broadcast axes of ``x`` down to ``shape`` (the adjoint of broadcasting)."""
+    return x if x.shape == tuple(shape) else Value("reduce_to", (x,), x.kind, tuple(shape))
+
+
+# -- weight operators (tiny: computed once per call, never per row) -------------------------
+def wmul(a: Value, b: Value) -> Value:
+    """Weight-weight product ``A @ B`` (batched over the slicing of either operand)."""
+    _need(a.kind == WEIGHT and b.kind == WEIGHT, "wmul: operands must be weights")
+    _need(len(a.shape) == 2 and len(b.shape) == 2 and a.shape[1] == b.shape[0],
+          f"wmul: {a.shape} @ {b.shape} does not fit")
+    _need(a.per == b.per or None in (a.per, b.per), f"wmul: slicings {a.per} and {b.per} differ")
+    return Value("wmul", (a, b), WEIGHT, (a.shape[0], b.shape[1]), _attrs(per=a.per or b.per))
+
+
+def wcombine(comp: Value, basis: Value) -> Value:
+    """Basis decomposition ``W_r = sum_b comp[r, b] V_b``."""
+    _need(comp.per is not None and len(comp.shape) == 1, "wcombine: comp must be sliced, (B,)")
+    _need(basis.per is None and len(basis.shape) >= 2 and basis.shape[0] == comp.shape[0],
+          f"wcombine: basis {basis.shape} does not fit comp {comp.shape}")
+    return Value("wcombine", (comp, basis), WEIGHT, basis.shape[1:], _attrs(per=comp.per))
+
+
+def blockdiag(w: Value) -> Value:
+    """Block-diagonal weight ``(nb, k, n) -> (nb*k, nb*n)`` (RGCN's num_blocks)."""
+    _need(len(w.shape) == 3, f"blockdiag: weight must be (blocks, k, n), got {w.shape}")
+    nb, k, n = w.shape
+    return Value("blockdiag", (w,), WEIGHT, (nb * k, nb * n), _attrs(per=w.per))
+
+
+def wT(w: Value) -> Value:
+    shape = w.shape[:-2] + (w.shape[-1], w.shape[-2])
+    return Value("wT", (w,), WEIGHT, shape, _attrs(per=w.per))
+
+
+def wgrad(x: Value, dy: Value, w: Value) -> Value:
+    """Gradient of a typed linear's weight: segment-grouped outer products ``sum_rows x^T dy``."""
+    return Value("wgrad", (x, dy), WEIGHT, w.shape, _attrs(per=w.per))
+
+
+def wsum(dy: Value, w: Value) -> Value:
+    """Gradient of a broadcast weight operand: rows summed per slice (and broadcast axes)."""
+    return Value("wsum", (dy,), WEIGHT, w.shape, _attrs(per=w.per))
+
+
+def const(kind: str, shape: Tuple[int, ...], value: float) -> Value:
+    return Value("const", (), kind, tuple(shape), _attrs(value=float(value)))
+
+
+# -- walking ------------------------------------------------------------------------------
+def toposort(outputs) -> Tuple[Value, ...]:
+    """Every value reachable from ``outputs``, each after its arguments."""
+    order, seen = [], set()
+    stack = [(v, False) for v in reversed(list(outputs))]
+    while stack:
+        v, done = stack.pop()
+        if done:
+            order.append(v)
+            continue
+        if v in seen:
+            continue
+        seen.add(v)
+        stack.append((v, True))
+        stack.extend((a, False) for a in reversed(v.args) if a not in seen)
+    return tuple(order)
+
+
+def rewrite(outputs, fn, memo=None):
+    """Bottom-up rewrite: ``fn(value_with_rewritten_args)`` returns a replacement or None.
+    ``memo`` (optional dict) receives original value -> its replacement."""
+    memo = {} if memo is None else memo
+    for v in toposort(outputs):
+        args = tuple(memo[a] for a in v.args)
+        new = v if args == v.args else Value(v.op, args, v.kind, v.shape, v.attrs)
+        out = fn(new)
+        memo[v] = new if out is None else out
+    return tuple(memo[o] for o in outputs)
+
+
+def is_weight_only(v: Value) -> bool:
+    return v.kind == WEIGHT

@@ -1,0 +1,177 @@
+r"""HGT (Hu et al. 2020), PyG ``HGTConv`` semantics, compiled by Hector."""
+from __future__ import annotations
+
+import math
+import weakref
+from collections import OrderedDict
+from typing import Dict
+
+import torch
+from torch import nn
+
+from .. import _checks as C
+from .. import models
+from ..compile import Program
+from ..graph import Graph
+from .rgcn import compiler_options, take_over
+
+_GRAPHS: "OrderedDict[tuple, tuple]" = OrderedDict()
+
+
+class _Lins(nn.Module):
+    """PyG ``HeteroDictLinear``'s parameter layout (``lins.<type>.weight/bias``)."""
+
+    def __init__(self, types, in_dim: int, out_dim: int):
+        super().__init__()
+        self.lins = nn.ModuleDict({t: nn.Linear(in_dim, out_dim) for t in types})
+
+
+class _Typed(nn.Module):
+    """PyG ``HeteroLinear``'s parameter layout (``weight [types, in, out]``)."""
+
+    def __init__(self, types: int, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(types, dim, dim))
+
+
+class HGTConv(nn.Module):
+    r"""Heterogeneous graph transformer, per head:
+
+    .. math::
+        s_{uv} = \frac{(K_{\tau(u)} x_u W^{att}_r) \cdot Q_{\tau(v)} x_v \; p_r}{\sqrt{d}}, \quad
+        \alpha = \mathrm{softmax}_{u \in N(v)} s, \quad
+        x_v' = A_{\tau(v)}\, \mathrm{gelu}\Big(\sum_u \alpha_{uv} V_{\tau(u)} x_u W^{msg}_r\Big)
+
+    with PyG's gated skip connection when in and out widths agree.  Compiled from
+    :func:`hector.models.hgt`: ``k W^{att}_r`` and ``v W^{msg}_r`` run once per unique
+    (src, relation) pair, then one attention traversal.
+
+    Args:
+        in_channels (int, or a dict of equal ints), out_channels, metadata, heads: as in PyG.
+        reorder, compact, fuse, backend, autodiff: see :func:`hector.compile`.
+
+    Shapes:
+        forward(x_dict, edge_index_dict) -> {node type: [N_t, out_channels]} for every node
+        type that is a destination in ``metadata``; ``edge_index_dict`` may be a prebuilt
+        ``hector.Graph`` (built with ``Graph.from_hetero`` in metadata order).
+    """
+
+    def __init__(self, in_channels, out_channels: int, metadata, heads: int = 1, **compiler):
+        super().__init__()
+        node_types, edge_types = list(metadata[0]), [tuple(e) for e in metadata[1]]
+        if isinstance(in_channels, dict):
+            dims = set(in_channels.values())
+            if len(dims) != 1 or set(in_channels) != set(node_types):
+                raise NotImplementedError("HGTConv: in_channels must be one int for every node "
+                                          f"type, got {in_channels}")
+            in_channels = dims.pop()
+        if not isinstance(in_channels, int) or in_channels < 1:
+            raise NotImplementedError(f"HGTConv: in_channels={in_channels!r} is not supported "
+                                      "(lazy -1 or per-type widths); pass one int")
+        C.check_count(heads, "heads")
+        if heads < 1 or out_channels % heads:
+            raise ValueError(f"'out_channels' (got {out_channels}) must be divisible by the "
+                             f"number of heads (got {heads})")
+        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        self.node_types, self.edge_types = node_types, edge_types
+        self.dst_node_types = {e[-1] for e in edge_types}
+        d = out_channels // heads
+        self.kqv_lin = _Lins(node_types, in_channels, 3 * out_channels)
+        self.out_lin = _Lins(node_types, out_channels, out_channels)
+        self.k_rel = _Typed(heads * len(edge_types), d)
+        self.v_rel = _Typed(heads * len(edge_types), d)
+        self.skip = nn.ParameterDict({t: nn.Parameter(torch.ones(1)) for t in node_types})
+        self.p_rel = nn.ParameterDict({"__".join(e): nn.Parameter(torch.ones(1, heads))
+                                       for e in edge_types})
+        self.program = Program(models.hgt, in_dim=in_channels, out_dim=out_channels, heads=heads,
+                               num_relations=len(edge_types), num_node_types=len(node_types),
+                               **compiler_options(**compiler))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for lins in (self.kqv_lin, self.out_lin):
+            for lin in lins.lins.values():
+                bound = 1.0 / math.sqrt(lin.in_features)   # PyG Linear's kaiming_uniform
+                nn.init.uniform_(lin.weight, -bound, bound)
+                nn.init.uniform_(lin.bias, -bound, bound)
+        for rel in (self.k_rel, self.v_rel):
+            bound = 1.0 / math.sqrt(rel.weight.size(1))
+            nn.init.uniform_(rel.weight, -bound, bound)
+        for p in list(self.skip.values()) + list(self.p_rel.values()):
+            nn.init.ones_(p)
+
+    # -- PyG parameters -> the DSL's per-type stacks (differentiable views) ----------------
+    def _weights(self) -> Dict[str, torch.Tensor]:
+        F, H, R = self.out_channels, self.heads, len(self.edge_types)
+        d = F // H
+        kqv = [self.kqv_lin.lins[t] for t in self.node_types]
+        out = {}
+        for i, name in enumerate(("k", "q", "v")):
+            out[name] = torch.stack([lin.weight[i * F:(i + 1) * F].t() for lin in kqv])
+            out[name + "_bias"] = torch.stack([lin.bias[i * F:(i + 1) * F] for lin in kqv])
+        for name, rel in (("k_rel", self.k_rel), ("v_rel", self.v_rel)):
+            # PyG's type index is head * R + relation.
+            out[name] = rel.weight.view(H, R, d, d).transpose(0, 1)
+        out["p_rel"] = torch.stack([self.p_rel["__".join(e)] for e in self.edge_types]).view(R, H, 1)
+        lins = [self.out_lin.lins[t] for t in self.node_types]
+        out["a"] = torch.stack([lin.weight.t() for lin in lins])
+        out["a_bias"] = torch.stack([lin.bias for lin in lins])
+        if self.in_channels == self.out_channels:
+            out["skip"] = torch.stack([self.skip[t] for t in self.node_types])
+        return out
+
+    def graph_of(self, x_dict, edge_index_dict) -> Graph:
+        if isinstance(edge_index_dict, Graph):
+            g = edge_index_dict
+            if g.node_type_names != self.node_types or g.num_relations != len(self.edge_types):
+                raise ValueError("the prebuilt Graph must have node types "
+                                 f"{self.node_types} and {len(self.edge_types)} relations in "
+                                 "metadata order (Graph.from_hetero)")
+            return g
+        if not isinstance(edge_index_dict, dict):
+            raise TypeError("edge_index_dict must be a dict {(src, rel, dst): edge_index} or a "
+                            f"hector.Graph, got {type(edge_index_dict).__name__}")
+        extra = [k for k in edge_index_dict if tuple(k) not in self.edge_types]
+        if extra:
+            raise ValueError(f"edge_index_dict has edge types {extra} not in metadata")
+        counts = {t: int(x_dict[t].shape[0]) for t in self.node_types}
+        dev = next(iter(x_dict.values())).device
+        ordered = {e: edge_index_dict.get(e, torch.zeros(2, 0, dtype=torch.long, device=dev))
+                   for e in self.edge_types}
+        key = tuple((id(t), t.data_ptr(), t._version) for t in ordered.values()) + tuple(counts.items())
+        hit = _GRAPHS.get(key)
+        if hit is not None and all(r() is not None for r in hit[0]):
+            return hit[1]
+        g = Graph.from_hetero(ordered, counts)
+        _GRAPHS[key] = (tuple(weakref.ref(t) for t in ordered.values()), g)
+        while len(_GRAPHS) > 8:
+            _GRAPHS.popitem(last=False)
+        return g
+
+    def forward(self, x_dict: Dict[str, torch.Tensor], edge_index_dict) -> Dict[str, torch.Tensor]:
+        if not isinstance(x_dict, dict):
+            raise TypeError(f"x_dict must be a dict {{node type: features}}, got "
+                            f"{type(x_dict).__name__}")
+        missing = [t for t in self.node_types if t not in x_dict]
+        if missing:
+            raise ValueError(f"x_dict lacks node type(s) {missing} of metadata")
+        for t in self.node_types:
+            C.check_features(x_dict[t], f"x_dict[{t!r}]", x_dict[t].shape[0] if
+                             isinstance(x_dict[t], torch.Tensor) else 0, "its rows",
+                             x_dict[self.node_types[0]].device, num_cols=self.in_channels)
+        graph = self.graph_of(x_dict, edge_index_dict)
+        x = torch.cat([x_dict[t] for t in self.node_types], 0)
+        out = self.program(graph, {"x": x}, self._weights())[0]
+        ptr = graph.node_type_ptr.tolist()
+        return {t: out[ptr[i]:ptr[i + 1]] for i, t in enumerate(self.node_types)
+                if t in self.dst_node_types}
+
+    @classmethod
+    def from_pyg(cls, module, **compiler) -> "HGTConv":
+        """An HGTConv with the hyper-parameters and parameters of a PyG ``HGTConv``."""
+        ours = cls(module.in_channels, module.out_channels,
+                   (module.node_types, module.edge_types), module.heads, **compiler)
+        return take_over(ours, module)
+
+    def __repr__(self) -> str:
+        return f"HGTConv({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -1,0 +1,160 @@
+"""The Triton backend's two kernel templates as the compiler calls them.
+
+* ``gemm`` steps -> ``hector.ops_gemm.segment_mm`` (segment GEMM with gather/scatter), with
+  a plain-torch stand-in while that module is absent;
+* ``attention`` steps -> ``hector.ops.edge_attention``.  That op takes per-*node* terms, but
+  relational attention reads compact (src, relation) rows (HGT's ``k W_att_r``, the messages
+  ``m W_msg_r``) or even (dst, relation) rows (RGAT's ``z_v^r q``).  We lower it onto a
+  *derived bipartite graph*: sources are the rows the source-side terms live on (nodes,
+  compact (src, relation) rows, or edges), destinations the real nodes, one derived edge per
+  edge.  Terms are padded to ``S + N`` rows (zeros where a side does not apply).  HGT's
+  per-relation prior ``p_r`` multiplies the q.k term, so it is folded into the keys of each
+  compact row (rows carry their relation).  A destination-side term that depends on the
+  relation (RGAT) cannot be a per-node query, so then sources are the edges themselves and
+  the whole pre-activation score is an edge term ``a_src`` (cost: ``E x H x D`` messages).
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from ..ir.nodes import CSRC, EDGE, NODE, WEIGHT, Value
+from .torch_eval import GraphIndex, _operand, edge_side, segment_matmul
+
+
+def _segment_mm():
+    try:
+        from ..ops_gemm import segment_mm
+        return segment_mm
+    except ImportError:
+        return None
+
+
+def segment_mm_fallback(x, weight, seg_ptr, *, gather=None, scatter=None, num_out_rows=None,
+                        transpose_weight=False, backend="auto"):
+    """Same contract as ``hector.ops_gemm.segment_mm`` in plain torch (used until it exists)."""
+    del backend
+    w = weight.transpose(-1, -2) if transpose_weight else weight
+    xg = x.index_select(0, gather.long()) if gather is not None else x
+    y = segment_matmul(xg, w, seg_ptr.tolist())
+    if scatter is None:
+        return y
+    rows = num_out_rows if num_out_rows is not None else x.shape[0]
+    return y.new_zeros(rows, y.shape[1]).index_add(0, scatter.long(), y)
+
+
+def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str):
+    """A typed-linear step on the segment GEMM template."""
+    _, rs = step.spec
+    segment_mm = _segment_mm() or segment_mm_fallback
+    g = ix.graph
+    dev = x.device
+    gather = None
+    if rs.gather is not None:   # x holds the source rows; the GEMM reads them by index
+        gather = ix.move(rs.gather[0], rs.rows, rs.gather[1])
+    rows = x.shape[0] if gather is None else gather.shape[0]
+    if rs.segments == "relation":
+        ptr = {EDGE: g.rel_ptr, CSRC: g.compact_src.rel_ptr}.get(rs.rows, g.compact_dst.rel_ptr)
+        weight = w
+    elif rs.segments == "node_type":
+        ptr, weight = g.node_type_ptr, w
+    else:
+        ptr, weight = torch.tensor([0, rows], device=dev), w.unsqueeze(0)
+    ptr = ptr.to(dev).long()
+    perm = ix.node_perm if rs.segments == "node_type" else None
+    if rs.per_head:
+        if gather is not None:
+            x, gather = x.index_select(0, gather), None
+        H = x.shape[1]
+        xin = x.transpose(0, 1).reshape(H * rows, -1)
+        S = weight.shape[0]
+        weight = weight.transpose(0, 1).reshape((H * S,) + tuple(weight.shape[2:]))
+        offs = torch.arange(H, device=dev).view(-1, 1) * rows
+        ptr = torch.cat([(offs + ptr[:-1].view(1, -1)).reshape(-1),
+                         torch.tensor([H * rows], device=dev)])
+        if perm is not None:
+            perm = (offs + perm.view(1, -1)).reshape(-1)
+        n_rows = H * rows
+    else:
+        xin, n_rows = x.reshape(x.shape[0], -1), rows
+    out = segment_mm(xin.contiguous(), weight.contiguous(), ptr,
+                     gather=perm if gather is None else gather, scatter=perm,
+                     num_out_rows=n_rows if perm is not None else None,
+                     transpose_weight=rs.transpose_weight, backend=backend)
+    if rs.per_head:
+        out = out.view(H, rows, -1).transpose(0, 1)
+    return out.reshape((rows,) + tuple(step.output.shape))
+
+
+def _derived_graph(ix: GraphIndex, src_kind: str):
+    """The bipartite graph (source rows of ``src_kind``) -> (nodes, offset by S), memoised."""
+    g = ix.graph
+    memo = g.__dict__.setdefault("_derived", {})
+    key = "attention_sources_" + src_kind
+    if key not in memo:
+        from ..graph import Graph
+        S = ix.rows[src_kind]
+        if src_kind == EDGE:
+            rows = torch.arange(g.num_edges, device=g.device)
+        else:
+            rows = ix.move(src_kind, EDGE, "src")
+        ei = torch.stack([rows, g.dst.long() + S])
+        memo[key] = Graph(ei, num_nodes=S + g.num_nodes)
+    return memo[key]
+
+
+def _pad(t: Optional[torch.Tensor], before: int, after: int) -> Optional[torch.Tensor]:
+    if t is None:
+        return None
+    parts = [t.new_zeros((before,) + t.shape[1:]), t, t.new_zeros((after,) + t.shape[1:])]
+    return torch.cat([p for p in parts if p.shape[0]], 0)
+
+
+def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
+    from ..ops import edge_attention
+    body: Value = step.body
+    roles = dict(zip(body.attr("roles"), zip(body.args, inputs)))
+    scale, slope = body.attr("scale"), body.attr("slope")
+    dst_ok = all(roles[r][0].kind == NODE for r in ("q", "a_dst") if r in roles)
+    src_terms = [r for r in ("v", "k", "a_src") if r in roles]
+    kinds = {roles[r][0].kind for r in src_terms}
+    p = roles.get("p")
+    if not dst_ok or EDGE in kinds:
+        src_kind = EDGE
+    elif CSRC in kinds or (p is not None and p[0].per == "relation"):
+        src_kind = CSRC
+    else:
+        src_kind = NODE
+    g = ix.graph
+    N = g.num_nodes
+
+    def at_source(role):
+        val, t = roles[role]
+        if val.kind == src_kind:
+            return t
+        if src_kind == EDGE:
+            return edge_side(t, val, "src", ix)
+        return t.index_select(0, ix.move(NODE, CSRC, "src"))   # node -> compact rows
+
+    v = at_source("v")
+    if src_kind == EDGE and not dst_ok:
+        # The whole score is per edge; fold it into one source-side term.
+        from .torch_eval import attention_score
+        a_src = attention_score(body, inputs, ix)[..., 0]
+        q = k = a_dst = None
+    else:
+        q = roles["q"][1] if "q" in roles else None
+        k = at_source("k") if "k" in roles else None
+        if k is not None and p is not None:   # p_r scales q.k: fold it into the keys
+            k = k * _operand(p[1], p[0], src_kind, ix)
+        a_src = at_source("a_src")[..., 0] if "a_src" in roles else None
+        a_dst = roles["a_dst"][1][..., 0] if "a_dst" in roles else None
+    if src_kind == NODE and p is None:
+        return edge_attention(g, v, q, k, a_src, a_dst, scale=scale, negative_slope=slope,
+                              backend=backend)
+    S = v.shape[0]
+    dg = _derived_graph(ix, src_kind)
+    out = edge_attention(dg, _pad(v, 0, N), _pad(q, S, 0), _pad(k, 0, N), _pad(a_src, 0, N),
+                         _pad(a_dst, S, 0), scale=scale, negative_slope=slope, backend=backend)
+    return out[S:]

@@ -1,0 +1,35 @@
+"""Random relational graphs for the compiler tests: empty relations, isolated nodes,
+self loops and duplicate edges included on purpose."""
+from __future__ import annotations
+
+import torch
+
+
+def random_relational(num_nodes=24, num_edges=90, num_relations=4, seed=0, empty=(1,)):
+    """edge_index, edge_type with relations in ``empty`` having no edge and the last two
+    nodes isolated; one duplicate edge and one self loop."""
+    g = torch.Generator().manual_seed(seed)
+    live = [r for r in range(num_relations) if r not in empty]
+    ei = torch.randint(0, num_nodes - 2, (2, num_edges), generator=g)
+    et = torch.tensor(live)[torch.randint(0, len(live), (num_edges,), generator=g)]
+    ei[:, 1] = ei[:, 0]                    # duplicate edge
+    et[1] = et[0]
+    ei[1, 2] = ei[0, 2]                    # self loop
+    return ei, et
+
+
+def random_hetero(seed=0, heads_dim=8):
+    """x_dict / edge_index_dict / metadata: 3 node types, 4 edge types, one without edges."""
+    g = torch.Generator().manual_seed(seed)
+    counts = {"paper": 9, "author": 7, "venue": 3}
+    rels = [("author", "writes", "paper"), ("paper", "cites", "paper"),
+            ("paper", "in", "venue"), ("venue", "hosts", "author")]
+    eid = {}
+    for (s, r, d), n in zip(rels, (20, 15, 6, 0)):
+        eid[(s, r, d)] = torch.stack([torch.randint(0, counts[s] - 1, (n,), generator=g),
+                                      torch.randint(0, counts[d] - 1, (n,), generator=g)])
+    return counts, eid, (list(counts), rels)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) if b.numel() else 0.0
