@@ -6,6 +6,7 @@ and the real graphs run the torch backend (the interpreter is too slow for them)
 case runs the Triton kernels, both strategies, in fp32 and bf16 (scripts/gpu-check runs this
 file on the H200).
 """
+import copy
 from pathlib import Path
 
 import pytest
@@ -41,17 +42,20 @@ def make_layers(kind, f_in, heads, concat):
 
 
 def rel_err(a, b, floor=1e-30):
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(floor))
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(floor))
 
 
 def compare(kind, edge_index, x, heads=2, concat=True, strategy="auto", backend="auto",
             dtype=torch.float32):
-    ref = make_layers(kind, x.shape[1], heads, concat)
+    """Ours in ``dtype`` against PyG in float64 on the same (``dtype``-rounded) inputs and
+    parameters: the error measured is ours, not the sum of two low-precision runs."""
+    ref = make_layers(kind, x.shape[1], heads, concat).to(dtype)
     ours = type_of(kind).from_pyg(ref, strategy=strategy, backend=backend)
-    ref, ours = ref.to(dtype), ours.to(dtype)
+    ref = copy.deepcopy(ref).double()
     x = x.to(DEVICE, dtype)
     edge_index = edge_index.to(DEVICE)
-    x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    x_ref, x_ours = x.double().requires_grad_(), x.clone().requires_grad_()
     out_ref, out = ref(x_ref, edge_index), ours(x_ours, edge_index)
     assert out.shape == out_ref.shape and out.dtype == dtype
     assert not torch.isnan(out).any()
@@ -61,12 +65,13 @@ def compare(kind, edge_index, x, heads=2, concat=True, strategy="auto", backend=
     params_ref, params = dict(ref.named_parameters()), dict(ours.named_parameters())
     assert params_ref.keys() == params.keys()
     names = list(params_ref)
-    g_ref = torch.autograd.grad(out_ref, [x_ref] + [params_ref[n] for n in names], grad_out)
+    g_ref = torch.autograd.grad(out_ref, [x_ref] + [params_ref[n] for n in names],
+                                grad_out.double())
     g = torch.autograd.grad(out, [x_ours] + [params[n] for n in names], grad_out)
     # Some gradients are zero in exact arithmetic (a bias on the keys shifts every score of
     # a row equally, which softmax ignores) and hold only rounding noise: measure every error
-    # against at least a thousandth of the largest gradient of the call.
-    floor = 1e-3 * max(float(b.double().norm()) for b in g_ref)
+    # against at least a hundredth of the largest gradient of the call.
+    floor = 1e-2 * max(float(b.norm()) for b in g_ref)
     for name, a, b in zip(["x"] + names, g, g_ref):
         err = rel_err(a, b, floor)
         assert err < tol * 5, f"grad of {name}: {err}"
