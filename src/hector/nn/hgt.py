@@ -13,7 +13,8 @@ from .. import _checks as C
 from .. import models
 from ..compile import Program
 from ..graph import Graph
-from .rgcn import compiler_options, take_over
+from ._common import load_from_pyg
+from .rgcn import compiler_options
 
 _GRAPHS: "OrderedDict[tuple, tuple]" = OrderedDict()
 
@@ -171,7 +172,7 @@ class HGTConv(nn.Module):
         """An HGTConv with the hyper-parameters and parameters of a PyG ``HGTConv``."""
         ours = cls(module.in_channels, module.out_channels,
                    (module.node_types, module.edge_types), module.heads, **compiler)
-        return take_over(ours, module)
+        return load_from_pyg(ours, module)
 
     def __repr__(self) -> str:
         return f"HGTConv({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -10,7 +10,8 @@ from torch import nn
 from .. import _checks as C
 from .. import models
 from ..compile import Program
-from .rgcn import compiler_options, glorot_, relational_graph, take_over, unsupported
+from ._common import load_from_pyg
+from .rgcn import compiler_options, glorot_, relational_graph, unsupported
 
 
 class RGATConv(nn.Module):
@@ -116,7 +117,7 @@ class RGATConv(nn.Module):
                    module.attention_mode, module.heads, module.dim, module.concat,
                    module.negative_slope, module.dropout, module.edge_dim,
                    bias=module.bias is not None, **compiler)
-        return take_over(ours, module)
+        return load_from_pyg(ours, module)
 
     def __repr__(self) -> str:
         return f"RGATConv({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -11,6 +11,7 @@ from .. import _checks as C
 from .. import models
 from ..compile import Program
 from ..graph import Graph, graph_of
+from ._common import load_from_pyg
 
 
 def glorot_(p: Optional[torch.Tensor]) -> None:
@@ -48,18 +49,6 @@ def unsupported(layer: str, **options) -> None:
     for name, (value, ok) in options.items():
         if not ok:
             raise NotImplementedError(f"{layer}: {name}={value!r} is not supported")
-
-
-def take_over(module: nn.Module, pyg_module: nn.Module) -> nn.Module:
-    state = pyg_module.state_dict()
-    missing, unexpected = module.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"cannot take over {type(pyg_module).__name__}'s parameters: missing "
-                         f"{missing}, unexpected {unexpected}")
-    ref = next(iter(pyg_module.parameters()), None)
-    if ref is not None:
-        module.to(device=ref.device, dtype=ref.dtype)
-    return module.train(pyg_module.training)
 
 
 class RGCNConv(nn.Module):
@@ -137,7 +126,7 @@ class RGCNConv(nn.Module):
         ours = cls(module.in_channels, module.out_channels, module.num_relations,
                    module.num_bases, module.num_blocks, aggr=module.aggr,
                    root_weight=module.root is not None, bias=module.bias is not None, **compiler)
-        return take_over(ours, module)
+        return load_from_pyg(ours, module)
 
     def __repr__(self) -> str:
         return (f"RGCNConv({self.in_channels}, {self.out_channels}, "
