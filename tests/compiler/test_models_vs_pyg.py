@@ -172,3 +172,27 @@ def test_half_precision_runs_in_fp32_accumulation():
     want = ref(x, ei, et).detach()
     got = ours.to(torch.bfloat16)(x.to(torch.bfloat16), ei, et)
     assert got.dtype == torch.bfloat16 and rel_err(got.float().detach(), want) < 2e-2
+
+
+def test_hgt_prebuilt_graph_checked_against_metadata():
+    """A prebuilt Graph gives the dict path's result when it matches the metadata, and is
+    refused (not silently misread) when its relations or node-id layout do not."""
+    torch.manual_seed(0)
+    counts, eid, meta = random_hetero()
+    layer = HGTConv(8, 8, meta, heads=2, backend="torch")
+    xs = {t: torch.randn(n, 8) for t, n in counts.items()}
+    g = hector.Graph.from_hetero({e: eid[e] for e in meta[1]}, counts)
+    want, got = layer(xs, eid), layer(xs, g)
+    assert all(torch.allclose(got[t], want[t], atol=1e-6) for t in want)
+    reordered = hector.Graph.from_hetero({e: eid[e] for e in reversed(meta[1])}, counts)
+    with pytest.raises(ValueError, match="relations .* in metadata order"):
+        layer(xs, reordered)
+    flat = g.input_edge_index()
+    perm = torch.randperm(g.num_nodes)          # same graph, node ids no longer grouped by type
+    interleaved = hector.Graph(perm[flat], edge_type=g.input_edge_type(), num_nodes=g.num_nodes,
+                               num_relations=g.num_relations,
+                               node_type=g.node_type.long()[torch.argsort(perm)],
+                               num_node_types=3, node_type_names=g.node_type_names,
+                               relation_names=g.relation_names)
+    with pytest.raises(ValueError, match="not contiguous id ranges"):
+        layer(xs, interleaved)

@@ -124,10 +124,16 @@ class HGTConv(nn.Module):
     def graph_of(self, x_dict, edge_index_dict) -> Graph:
         if isinstance(edge_index_dict, Graph):
             g = edge_index_dict
-            if g.node_type_names != self.node_types or g.num_relations != len(self.edge_types):
-                raise ValueError("the prebuilt Graph must have node types "
-                                 f"{self.node_types} and {len(self.edge_types)} relations in "
-                                 "metadata order (Graph.from_hetero)")
+            if g.node_type_names != self.node_types or g.relation_names != self.edge_types:
+                raise ValueError(
+                    f"the prebuilt Graph must have node types {self.node_types} and relations "
+                    f"{self.edge_types} in metadata order (as Graph.from_hetero builds it); it "
+                    f"has node types {g.node_type_names} and relations {g.relation_names}")
+            if not g.node_types_contiguous:
+                # x_dict is stacked type after type and the output sliced the same way, which
+                # is only right when each node type is one contiguous id range.
+                raise ValueError("the prebuilt Graph's node types are not contiguous id ranges; "
+                                 "build it with Graph.from_hetero (or order node ids by type)")
             return g
         if not isinstance(edge_index_dict, dict):
             raise TypeError("edge_index_dict must be a dict {(src, rel, dst): edge_index} or a "
