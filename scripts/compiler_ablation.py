@@ -60,7 +60,7 @@ class Workload:
     """One profile: dataset, its prebuilt Graph, features, HGT metadata, PyG inputs."""
 
     def __init__(self, profile, device, scale, seed=0):
-        from hector import datasets
+        from hector import Graph, datasets
         kw = {} if scale is None else {"scale": scale}
         t0 = time.perf_counter()
         self.ds = datasets.load(f"synthetic:{profile}", device=device, seed=seed, **kw)
@@ -81,6 +81,12 @@ class Workload:
         rels = g.relation_names or [(types[0], "", types[0])] * g.num_relations
         # relation names of KGs contain '.', which PyG's ParameterDict keys cannot: number them
         self.metadata = (types, [(s, f"r{i}", d) for i, (s, _, d) in enumerate(rels)])
+        # HGTConv checks a prebuilt Graph's relation names against its metadata: the same
+        # structure under the renamed relations.
+        self.hgt_graph = Graph(g.input_edge_index(), edge_type=g.input_edge_type(),
+                               num_nodes=g.num_nodes, num_relations=g.num_relations,
+                               node_type=g.node_type.long(), num_node_types=len(types),
+                               node_type_names=types, relation_names=self.metadata[1])
         self._pyg_hetero = None
 
     def describe(self):
@@ -149,7 +155,7 @@ def hector_layer(model, ref, switches, backend):
 def caller(model, layer, W, pyg):
     """x -> output tensor (HGT: the node types' outputs concatenated in sorted order)."""
     if model == "hgt":
-        eid = W.pyg_hetero() if pyg else W.graph
+        eid = W.pyg_hetero() if pyg else W.hgt_graph
 
         def call(x):
             out = layer(W.split(x), eid)
