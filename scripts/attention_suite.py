@@ -21,7 +21,6 @@ from hector.graph import Graph
 from hector.nn import AGNNConv, GATConv, TransformerConv
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-SIZES = [(128, 1), (64, 4)]     # (features per head, heads), DF-GNN's settings
 
 
 def suite_graphs(names):
@@ -147,6 +146,7 @@ def main():
     p.add_argument("--kinds", default="gat,agnn,transformer")
     p.add_argument("--out", default="attention_suite.json")
     p.add_argument("--no-pyg", action="store_true")
+    p.add_argument("--sizes", default="128x1,64x4", help="features x heads cases")
     args = p.parse_args()
     rows = []
     print("op: the attention op alone (CUDA-graph replay); layer: the whole hector layer "
@@ -156,7 +156,7 @@ def main():
           f"{'layer inf/train':>17s} {'PyG inf/train':>17s} | mem MiB ours/PyG")
     for name, g, t_build in suite_graphs(args.graphs.split(",")):
         for kind in args.kinds.split(","):
-            for f, h in SIZES:
+            for f, h in [tuple(map(int, c.split("x"))) for c in args.sizes.split(",")]:
                 if kind == "agnn" and h != 1:
                     continue                       # AGNN has one head by definition
                 width = f * h
@@ -168,7 +168,7 @@ def main():
                     res["pyg"] = measure(make(kind, f, h), x, ei)
                     del ei
                 from hector.runtime.attention import choose_strategy, num_sms
-                chosen, why = choose_strategy(g.in_degree, g.num_edges, num_sms(g.device))
+                chosen, why = choose_strategy(g.in_degree, g.num_edges, num_sms(g.device), h)
                 row = dict(graph=name, nodes=g.num_nodes, edges=g.num_edges, build_s=t_build,
                            max_degree=g.in_degree.max, kind=kind, f=f, heads=h, auto_choice=chosen,
                            reason=why, **{f"{k}": v for k, v in res.items()})

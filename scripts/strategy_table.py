@@ -1,14 +1,20 @@
 """Markdown table of the DF-GNN strategy choice from attention_suite.py JSON files: for each
 case, op time of node / edge / auto and auto's excess over the faster fixed schedule.
 
-    python scripts/strategy_table.py suite.json [more.json ...]
+    python scripts/strategy_table.py suite.json [more.json ...]   (later files win)
 """
 import json
 import sys
 
 
 def main(paths):
-    rows = [r for p in paths for r in json.load(open(p)) if "node" in r and "inference_ms" in r["node"]]
+    # A later file's measurement of the same case (graph, layer, F, heads) replaces an earlier.
+    cases = {}
+    for p in paths:
+        for r in json.load(open(p)):
+            if "node" in r and "inference_ms" in r["node"]:
+                cases[(r["graph"], r["kind"], r["f"], r["heads"])] = r
+    rows = list(cases.values())
     print("| graph | layer | F x H | auto picks | mode | node ms | edge ms | auto ms | auto vs best |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     worst = 0.0

@@ -255,6 +255,12 @@ def test_strategy_rule():
     assert choose_strategy(flat, 1_000_000)[0] == "node"
     strategy, why = choose_strategy(skew, 1_000_000)
     assert strategy == "edge" and "100000" in why
+    # Long rows everywhere (reddit-like: mean 492, max 21.6K, no straggler): edge-parallel
+    # with one head, node-parallel with four (the measured split).
+    long_rows = DegreeStats(max=21_600, mean=492.0, cv=1.2, num_isolated=0, num_super=8000,
+                            super_threshold=1000)
+    assert choose_strategy(long_rows, 114_600_000, heads=1)[0] == "edge"
+    assert choose_strategy(long_rows, 114_600_000, heads=4)[0] == "node"
     spec = AttentionSpec.of(torch.empty(1, 8, 8))
     sched = default_schedule(spec, "edge", 1_000_000, 5.0, 528)
     assert sched.block_h == 8 and sched.chunk >= sched.block_e
