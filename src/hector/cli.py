@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
@@ -129,6 +130,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     try:
         return COMMANDS[args.command][2](args)
+    except BrokenPipeError:
+        # Output piped into a reader that stopped early (`hector info ... | head`): not an error.
+        sys.stdout = open(os.devnull, "w")
+        return 0
     except (ValueError, TypeError, FileNotFoundError) as err:
         # Bad input is the user's to fix: one clear line, no traceback.
         print(f"hector {args.command}: error: {err}", file=sys.stderr)
