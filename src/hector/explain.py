@@ -42,6 +42,8 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
     from .graph import Graph
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
+    if hasattr(module_or_fn, "attention_spec"):
+        return _explain_attention(module_or_fn, graph, dtype, dims.get("features"))
     program = _program(module_or_fn, **dims)
     program.check_graph(graph)
     cp = program.compiled_for(graph, dtype, backward=backward)
@@ -64,6 +66,40 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
         out += ["", f"== {title} ({len(plan.steps)} kernels)", plan.describe(), "", "ops called:"]
         for i, step in enumerate(plan.steps):
             out.append(f"  [{i}] {_OPS[step.template]}")
+    return "\n".join(out)
+
+
+def _explain_attention(layer, graph, dtype, features) -> str:
+    """An attention layer (GAT, AGNN, Transformer): the fused op it calls, and for each
+    traversal the schedule DF-GNN's dynamic fusion picks on this graph, and why."""
+    from .graph import with_self_loops
+    from .runtime.attention import make_plan
+    g = with_self_loops(graph) if getattr(layer, "add_self_loops", False) else graph
+    spec = layer.attention_spec(dtype, features)
+    plan = make_plan(g, spec, layer.strategy)
+    terms = [name for name, on in (("scale * <q_v, k_u>", spec.has_qk), ("a_src[u]", spec.has_src),
+                                   ("a_dst[v]", spec.has_dst)) if on]
+    out = [f"== hector.explain: {layer!r} (strategy={layer.strategy!r})",
+           f"graph: {g.num_nodes} nodes, {g.num_edges} edges"
+           + (" (self loops replaced by one per node)" if g is not graph else "")
+           + f"; in-degree max {g.in_degree.max}, mean {g.in_degree.mean:.1f}, cv "
+           f"{g.in_degree.cv:.2f}, {g.in_degree.num_super} super nodes",
+           "",
+           f"fused op: hector.ops.edge_attention, {spec.heads} head(s), score = "
+           f"{' + '.join(terms)}" + (f", leaky_relu({spec.negative_slope})" if spec.has_leaky else "")
+           + f", softmax over incoming edges, aggregate v ({spec.dim_v} per head)"
+           + (", dropout on alpha" if spec.has_dropout else ""), ""]
+    for side, sched, kernels in (
+            ("forward + destination-side backward (CSR by destination)", plan.dst,
+             "attention_fwd_kernel, attention_bwd_dst_kernel"),
+            ("source-side backward (CSR by source, no atomics)", plan.src,
+             "attention_bwd_src_kernel")):
+        out += [f"-- {side}: {sched.strategy}-parallel",
+                f"  why: {sched.reason}",
+                f"  tiles: BLOCK_E={sched.block_e} BLOCK_H={sched.block_h} "
+                f"BLOCK_DK={sched.block_dk} BLOCK_DV={sched.block_dv} num_warps={sched.num_warps}"
+                + (f", chunk={sched.chunk} edges" if sched.strategy == "edge" else ""),
+                f"  kernels (src/hector/codegen/triton_attention_*.py): {kernels}", ""]
     return "\n".join(out)
 
 

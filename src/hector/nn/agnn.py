@@ -47,6 +47,12 @@ class AGNNConv(nn.Module):
                              backend=self.backend)
         return out.squeeze(1)
 
+    def attention_spec(self, dtype=torch.float32, features=None):
+        """What this layer asks of the fused attention op (``features``: the width of x)."""
+        from ..plan import AttentionSpec
+        f = features or 1
+        return AttentionSpec(1, f, f, True, False, False, None, False, dtype)
+
     @classmethod
     def from_pyg(cls, module, strategy: str = "auto", backend: str = "auto") -> "AGNNConv":
         ours = cls(module.requires_grad, module.add_self_loops, strategy, backend)

@@ -73,6 +73,12 @@ class GATConv(nn.Module):
             out = out + self.res(x)
         return out + self.bias if self.bias is not None else out
 
+    def attention_spec(self, dtype=torch.float32, features=None):
+        """What this layer asks of the fused attention op (for ``hector.explain``)."""
+        from ..plan import AttentionSpec
+        return AttentionSpec(self.heads, 0, self.out_channels, False, True, True,
+                             self.negative_slope, self.dropout > 0, dtype)
+
     @classmethod
     def from_pyg(cls, module, strategy: str = "auto", backend: str = "auto") -> "GATConv":
         """A GATConv with the hyper-parameters and parameters of a PyG ``GATConv``."""

@@ -75,6 +75,12 @@ class TransformerConv(nn.Module):
                 out = out + x_r
         return out
 
+    def attention_spec(self, dtype=torch.float32, features=None):
+        """What this layer asks of the fused attention op (for ``hector.explain``)."""
+        from ..plan import AttentionSpec
+        c = self.out_channels
+        return AttentionSpec(self.heads, c, c, True, False, False, None, self.dropout > 0, dtype)
+
     @classmethod
     def from_pyg(cls, module, strategy: str = "auto", backend: str = "auto") -> "TransformerConv":
         if module.lin_edge is not None:
