@@ -12,7 +12,6 @@ test partition of the nodes.
 """
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Sequence
 
@@ -21,6 +20,7 @@ import torch
 
 from .base import Dataset
 from .download import require_file
+from .tables import read_table
 
 EDGE_FILES = ("edges.csv", "musae_git_edges.csv")
 TARGET_FILES = ("target.csv", "musae_git_target.csv")
@@ -67,27 +67,14 @@ def read_edges(path: Path) -> np.ndarray:
 
 def read_targets(path: Path) -> np.ndarray:
     """Labels indexed by node id; the ids must be exactly 0..n-1 (each once)."""
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = [h.strip() for h in next(reader, [])]
-        if "id" not in header or not any(c in header for c in TARGET_COLUMNS):
-            raise ValueError(f"{path}: header must name columns 'id' and 'target' "
-                             f"(or 'ml_target'), got {header}")
-        ic = header.index("id")
-        tc = header.index(next(c for c in TARGET_COLUMNS if c in header))
-        ids, targets = [], []
-        for row in reader:
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise ValueError(f"{path}: line {reader.line_num}: {len(row)} columns, "
-                                 f"expected {len(header)}")
-            try:
-                ids.append(int(row[ic]))
-                targets.append(int(row[tc]))
-            except ValueError:
-                raise ValueError(f"{path}: line {reader.line_num}: id and target must be "
-                                 f"integers, got {row[ic]!r}, {row[tc]!r}") from None
+    ids, targets = [], []
+    for line, (node, target) in read_table(path, ["id", tuple(TARGET_COLUMNS)]):
+        try:
+            ids.append(int(node))
+            targets.append(int(target))
+        except ValueError:
+            raise ValueError(f"{path}: line {line}: id and target must be integers, got "
+                             f"{node!r}, {target!r}") from None
     n = len(ids)
     ids_a = np.asarray(ids, dtype=np.int64)
     if n and (ids_a.min() < 0 or ids_a.max() >= n or np.unique(ids_a).size != n):

@@ -22,7 +22,6 @@ escape decoding only on lines that contain a backslash, and numpy for everything
 """
 from __future__ import annotations
 
-import csv
 import gzip
 import re
 import zlib
@@ -35,6 +34,7 @@ import torch
 
 from .base import Dataset
 from .download import require_file
+from .tables import read_table
 
 # (nodes column, label column) of the TSV files, as in PyG (the 'cateogory' typo is upstream's).
 HEADERS = {
@@ -143,31 +143,13 @@ def _read_labels(path: Path, node_col: str, label_col: str,
                  nodes: Optional[Dict[object, int]]) -> Tuple[List[int], List[str]]:
     """Node ids and label strings from a tab-separated label file (header row first)."""
     idx, labels = [], []
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.reader(f, delimiter="\t")
-            header = next(reader, None)
-            if header is None:
-                raise ValueError(f"{path}: empty label file (expected a header row)")
-            for col in (node_col, label_col):
-                if col not in header:
-                    raise ValueError(f"{path}: missing column {col!r} in header {header}")
-            ni, li = header.index(node_col), header.index(label_col)
-            for row in reader:
-                if not row:
-                    continue
-                if len(row) != len(header):
-                    raise ValueError(f"{path}: line {reader.line_num}: {len(row)} columns, "
-                                     f"expected {len(header)}")
-                if nodes is not None:
-                    nid = nodes.get(row[ni])
-                    if nid is None:
-                        raise ValueError(f"{path}: line {reader.line_num}: node {row[ni]!r} "
-                                         "does not occur in the graph")
-                    idx.append(nid)
-                labels.append(row[li])
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text: {e}") from e
+    for line, (node, label) in read_table(path, [node_col, label_col], delimiter="\t"):
+        if nodes is not None:
+            nid = nodes.get(node)
+            if nid is None:
+                raise ValueError(f"{path}: line {line}: node {node!r} does not occur in the graph")
+            idx.append(nid)
+        labels.append(label)
     return idx, labels
 
 
