@@ -101,7 +101,19 @@ def _run_explain(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _configure_bench(p: argparse.ArgumentParser) -> None:
+    from .bench import configure
+    configure(p)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from .bench import run
+    return run(args)
+
+
 COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
+    "bench": ("time hector against PyG on your graph (inference, training, memory)",
+              _configure_bench, _run_bench),
     "info": ("print a dataset's statistics", _configure_info, _run_info),
     "explain": ("show a model's IR before and after each pass, the decisions, the plan and "
                 "the kernels", _configure_explain, _run_explain),

@@ -1,0 +1,83 @@
+"""``hector bench``: hector's layers against PyG's (eager, and torch.compile on CUDA) on one
+dataset each: output check, inference and training time, peak memory, speedups.
+
+``configure(parser)`` adds the options to an argparse parser and ``run(args)`` runs them
+(returns the exit status: 1 when a hector layer's output did not match PyG or a case raised).
+``run_bench(BenchConfig(...))`` is the programmatic entry point.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .runner import BenchConfig, failed, resolve, run_bench
+from .suites import LAYERS
+
+__all__ = ["BenchConfig", "run_bench", "resolve", "configure", "run", "main", "LAYERS"]
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layers", default="rgcn,gat",
+                   help=f"comma list from {','.join(LAYERS)} (default: rgcn,gat)")
+    p.add_argument("--dataset", default=None,
+                   help="a loader name (aifb, cora, ...) or synthetic:PROFILE, for every layer "
+                        "(default: synthetic:aifb for rgcn/rgat/hgt, synthetic:cora for "
+                        "gat/agnn/transformer)")
+    p.add_argument("--root", default=None, help="local folder holding --dataset's files")
+    p.add_argument("--scale", type=float, default=None,
+                   help="size factor for synthetic profiles (default: the profile's size; on "
+                        "the CPU the default relational dataset runs at 0.2)")
+    p.add_argument("--features", type=int, default=None,
+                   help="input and output feature width (default: 64 on CUDA, 32 on the CPU)")
+    p.add_argument("--heads", type=int, default=1, help="attention heads (default 1)")
+    p.add_argument("--device", default=None,
+                   help="cuda or cpu (default: cuda if available, else cpu)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="CPU timing: median of this many runs after one warm-up (default 5; "
+                        "on CUDA triton's do_bench decides)")
+    p.add_argument("--seed", type=int, default=0, help="seed for synthetic datasets and features")
+    p.add_argument("--json", metavar="PATH", default=None, help="write all results as JSON")
+    p.add_argument("--markdown", metavar="PATH", default=None, help="write the table as markdown")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="write a PNG bar chart of the speedups over PyG eager")
+    p.add_argument("--no-pyg", action="store_true",
+                   help="do not time PyG (its layer still provides the parameters and the "
+                        "reference output of the check)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    return BenchConfig(layers=args.layers, dataset=args.dataset, root=args.root,
+                       scale=args.scale, features=args.features, heads=args.heads,
+                       device=args.device, repeats=args.repeats, no_pyg=args.no_pyg,
+                       seed=getattr(args, "seed", 0),
+                       progress=not getattr(args, "no_progress", False))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; prints the table; writes --json / --markdown / --plot.  Bad options
+    raise ValueError (naming the option) before anything runs."""
+    from . import report
+    cfg = resolve(config_from_args(args))        # validate before any work
+    result = run_bench(cfg)
+    print(report.table(result), flush=True)
+    if args.json:
+        report.write_json(result, args.json)
+    if args.markdown:
+        report.write_markdown(result, args.markdown)
+    if args.plot:
+        report.write_plot(result, args.plot)
+    for what, path in (("JSON", args.json), ("markdown", args.markdown), ("plot", args.plot)):
+        if path:
+            print(f"{what} written to {path}")
+    return 1 if failed(result) else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="hector bench", description=__doc__.split("\n\n")[0])
+    configure(p)
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as err:
+        print(f"hector bench: error: {err}")
+        return 2

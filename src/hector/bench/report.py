@@ -1,0 +1,132 @@
+"""``hector bench`` output: terminal table, markdown, JSON and a PNG bar chart of speedups."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import List
+
+COLUMNS = ("layer", "dataset", "peer", "inference ms", "training ms", "speedup inf",
+           "speedup train", "peak MiB", "check")
+
+
+def _ms(r: dict, key: str) -> str:
+    v = r.get(key)
+    if v is not None:
+        return f"{v:.3f}"
+    if "oom" in r:
+        return "OOM"
+    if "error" in r:
+        return "ERR"
+    return "-"
+
+
+def _x(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _check(r: dict) -> str:
+    c = r.get("check", "-")
+    if r.get("rel_err") is not None and c in ("ok", "MISMATCH"):
+        return f"{c} ({r['rel_err']:.1e})"
+    return c
+
+
+def cells(r: dict) -> List[str]:
+    peak = r.get("peak_MiB")
+    return [r["layer"], r["dataset"], r["peer"], _ms(r, "inference_ms"), _ms(r, "training_ms"),
+            _x(r.get("speedup_inference")), _x(r.get("speedup_training")),
+            f"{peak:.1f}" if peak is not None else ("OOM" if "oom" in r else "-"), _check(r)]
+
+
+def table(result: dict) -> str:
+    """Fixed-width terminal table, then the notes and any errors."""
+    body = [cells(r) for r in result["rows"]]
+    widths = [max(len(c) for c in col) for col in zip(COLUMNS, *body)]
+    right = {3, 4, 5, 6, 7}
+
+    def line(cs):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cs, widths))).rstrip()
+    out = [line(COLUMNS), line(["-" * w for w in widths])] + [line(c) for c in body]
+    meta = result["meta"]
+    out.append("")
+    out.append(f"device {meta['device']}" + (f" ({meta['gpu']})" if meta.get("gpu") else "")
+               + f", hector backend {meta['backend']}, features {meta['features']}, heads "
+               f"{meta['heads']}; speedup = PyG eager ms / peer ms; check: max |hector - PyG| / "
+               f"max |PyG| < {meta['rtol']:g}")
+    for name, w in meta.get("workloads", {}).items():
+        out.append(f"{w['dataset']} (scale {w['scale'] or 1}): {w['nodes']:,} nodes, "
+                   f"{w['edges']:,} edges, {w['relations']} relations, {w['node_types']} node types")
+    for n in result.get("notes", []):
+        out.append(f"note: {n}")
+    for r in result["rows"]:
+        if "error" in r:
+            out.append(f"error: {r['layer']} / {r['peer']}: {r['error']}")
+        if "oom" in r:
+            out.append(f"OOM: {r['layer']} / {r['peer']} during {r['oom']}")
+    return "\n".join(out)
+
+
+def markdown(result: dict) -> str:
+    out = ["| " + " | ".join(COLUMNS) + " |",
+           "|" + "|".join("---:" if i in (3, 4, 5, 6, 7) else "---" for i in range(len(COLUMNS)))
+           + "|"]
+    out += ["| " + " | ".join(cells(r)) + " |" for r in result["rows"]]
+    meta = result["meta"]
+    out.append("")
+    out.append(f"Device {meta['device']}" + (f" ({meta['gpu']})" if meta.get("gpu") else "")
+               + f", hector backend `{meta['backend']}`, features {meta['features']}, heads "
+               f"{meta['heads']}, torch {meta['torch']}, torch_geometric "
+               f"{meta['torch_geometric']}. Speedup = PyG eager ms / peer ms.")
+    for n in result.get("notes", []):
+        out.append(f"- {n}")
+    return "\n".join(out) + "\n"
+
+
+def _clean(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else str(v)
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def write_json(result: dict, path) -> None:
+    Path(path).write_text(json.dumps(_clean(result), indent=1))
+
+
+def write_markdown(result: dict, path) -> None:
+    Path(path).write_text(markdown(result))
+
+
+def write_plot(result: dict, path) -> None:
+    """Bar chart: speedup over PyG eager, inference and training, per (layer, peer)."""
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    rows = [r for r in result["rows"] if r.get("peer") not in ("PyG eager", "*")]
+    labels = [f"{r['layer']}\n{r['peer']}" for r in rows]
+    inf = [r.get("speedup_inference") or 0.0 for r in rows]
+    trn = [r.get("speedup_training") or 0.0 for r in rows]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(rows) + 1.5), 4.0))
+    xs = range(len(rows))
+    w = 0.38
+    ax.bar([i - w / 2 for i in xs], inf, w, label="inference")
+    ax.bar([i + w / 2 for i in xs], trn, w, label="training")
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel("speedup over PyG eager (x)")
+    meta = result["meta"]
+    ax.set_title(f"hector bench on {meta['device']} (features {meta['features']}, "
+                 f"heads {meta['heads']})", fontsize=10)
+    if not rows or not any(inf + trn):
+        ax.text(0.5, 0.5, "no speedups (PyG not measured)", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+    plt.close(fig)

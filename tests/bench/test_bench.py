@@ -1,0 +1,108 @@
+"""hector bench on tiny CPU inputs: rows, checks, output files, bad options."""
+import argparse
+import json
+
+import pytest
+
+from hector.bench import BenchConfig, configure, resolve, run, run_bench
+from hector.bench import report
+
+
+def tiny(**kw):
+    base = dict(layers="rgcn,gat", scale=0.05, features=8, repeats=1, device="cpu",
+                progress=False)
+    base.update(kw)
+    return BenchConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return run_bench(tiny())
+
+
+def test_rows_times_and_checks(result):
+    rows = result["rows"]
+    peers = {(r["layer"], r["peer"]) for r in rows}
+    assert {("rgcn", "PyG eager"), ("rgcn", "hector"), ("rgcn", "hector unopt"),
+            ("gat", "PyG eager"), ("gat", "hector")} <= peers
+    assert not any(r["peer"] == "PyG compile" for r in rows)      # CPU: compile skipped
+    assert any("PyG compile skipped" in n for n in result["notes"])
+    for r in rows:
+        assert "error" not in r and "oom" not in r, r
+        assert isinstance(r["inference_ms"], float) and r["inference_ms"] > 0
+        assert isinstance(r["training_ms"], float) and r["training_ms"] > 0
+        assert r.get("peak_MiB") is None                           # CPU: no memory figures
+        if r["peer"] == "PyG eager":
+            assert r["check"] == "ref" and r["speedup_inference"] == pytest.approx(1.0)
+        else:
+            assert r["check"] == "ok" and r["rel_err"] < 1e-4
+            assert r["speedup_training"] > 0
+    text = report.table(result)
+    assert "hector unopt" in text and "MISMATCH" not in text
+
+
+def test_files(tmp_path):
+    args = argparse.ArgumentParser()
+    configure(args)
+    paths = {k: tmp_path / f"out.{k}" for k in ("json", "md", "png")}
+    ns = args.parse_args(["--layers", "rgcn,gat", "--scale", "0.05", "--features", "8",
+                          "--repeats", "1", "--device", "cpu", "--no-progress",
+                          "--json", str(paths["json"]), "--markdown", str(paths["md"]),
+                          "--plot", str(paths["png"])])
+    assert run(ns) == 0
+    data = json.loads(paths["json"].read_text())
+    assert {r["layer"] for r in data["rows"]} == {"rgcn", "gat"}
+    md = paths["md"].read_text().splitlines()
+    assert md[0].startswith("| layer |") and "inference ms" in md[0]
+    assert set(md[1].replace("|", "").replace(":", "")) == {"-"}
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_pyg_still_checks():
+    res = run_bench(tiny(layers="gat", no_pyg=True))
+    assert [r["peer"] for r in res["rows"]] == ["hector"]
+    assert res["rows"][0]["check"] == "ok" and res["rows"][0]["speedup_inference"] is None
+
+
+@pytest.mark.parametrize("kw, option", [
+    (dict(layers="rgcn,nope"), "--layers"),
+    (dict(layers=""), "--layers"),
+    (dict(dataset="no-such-set"), "--dataset"),
+    (dict(dataset="synthetic:nope"), "--dataset"),
+    (dict(features=0), "--features"),
+    (dict(features=-3), "--features"),
+    (dict(heads=0), "--heads"),
+    (dict(features=8, heads=3), "--heads"),
+    (dict(repeats=0), "--repeats"),
+    (dict(scale=0.0), "--scale"),
+])
+def test_bad_options(kw, option):
+    with pytest.raises(ValueError, match=option):
+        resolve(tiny(**kw))
+    with pytest.raises(ValueError, match=option):     # before anything runs
+        run_bench(tiny(**kw))
+
+
+def test_mismatch_is_reported_and_fails(monkeypatch, tmp_path):
+    from hector.bench import runner
+    monkeypatch.setattr(runner, "RTOL", -1.0)            # every comparison now fails
+    args = argparse.ArgumentParser()
+    configure(args)
+    ns = args.parse_args(["--layers", "gat", "--scale", "0.05", "--features", "8",
+                          "--repeats", "1", "--device", "cpu", "--no-progress"])
+    assert run(ns) == 1
+    res = run_bench(tiny(layers="gat"))
+    assert [r["check"] for r in res["rows"]] == ["ref", "MISMATCH"]
+    assert "MISMATCH" in report.table(res) and runner.failed(res)
+
+
+def test_oom_is_recorded_not_raised():
+    import torch
+    from hector.bench import runner, suites
+
+    def boom(x):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 1 GiB")
+    peer = suites.Peer("x", torch.nn.Linear(2, 2), boom, "hector")
+    res = runner.measure(peer, torch.randn(3, 2), torch.device("cpu"), 1)
+    assert res == {"oom": "inference"}
+    assert report.cells(dict(layer="l", dataset="d", peer="x", **res))[3] == "OOM"
