@@ -111,7 +111,19 @@ def _run_bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _configure_train(p: argparse.ArgumentParser) -> None:
+    from .train import configure
+    configure(p)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from .train import run
+    return run(args)
+
+
 COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
+    "train": ("train a model end to end (entity or node classification) and report test "
+              "accuracy", _configure_train, _run_train),
     "bench": ("time hector against PyG on your graph (inference, training, memory)",
               _configure_bench, _run_bench),
     "info": ("print a dataset's statistics", _configure_info, _run_info),

@@ -1,0 +1,48 @@
+"""``hector train``: train a two-layer node classifier built on ``hector.nn`` layers.
+
+``configure(parser)`` adds the options to an argparse parser; ``run(args)`` trains and prints
+a progress bar (stderr), a log line every ``--log-every`` epochs and one final line
+``RESULT model=... dataset=... test_acc=<fraction> ... total_time=<s>``.  The per-(model,
+dataset family) defaults live in :mod:`hector.train.defaults`; every option overrides them.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .defaults import DEFAULTS, MODELS
+from .loop import DTYPES, resolve_config, train
+
+__all__ = ["configure", "run", "train", "DEFAULTS", "MODELS", "resolve_config"]
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help=f"one of {', '.join(MODELS)}")
+    p.add_argument("--dataset", required=True,
+                   help="a dataset name (aifb, mutag, cora, citeseer, pubmed, ...)")
+    p.add_argument("--root", help="local folder holding the dataset's files (default: download "
+                                  "into $HECTOR_DATA, ~/.cache/hector)")
+    p.add_argument("--epochs", type=int, help="maximum epochs (default: per model and dataset)")
+    p.add_argument("--lr", type=float, help="Adam learning rate")
+    p.add_argument("--weight-decay", type=float, help="Adam weight decay (L2)")
+    p.add_argument("--hidden", type=int, help="hidden width (per head)")
+    p.add_argument("--heads", type=int, help="attention heads of the first layer")
+    p.add_argument("--dropout", type=float, help="dropout on inputs (and attention)")
+    p.add_argument("--patience", type=int,
+                   help="early stopping: epochs without validation improvement (needs a "
+                        "validation split)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--dtype", default="fp32", choices=DTYPES,
+                   help="fp32 (default) or bf16 (parameters and features in bf16, loss in fp32)")
+    p.add_argument("--backend", choices=("auto", "torch", "triton"),
+                   help="layer backend (default: torch on cpu, auto on cuda)")
+    p.add_argument("--checkpoint", help="save model, optimizer, epoch and best state here "
+                                        "after every epoch")
+    p.add_argument("--resume", help="continue from a checkpoint written by --checkpoint")
+    p.add_argument("--log-every", type=int, default=10, help="log line interval (epochs)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    train(args)
+    return 0

@@ -1,0 +1,240 @@
+"""The training loop behind ``hector train``: full-batch node classification."""
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .defaults import MODELS, defaults as model_defaults
+from .models import build
+
+DTYPES = ("fp32", "bf16")
+_OVERRIDES = ("epochs", "lr", "weight_decay", "hidden", "heads", "dropout", "patience")
+
+
+def _check_positive(name: str, value, kind=int, allow_zero=False) -> None:
+    ok = isinstance(value, kind) and (value >= 0 if allow_zero else value > 0)
+    if kind is float:
+        ok = isinstance(value, (int, float)) and math.isfinite(value) and (
+            value >= 0 if allow_zero else value > 0)
+    if not ok:
+        raise ValueError(f"--{name.replace('_', '-')} must be "
+                         f"{'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def resolve_config(args) -> dict:
+    """Validate the options and merge them over the (model, dataset family) defaults."""
+    from .. import datasets
+    model, dataset = args.model, args.dataset
+    if model not in MODELS:
+        raise ValueError(f"--model must be one of {', '.join(MODELS)}, got {model!r}")
+    key = str(dataset).lower().replace("_", "-")
+    known = datasets.names()
+    if not (key in known or key.startswith("synthetic:")):
+        raise ValueError(f"--dataset: unknown dataset {dataset!r}; known: "
+                         f"{', '.join(n for n in known if not n.startswith('synthetic:'))}, "
+                         "or synthetic:<profile>")
+    cfg = model_defaults(model, key)
+    for name in _OVERRIDES:
+        v = getattr(args, name, None)
+        if v is not None:
+            cfg[name] = v
+    for name in ("epochs", "hidden", "heads"):
+        _check_positive(name, cfg[name])
+    if cfg["patience"] is not None:
+        _check_positive("patience", cfg["patience"])
+    _check_positive("lr", cfg["lr"], float)
+    _check_positive("weight_decay", cfg["weight_decay"], float, allow_zero=True)
+    if not (0.0 <= cfg["dropout"] < 1.0):
+        raise ValueError(f"--dropout must be in [0, 1), got {cfg['dropout']!r}")
+    dtype = getattr(args, "dtype", "fp32") or "fp32"
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    log_every = getattr(args, "log_every", 10)
+    _check_positive("log_every", log_every)
+    device = torch.device(getattr(args, "device", "cpu") or "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
+    backend = getattr(args, "backend", None) or ("torch" if device.type == "cpu" else "auto")
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"--backend must be auto, torch or triton, got {backend!r}")
+    cfg.update(model=model, dataset=key, seed=int(getattr(args, "seed", 0) or 0), dtype=dtype,
+               device=str(device), backend=backend, log_every=log_every)
+    return cfg
+
+
+def _autocast(cfg):
+    # bf16 runs the model in bf16 (parameters and features cast, see ``train``) rather than
+    # under torch.autocast: autocast leaves some per-layer products in fp32 next to bf16
+    # linears, and hector's fused attention requires one dtype for all its inputs.
+    return contextlib.nullcontext()
+
+
+def _accuracy(logits, y, idx) -> float:
+    if idx is None or idx.numel() == 0:
+        return float("nan")
+    return float((logits[idx].argmax(-1) == y[idx]).float().mean())
+
+
+def _clone_state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train(args, out=None) -> dict:
+    """Run one training as ``hector train`` does; print progress and the RESULT line to
+    ``out`` (stdout); return the result as a dict."""
+    # Tiny late-training gradients turn into denormals, which make CPU kernels ~7x slower.
+    # Flushing them is a process-wide switch: on for this run only (torch's default is off).
+    torch.set_flush_denormal(True)
+    try:
+        return _train(args, out)
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def _train(args, out=None) -> dict:
+    """Run one training as ``hector train`` does; print progress and the RESULT line to
+    ``out`` (stdout); return the result as a dict."""
+    from tqdm import tqdm
+    from .. import datasets
+
+    out = out or sys.stdout
+    t_start = time.perf_counter()
+    cfg = resolve_config(args)
+    device = torch.device(cfg["device"])
+    torch.manual_seed(cfg["seed"])
+    if device.type == "cuda":
+        torch.cuda.manual_seed_all(cfg["seed"])
+
+    data = datasets.load(cfg["dataset"], root=getattr(args, "root", None)).to(device)
+    if data.y is None or data.train_idx is None or data.test_idx is None or not data.num_classes:
+        raise ValueError(f"--dataset {cfg['dataset']}: no node labels with train/test splits; "
+                         "hector train does node classification only")
+    y = data.y.long()
+    train_idx, val_idx, test_idx = data.train_idx, data.val_idx, data.test_idx
+    has_val = val_idx is not None and val_idx.numel() > 0
+    x = None if data.x is None else data.x.float()
+    if x is not None and cfg["normalize_features"] and bool((x >= 0).all()):
+        # Row-normalise bag-of-words features, as the GAT/GCN papers (and PyG's
+        # NormalizeFeatures) do for Planetoid.
+        x = x / x.sum(1, keepdim=True).clamp(min=1e-12)
+    edge_index, edge_type = data.edge_index, data.edge_type
+
+    torch.manual_seed(cfg["seed"])
+    model = build(cfg["model"], data, cfg, backend=cfg["backend"]).to(device)
+    if cfg["dtype"] == "bf16":
+        model = model.to(torch.bfloat16)
+        x = None if x is None else x.to(torch.bfloat16)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+
+    start_epoch, best = 1, dict(val_acc=-1.0, val_loss=math.inf, epoch=0, state=None)
+    bad_epochs, loss_floor = 0, math.inf
+    resume = getattr(args, "resume", None)
+    if resume:
+        ck = torch.load(resume, map_location=device, weights_only=True)
+        for k in ("model", "dataset"):
+            if ck["config"][k] != cfg[k]:
+                raise ValueError(f"--resume {resume}: the checkpoint is for {k}="
+                                 f"{ck['config'][k]!r}, not {cfg[k]!r}")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        start_epoch = int(ck["epoch"]) + 1
+        best = dict(ck["best"])
+        bad_epochs, loss_floor = int(ck["bad_epochs"]), float(ck["loss_floor"])
+        torch.set_rng_state(ck["rng"].cpu())
+        print(f"resumed from {resume} at epoch {ck['epoch']}", file=out)
+    ckpt_path = getattr(args, "checkpoint", None)
+
+    def save(epoch):
+        Path(ckpt_path).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(str(ckpt_path) + ".tmp")
+        torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict(), epoch=epoch,
+                        best=best, bad_epochs=bad_epochs, loss_floor=loss_floor,
+                        rng=torch.get_rng_state(),
+                        config={k: v for k, v in cfg.items()}), tmp)
+        tmp.replace(ckpt_path)
+
+    epochs, patience = cfg["epochs"], cfg["patience"]
+    last_epoch, train_time, stopped = start_epoch - 1, 0.0, False
+    bar = tqdm(range(start_epoch, epochs + 1), desc=f"{cfg['model']}/{cfg['dataset']}",
+               unit="epoch", file=sys.stderr, leave=False,
+               disable=getattr(args, "no_progress", False) or None)
+    for epoch in bar:
+        t0 = time.perf_counter()
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        with _autocast(cfg):
+            logits = model(x, edge_index, edge_type)
+        loss = F.cross_entropy(logits[train_idx].float(), y[train_idx])
+        loss.backward()
+        opt.step()
+        model.eval()
+        with torch.no_grad(), _autocast(cfg):
+            logits = model(x, edge_index, edge_type).float()
+        _sync(device)
+        dt = time.perf_counter() - t0
+        train_time += dt
+        train_acc = _accuracy(logits, y, train_idx)
+        msg = (f"epoch {epoch:4d}  loss {loss.item():.4f}  train_acc {train_acc:.4f}")
+        if has_val:
+            val_loss = float(F.cross_entropy(logits[val_idx], y[val_idx]))
+            val_acc = _accuracy(logits, y, val_idx)
+            msg += f"  val_loss {val_loss:.4f}  val_acc {val_acc:.4f}"
+            # GAT's criterion: keep the best validation accuracy (ties: lower loss); count
+            # patience while neither validation accuracy nor loss improves.
+            if val_acc > best["val_acc"] or (val_acc == best["val_acc"]
+                                             and val_loss < best["val_loss"]):
+                best = dict(val_acc=val_acc, val_loss=val_loss, epoch=epoch,
+                            state=_clone_state(model))
+            if val_acc >= best["val_acc"] or val_loss < loss_floor:
+                bad_epochs = 0
+            else:
+                bad_epochs += 1
+            loss_floor = min(loss_floor, val_loss)
+        msg += f"  time {dt:.3f}s"
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{train_acc:.3f}")
+        last_epoch = epoch
+        if has_val and patience is not None and bad_epochs >= patience:
+            stopped = True
+        if epoch % cfg["log_every"] == 0 or epoch == epochs or epoch == start_epoch or stopped:
+            tqdm.write(msg, file=out)
+        if ckpt_path:
+            save(epoch)
+        if stopped:
+            tqdm.write(f"early stop at epoch {epoch}: no validation improvement for "
+                       f"{patience} epochs (best epoch {best['epoch']})", file=out)
+            break
+    bar.close()
+
+    if has_val and best["state"] is not None:
+        model.load_state_dict(best["state"])
+    model.eval()
+    with torch.no_grad(), _autocast(cfg):
+        logits = model(x, edge_index, edge_type).float()
+    result = dict(model=cfg["model"], dataset=cfg["dataset"],
+                  test_acc=_accuracy(logits, y, test_idx),
+                  train_acc=_accuracy(logits, y, train_idx),
+                  val_acc=_accuracy(logits, y, val_idx) if has_val else None,
+                  best_epoch=best["epoch"] if has_val else last_epoch,
+                  epochs=last_epoch, seed=cfg["seed"], device=cfg["device"], dtype=cfg["dtype"],
+                  backend=cfg["backend"], train_time=train_time,
+                  total_time=time.perf_counter() - t_start)
+    line = (f"RESULT model={result['model']} dataset={result['dataset']} "
+            f"test_acc={result['test_acc']:.4f} train_acc={result['train_acc']:.4f} "
+            + (f"val_acc={result['val_acc']:.4f} " if has_val else "")
+            + f"best_epoch={result['best_epoch']} epochs={result['epochs']} seed={result['seed']} "
+            f"device={result['device']} dtype={result['dtype']} backend={result['backend']} "
+            f"train_time={result['train_time']:.2f} total_time={result['total_time']:.2f}")
+    print(line, file=out, flush=True)
+    return result

@@ -1,0 +1,170 @@
+"""The networks ``hector train`` builds: two-layer node classifiers on ``hector.nn`` layers.
+
+Every network is called as ``net(x, edge_index, edge_type)`` and returns class logits for all
+nodes; ``x`` is None for featureless (RDF) datasets, where the first layer learns one vector
+per node (RGCN: exactly Schlichtkrull et al.'s one-hot input, see :class:`FeaturelessRGCN`;
+the other models: an embedding table).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..nn import AGNNConv, GATConv, HGTConv, RGATConv, RGCNConv, TransformerConv
+
+
+class FeaturelessRGCN(nn.Module):
+    r"""The first RGCN layer on one-hot node features, without materialising the identity.
+
+    With :math:`x_j = e_j`, :math:`x_j \Theta_r = \Theta_r[j]`, so the layer is
+    :math:`h_i = \Theta_{root}[i] + b + \sum_r \frac{1}{|N_r(i)|}\sum_{j\in N_r(i)} \Theta_r[j]`
+    with :math:`\Theta_r = \sum_b c_{rb} V_b` (basis decomposition), which is PyG's
+    ``RGCNConv(num_nodes, out, R, num_bases)`` called with ``x=None``, same parameters and
+    initialisation (glorot), same mean aggregation per (destination, relation).
+    """
+
+    def __init__(self, num_nodes: int, out_channels: int, num_relations: int,
+                 num_bases: Optional[int] = None):
+        super().__init__()
+        self.num_nodes, self.out_channels = num_nodes, out_channels
+        self.num_relations, self.num_bases = num_relations, num_bases
+        if num_bases is not None:
+            self.weight = nn.Parameter(torch.empty(num_bases, num_nodes, out_channels))
+            self.comp = nn.Parameter(torch.empty(num_relations, num_bases))
+        else:
+            self.weight = nn.Parameter(torch.empty(num_relations, num_nodes, out_channels))
+            self.register_parameter("comp", None)
+        self.root = nn.Parameter(torch.empty(num_nodes, out_channels))
+        self.bias = nn.Parameter(torch.zeros(out_channels))
+        self._norm_key = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for p in (self.weight, self.comp, self.root):
+            if p is not None:
+                bound = math.sqrt(6.0 / (p.size(-2) + p.size(-1)))
+                nn.init.uniform_(p, -bound, bound)
+        nn.init.zeros_(self.bias)
+
+    def _norm(self, edge_index, edge_type):
+        key = (edge_index.data_ptr(), edge_type.data_ptr(), edge_index.shape[1])
+        if self._norm_key != key:
+            slot = edge_index[1] * self.num_relations + edge_type
+            count = torch.bincount(slot, minlength=self.num_nodes * self.num_relations)
+            self._norm_cache = (1.0 / count[slot].clamp(min=1).float()).unsqueeze(1)
+            self._norm_key = key
+        return self._norm_cache
+
+    def forward(self, edge_index: torch.Tensor, edge_type: torch.Tensor) -> torch.Tensor:
+        R, N, H = self.num_relations, self.num_nodes, self.out_channels
+        if self.comp is not None:
+            w = (self.comp @ self.weight.view(self.num_bases, -1)).view(R, N, H)
+        else:
+            w = self.weight
+        src, dst = edge_index[0], edge_index[1]
+        msg = w[edge_type, src] * self._norm(edge_index, edge_type).to(w.dtype)
+        out = torch.zeros(N, H, dtype=msg.dtype, device=msg.device).index_add_(0, dst, msg)
+        return out + self.root + self.bias
+
+
+class Net(nn.Module):
+    """A two-layer node classifier; see :func:`build`."""
+
+    def __init__(self, model: str, num_nodes: int, in_channels: Optional[int], num_classes: int,
+                 num_relations: int, hidden: int, heads: int, dropout: float,
+                 num_bases: Optional[int], backend: str):
+        super().__init__()
+        self.model, self.dropout = model, dropout
+        self.num_relations = num_relations
+        self.featureless = in_channels is None
+        H, C, R = hidden, num_classes, num_relations
+        comp = dict(backend=backend)
+        self.embed = None
+        if self.featureless and model != "rgcn":
+            self.embed = nn.Embedding(num_nodes, H)
+            in_channels = H
+        if model == "rgcn":
+            self.conv1 = (FeaturelessRGCN(num_nodes, H, R, num_bases) if self.featureless else
+                          RGCNConv(in_channels, H, R, num_bases=num_bases, **comp))
+            self.conv2 = RGCNConv(H, C, R, num_bases=num_bases, **comp)
+        elif model == "rgat":
+            self.conv1 = RGATConv(in_channels, H, R, num_bases=num_bases, heads=heads, **comp)
+            self.conv2 = RGATConv(H * heads, C, R, num_bases=num_bases, heads=1, concat=False,
+                                  **comp)
+        elif model == "hgt":
+            if H % heads:
+                raise ValueError(f"--hidden ({H}) must be divisible by --heads ({heads}) for hgt")
+            self.lin_in = nn.Linear(in_channels, H)
+            self._meta = ["n"], [("n", f"r{r}", "n") for r in range(R)]
+            self.conv1 = HGTConv(H, H, self._meta, heads=heads, **comp)
+            self.conv2 = HGTConv(H, H, self._meta, heads=heads, **comp)
+            self.lin_out = nn.Linear(H, C)
+            self._ei = None
+        elif model == "gat":
+            self.conv1 = GATConv(in_channels, H, heads=heads, dropout=dropout, backend=backend)
+            self.conv2 = GATConv(H * heads, C, heads=1, concat=False, dropout=dropout,
+                                 backend=backend)
+        elif model == "agnn":
+            self.lin_in = nn.Linear(in_channels, H)
+            self.conv1 = AGNNConv(requires_grad=False, backend=backend)
+            self.conv2 = AGNNConv(requires_grad=True, backend=backend)
+            self.lin_out = nn.Linear(H, C)
+        elif model == "transformer":
+            self.conv1 = TransformerConv(in_channels, H, heads=heads, dropout=dropout,
+                                         backend=backend)
+            self.conv2 = TransformerConv(H * heads, C, heads=1, concat=False, dropout=dropout,
+                                         backend=backend)
+        else:
+            raise ValueError(f"unknown model {model!r}")
+
+    def _drop(self, x):
+        return F.dropout(x, p=self.dropout, training=self.training) if self.dropout else x
+
+    def forward(self, x, edge_index, edge_type=None):
+        m = self.model
+        if edge_type is None:
+            edge_type = torch.zeros(edge_index.shape[1], dtype=torch.long,
+                                    device=edge_index.device)
+        if self.embed is not None:
+            x = self.embed.weight
+        if m == "rgcn":
+            h = (self.conv1(edge_index, edge_type) if self.featureless
+                 else self.conv1(self._drop(x), edge_index, edge_type))
+            h = self._drop(F.relu(h))
+            return self.conv2(h, edge_index, edge_type)
+        if m == "rgat":
+            h = F.elu(self.conv1(self._drop(x), edge_index, edge_type))
+            return self.conv2(self._drop(h), edge_index, edge_type)
+        if m == "hgt":
+            if self._ei is None or self._ei[0] is not edge_index:
+                self._ei = (edge_index, {e: edge_index[:, edge_type == r]
+                                         for r, e in enumerate(self._meta[1])})
+            ei = self._ei[1]
+            h = F.relu(self.lin_in(self._drop(x)))
+            h = F.relu(self.conv1({"n": h}, ei)["n"])
+            h = self.conv2({"n": self._drop(h)}, ei)["n"]
+            return self.lin_out(self._drop(F.relu(h)))
+        if m == "gat":
+            h = F.elu(self.conv1(self._drop(x), edge_index))
+            return self.conv2(self._drop(h), edge_index)
+        if m == "agnn":
+            h = F.relu(self.lin_in(self._drop(x)))
+            h = self.conv2(self.conv1(h, edge_index), edge_index)
+            return self.lin_out(self._drop(h))
+        if m == "transformer":
+            h = F.elu(self.conv1(self._drop(x), edge_index))
+            return self.conv2(self._drop(h), edge_index)
+        raise AssertionError(m)
+
+
+def build(model: str, data, cfg: dict, backend: str = "torch") -> Net:
+    """The network for ``model`` on dataset ``data`` with settings ``cfg`` (see defaults)."""
+    return Net(model, num_nodes=data.num_nodes,
+               in_channels=None if data.x is None else int(data.x.shape[1]),
+               num_classes=data.num_classes, num_relations=max(1, int(data.num_relations)),
+               hidden=cfg["hidden"], heads=cfg["heads"], dropout=cfg["dropout"],
+               num_bases=cfg["num_bases"], backend=backend)
