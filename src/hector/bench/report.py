@@ -8,6 +8,8 @@ from typing import List
 
 COLUMNS = ("layer", "dataset", "peer", "inference ms", "training ms", "speedup inf",
            "speedup train", "peak MiB", "check")
+#: Columns holding numbers: right-aligned in the terminal table and in markdown.
+NUMERIC = {3, 4, 5, 6, 7}
 
 
 def _ms(r: dict, key: str) -> str:
@@ -43,10 +45,9 @@ def table(result: dict) -> str:
     """Fixed-width terminal table, then the notes and any errors."""
     body = [cells(r) for r in result["rows"]]
     widths = [max(len(c) for c in col) for col in zip(COLUMNS, *body)]
-    right = {3, 4, 5, 6, 7}
 
     def line(cs):
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+        return "  ".join(c.rjust(w) if i in NUMERIC else c.ljust(w)
                          for i, (c, w) in enumerate(zip(cs, widths))).rstrip()
     out = [line(COLUMNS), line(["-" * w for w in widths])] + [line(c) for c in body]
     meta = result["meta"]
@@ -70,7 +71,7 @@ def table(result: dict) -> str:
 
 def markdown(result: dict) -> str:
     out = ["| " + " | ".join(COLUMNS) + " |",
-           "|" + "|".join("---:" if i in (3, 4, 5, 6, 7) else "---" for i in range(len(COLUMNS)))
+           "|" + "|".join("---:" if i in NUMERIC else "---" for i in range(len(COLUMNS)))
            + "|"]
     out += ["| " + " | ".join(cells(r)) + " |" for r in result["rows"]]
     meta = result["meta"]
