@@ -10,14 +10,26 @@ from __future__ import annotations
 import argparse
 
 from .runner import BenchConfig, failed, resolve, run_bench
+from .paper import SUITES
 from .suites import LAYERS
 
 __all__ = ["BenchConfig", "run_bench", "resolve", "configure", "run", "main", "LAYERS"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layers", default="rgcn,gat",
-                   help=f"comma list from {','.join(LAYERS)} (default: rgcn,gat)")
+    p.add_argument("--layers", default=None,
+                   help=f"comma list from {','.join(LAYERS)} (default: rgcn,gat; with --suite: "
+                        "all of the suite's layers)")
+    p.add_argument("--suite", default=None, choices=SUITES + ("all",),
+                   help="run a paper suite instead of one dataset: hetero (RGCN/RGAT/HGT on the "
+                        "8 heterogeneous profiles), attention (GAT/AGNN/Transformer on 6 profiles "
+                        "and the real graphs under --data-root), or all")
+    p.add_argument("--datasets", default=None,
+                   help="with --suite: comma list of the suite's datasets to run (profile "
+                        "names such as mag,wikikg2, or cora, amazon-computers, github-musae)")
+    p.add_argument("--data-root", default=None,
+                   help="with --suite attention: folder holding cora/, amazon-computers/ and "
+                        "github-musae/ (e.g. ../shared/data); graphs absent there are left out")
     p.add_argument("--dataset", default=None,
                    help="a loader name (aifb, cora, ...) or synthetic:PROFILE, for every layer "
                         "(default: synthetic:aifb for rgcn/rgat/hgt, synthetic:cora for "
@@ -42,6 +54,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pyg", action="store_true",
                    help="do not time PyG (its layer still provides the parameters and the "
                         "reference output of the check)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="do not time PyG under torch.compile (on CUDA it is timed by default)")
+    p.add_argument("--no-grad-check", action="store_true",
+                   help="check hector's output only, not its input gradient")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -50,7 +66,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        scale=args.scale, features=args.features, heads=args.heads,
                        device=args.device, repeats=args.repeats, no_pyg=args.no_pyg,
                        seed=getattr(args, "seed", 0),
-                       progress=not getattr(args, "no_progress", False))
+                       progress=not getattr(args, "no_progress", False),
+                       suite=getattr(args, "suite", None),
+                       datasets=getattr(args, "datasets", None),
+                       data_root=getattr(args, "data_root", None),
+                       compile_pyg=False if getattr(args, "no_compile", False) else None,
+                       check_grad=not getattr(args, "no_grad_check", False))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,15 +81,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve(config_from_args(args))        # validate before any work
     result = run_bench(cfg)
     print(report.table(result), flush=True)
-    if args.json:
-        report.write_json(result, args.json)
-    if args.markdown:
-        report.write_markdown(result, args.markdown)
-    if args.plot:
-        report.write_plot(result, args.plot)
-    for what, path in (("JSON", args.json), ("markdown", args.markdown), ("plot", args.plot)):
-        if path:
-            print(f"{what} written to {path}")
+    report.write_all(result, json=args.json, markdown=args.markdown, plot=args.plot)
     return 1 if failed(result) else 0
 
 

@@ -6,10 +6,12 @@ import math
 from pathlib import Path
 from typing import List
 
-COLUMNS = ("layer", "dataset", "peer", "inference ms", "training ms", "speedup inf",
-           "speedup train", "peak MiB", "check")
+from . import targets
+
+COLUMNS = ("layer", "dataset", "F x H", "peer", "inference ms", "training ms", "speedup inf",
+           "speedup train", "peak MiB", "floor", "check")
 #: Columns holding numbers: right-aligned in the terminal table and in markdown.
-NUMERIC = {3, 4, 5, 6, 7}
+NUMERIC = {4, 5, 6, 7, 8, 9}
 
 
 def _ms(r: dict, key: str) -> str:
@@ -30,15 +32,21 @@ def _x(v) -> str:
 def _check(r: dict) -> str:
     c = r.get("check", "-")
     if r.get("rel_err") is not None and c in ("ok", "MISMATCH"):
-        return f"{c} ({r['rel_err']:.1e})"
+        errs = f"{r['rel_err']:.1e}"
+        if r.get("grad_err") is not None:
+            errs += f", grad {r['grad_err']:.1e}"
+        return f"{c} ({errs})"
     return c
 
 
 def cells(r: dict) -> List[str]:
     peak = r.get("peak_MiB")
-    return [r["layer"], r["dataset"], r["peer"], _ms(r, "inference_ms"), _ms(r, "training_ms"),
+    fl = r.get("floor_fraction")
+    return [r["layer"], r["dataset"], f"{r.get('features', '-')}x{r.get('heads', '-')}",
+            r["peer"], _ms(r, "inference_ms"), _ms(r, "training_ms"),
             _x(r.get("speedup_inference")), _x(r.get("speedup_training")),
-            f"{peak:.1f}" if peak is not None else ("OOM" if "oom" in r else "-"), _check(r)]
+            f"{peak:.1f}" if peak is not None else ("OOM" if "oom" in r else "-"),
+            "-" if fl is None else f"{fl:.0%}", _check(r)]
 
 
 def table(result: dict) -> str:
@@ -52,21 +60,29 @@ def table(result: dict) -> str:
     out = [line(COLUMNS), line(["-" * w for w in widths])] + [line(c) for c in body]
     meta = result["meta"]
     out.append("")
-    out.append(f"device {meta['device']}" + (f" ({meta['gpu']})" if meta.get("gpu") else "")
-               + f", hector backend {meta['backend']}, features {meta['features']}, heads "
-               f"{meta['heads']}; speedup = PyG eager ms / peer ms; check: max |hector - PyG| / "
-               f"max |PyG| < {meta['rtol']:g}")
+    out.append(_legend(meta))
     for name, w in meta.get("workloads", {}).items():
         out.append(f"{w['dataset']} (scale {w['scale'] or 1}): {w['nodes']:,} nodes, "
                    f"{w['edges']:,} edges, {w['relations']} relations, {w['node_types']} node types")
     for n in result.get("notes", []):
         out.append(f"note: {n}")
+    if result.get("targets"):
+        out += ["", "targets (hector against the better PyG peer of each case):",
+                targets.table(result["targets"])]
     for r in result["rows"]:
         if "error" in r:
             out.append(f"error: {r['layer']} / {r['peer']}: {r['error']}")
         if "oom" in r:
             out.append(f"OOM: {r['layer']} / {r['peer']} during {r['oom']}")
     return "\n".join(out)
+
+
+def _legend(meta: dict) -> str:
+    return (f"device {meta['device']}" + (f" ({meta['gpu']})" if meta.get("gpu") else "")
+            + f", hector backend {meta['backend']}; speedup = PyG eager ms / peer ms; floor = "
+            f"forward's memory floor at the measured copy bandwidth "
+            f"({meta.get('copy_GBps', 0):.0f} GB/s) / inference ms; check: max |hector - PyG| / "
+            f"max |PyG| < {meta['rtol']:g} for the output and the input gradient")
 
 
 def markdown(result: dict) -> str:
@@ -76,12 +92,17 @@ def markdown(result: dict) -> str:
     out += ["| " + " | ".join(cells(r)) + " |" for r in result["rows"]]
     meta = result["meta"]
     out.append("")
-    out.append(f"Device {meta['device']}" + (f" ({meta['gpu']})" if meta.get("gpu") else "")
-               + f", hector backend `{meta['backend']}`, features {meta['features']}, heads "
-               f"{meta['heads']}, torch {meta['torch']}, torch_geometric "
-               f"{meta['torch_geometric']}. Speedup = PyG eager ms / peer ms.")
+    out.append(_legend(meta) + f"; torch {meta['torch']}, torch_geometric "
+               f"{meta['torch_geometric']}.")
     for n in result.get("notes", []):
         out.append(f"- {n}")
+    if result.get("targets"):
+        out += ["", "| target | value | required | met | detail |", "|---|---:|---:|---|---|"]
+        for t in result["targets"]:
+            v = t["value"]
+            out.append(f"| {t['target']} | {'-' if v is None else (f'{v:.2f}' if isinstance(v, float) else v)} "
+                       f"| {t['op']} {t['required']} | {'yes' if t['met'] else '**MISSED**'} "
+                       f"| {t['detail']} |")
     return "\n".join(out) + "\n"
 
 
@@ -103,27 +124,41 @@ def write_markdown(result: dict, path) -> None:
     Path(path).write_text(markdown(result))
 
 
+def write_all(result: dict, json=None, markdown=None, plot=None) -> None:
+    """Write each output whose path is given and say where."""
+    for what, path, write in (("JSON", json, write_json), ("markdown", markdown, write_markdown),
+                              ("plot", plot, write_plot)):
+        if path:
+            write(result, path)
+            print(f"{what} written to {path}")
+
+
 def write_plot(result: dict, path) -> None:
-    """Bar chart: speedup over PyG eager, inference and training, per (layer, peer)."""
+    """Bar chart: speedup over PyG eager, inference and training, per case and non-PyG peer."""
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
     rows = [r for r in result["rows"] if r.get("peer") not in ("PyG eager", "*")]
-    labels = [f"{r['layer']}\n{r['peer']}" for r in rows]
+    many = len({r["dataset"] for r in rows}) > 1
+    labels = [f"{r['layer']} {r.get('features', '')}x{r.get('heads', '')}\n"
+              + (f"{r['dataset'].replace('synthetic:', '')}\n" if many else "") + r["peer"]
+              for r in rows]
     inf = [r.get("speedup_inference") or 0.0 for r in rows]
     trn = [r.get("speedup_training") or 0.0 for r in rows]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(rows) + 1.5), 4.0))
+    fig, ax = plt.subplots(figsize=(min(60.0, max(4.0, 1.0 * len(rows) + 1.5)), 4.5))
     xs = range(len(rows))
     w = 0.38
     ax.bar([i - w / 2 for i in xs], inf, w, label="inference")
     ax.bar([i + w / 2 for i in xs], trn, w, label="training")
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xticks(list(xs))
-    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("speedup over PyG eager (x)")
+    if any(v > 20 for v in inf + trn):
+        ax.set_yscale("log")
     meta = result["meta"]
-    ax.set_title(f"hector bench on {meta['device']} (features {meta['features']}, "
-                 f"heads {meta['heads']})", fontsize=10)
+    ax.set_title(f"hector bench on {meta.get('gpu') or meta['device']}"
+                 + (f", suite {meta['suite']}" if meta.get("suite") else ""), fontsize=10)
     if not rows or not any(inf + trn):
         ax.text(0.5, 0.5, "no speedups (PyG not measured)", ha="center", va="center",
                 transform=ax.transAxes)

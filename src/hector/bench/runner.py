@@ -3,10 +3,11 @@ of every peer and record peak memory (CUDA)."""
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional
 
 import torch
@@ -14,12 +15,17 @@ import torch
 from . import suites
 
 CPU_BUDGET_S = 3.0                 # CPU: timed runs per measurement stop near this
+SLOW_MS = 250.0                    # CUDA: a run slower than this is timed SLOW_REPEATS times
+SLOW_REPEATS = 3
+#: torch.compile unrolls PyG's per-relation Python loop: past this many relations compiling
+#: takes minutes, so the compiled peer is skipped (with a note) for RGCN and RGAT
+COMPILE_MAX_RELATIONS = 64
 RTOL = 1e-4                        # relative max-abs error allowed against PyG (fp32)
 
 
 @dataclass
 class BenchConfig:
-    layers: List[str] = field(default_factory=lambda: list(suites.DEFAULT_LAYERS))
+    layers: Optional[List[str]] = None   # None: rgcn,gat (or every layer of --suite)
     dataset: Optional[str] = None      # None: synthetic:aifb (relational), synthetic:cora (attention)
     root: Optional[str] = None
     scale: Optional[float] = None      # None: profile size (CPU: 0.2 for the default relational one)
@@ -30,11 +36,48 @@ class BenchConfig:
     no_pyg: bool = False
     seed: int = 0
     progress: bool = True
+    suite: Optional[str] = None        # 'hetero', 'attention', 'all': the paper settings
+    data_root: Optional[str] = None    # folder holding the real graphs of --suite attention
+    compile_pyg: Optional[bool] = None  # None: on CUDA only
+    check_grad: bool = True            # also compare the input gradient against PyG's
+    datasets: Optional[List[str]] = None  # with --suite: only these datasets (profile names)
+
+
+def _positive_int(name: str, v) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise ValueError(f"--{name} must be a positive integer, got {v!r}")
 
 
 def resolve(cfg: BenchConfig) -> BenchConfig:
     """Validate every option (ValueError naming the option) and fill in the defaults."""
-    layers = suites.parse_layers(cfg.layers)
+    if cfg.suite is not None:
+        from .paper import SUITES
+        if cfg.suite not in SUITES + ("all",):
+            raise ValueError(f"--suite must be one of {', '.join(SUITES + ('all',))}, "
+                             f"got {cfg.suite!r}")
+        for opt, v in (("dataset", cfg.dataset), ("root", cfg.root), ("features", cfg.features),
+                       ("scale", cfg.scale)):
+            if v is not None:
+                raise ValueError(f"--{opt} cannot be combined with --suite (the suite fixes it)")
+        if cfg.heads != 1:
+            raise ValueError("--heads cannot be combined with --suite (the suite fixes it)")
+    elif cfg.data_root is not None or cfg.datasets is not None:
+        raise ValueError(f"--{'data-root' if cfg.data_root is not None else 'datasets'} is only "
+                         "used by --suite")
+    datasets = cfg.datasets
+    if isinstance(datasets, str):
+        datasets = [d.strip() for d in datasets.split(",") if d.strip()]
+    if datasets is not None:
+        from .paper import ATTENTION_PROFILES, ATTENTION_REAL, HETERO_PROFILES
+        known = set(HETERO_PROFILES + ATTENTION_PROFILES) | {n for n, _ in ATTENTION_REAL}
+        bad = [d for d in datasets if d not in known]
+        if bad or not datasets:
+            raise ValueError(f"--datasets: unknown name(s) {bad or datasets!r}; the suites "
+                             f"hold {', '.join(sorted(known))}")
+    if cfg.data_root is not None and not os.path.isdir(cfg.data_root):
+        raise ValueError(f"--data-root: {cfg.data_root!r} is not a folder")
+    layers = suites.parse_layers(cfg.layers if (cfg.layers or cfg.suite is None)
+                                 else list(suites.LAYERS))
     if cfg.dataset is not None:
         suites.check_dataset(cfg.dataset)
     dev = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -47,23 +90,42 @@ def resolve(cfg: BenchConfig) -> BenchConfig:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: CUDA is not available on this machine (use --device cpu)")
     cuda = device.type == "cuda"
-    features = cfg.features if cfg.features is not None else (64 if cuda else 32)
-    if not isinstance(features, int) or isinstance(features, bool) or features <= 0:
-        raise ValueError(f"--features must be a positive integer, got {features!r}")
-    if not isinstance(cfg.heads, int) or isinstance(cfg.heads, bool) or cfg.heads <= 0:
-        raise ValueError(f"--heads must be a positive integer, got {cfg.heads!r}")
+    features = cfg.features
+    if cfg.suite is None:
+        features = features if features is not None else (64 if cuda else 32)
+        _positive_int("features", features)
+    _positive_int("heads", cfg.heads)
     if cfg.heads > 1 and features % cfg.heads:
         raise ValueError(f"--features ({features}) must be divisible by --heads ({cfg.heads})")
     if cfg.scale is not None and not (cfg.scale > 0):
         raise ValueError(f"--scale must be > 0, got {cfg.scale!r}")
-    if not isinstance(cfg.repeats, int) or cfg.repeats <= 0:
-        raise ValueError(f"--repeats must be a positive integer, got {cfg.repeats!r}")
+    _positive_int("repeats", cfg.repeats)
     if cfg.root is not None and cfg.dataset is None:
         raise ValueError("--root needs --dataset (the default datasets are synthetic)")
-    return BenchConfig(layers=layers, dataset=cfg.dataset, root=cfg.root, scale=cfg.scale,
-                       features=features, heads=cfg.heads, device=str(device),
-                       repeats=cfg.repeats, no_pyg=cfg.no_pyg, seed=cfg.seed,
-                       progress=cfg.progress)
+    compile_pyg = cuda if cfg.compile_pyg is None else bool(cfg.compile_pyg)
+    return replace(cfg, layers=layers, features=features, device=str(device),
+                   compile_pyg=compile_pyg, datasets=datasets)
+
+
+def cases_of(cfg: BenchConfig) -> tuple:
+    """([Case], notes) of a resolved config: the suite's cases (filtered by --layers), or
+    each layer on --dataset (or its default dataset) at --features x --heads."""
+    if cfg.suite is not None:
+        from .paper import suite
+        cases, notes = suite(cfg.suite, cfg.data_root)
+        keep = [c for c in cases if c.layer in cfg.layers and (
+            cfg.datasets is None or c.dataset.replace("synthetic:", "") in cfg.datasets)]
+        return keep, list(notes)
+    cuda = torch.device(cfg.device).type == "cuda"
+    out = []
+    for layer in cfg.layers:
+        scale = cfg.scale
+        if scale is None and cfg.dataset is None and not cuda and layer in suites.RELATIONAL:
+            scale = suites.CPU_DEFAULT_RELATIONAL_SCALE
+        heads = 1 if layer == "agnn" else cfg.heads      # AGNN has no heads
+        out.append(suites.Case(layer, cfg.dataset or suites.default_dataset(layer),
+                               cfg.features, heads, scale=scale, root=cfg.root))
+    return out, []
 
 
 # -- measuring ----------------------------------------------------------------------------
@@ -79,11 +141,26 @@ def sync(device: torch.device) -> None:
 
 
 def timed(fn, device: torch.device, repeats: int) -> float:
-    """Median milliseconds of ``fn``: CUDA events through triton.testing.do_bench on CUDA,
-    time.perf_counter over ``repeats`` runs after one warm-up on the CPU."""
+    """Median milliseconds of ``fn``.  CUDA: events, through triton's do_bench (warm-up, then
+    about 100 ms of repeats), except that a run slower than SLOW_MS is timed only
+    SLOW_REPEATS times (PyG on the large profiles takes seconds a run).  CPU: time.perf_counter
+    over ``repeats`` runs after one warm-up, fewer when a run is slow."""
     if device.type == "cuda":
-        from triton.testing import do_bench
-        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        t0 = time.perf_counter()
+        fn()                                   # warm-up: compilation, autotuning, caches
+        torch.cuda.synchronize(device)
+        if (time.perf_counter() - t0) * 1e3 < SLOW_MS:
+            from triton.testing import do_bench
+            return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        times = []
+        for _ in range(SLOW_REPEATS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
     t0 = time.perf_counter()
     fn()
     warm = time.perf_counter() - t0
@@ -159,123 +236,167 @@ def _tqdm(total: int, enabled: bool):
                 disable=not enabled, leave=False)
 
 
+def _grad_of_x(call, x: torch.Tensor, cot: torch.Tensor) -> torch.Tensor:
+    xg = x.detach().clone().requires_grad_()
+    (call(xg) * cot).sum().backward()
+    return xg.grad
+
+
+def _check(peer: suites.Peer, x: torch.Tensor, ref_out, ref_grad, cot, device,
+           check_grad: bool) -> dict:
+    """{check, rel_err[, grad_err]}: hector's output (and input gradient, with the same random
+    cotangent) against PyG's; an exception is recorded as OOM / ERR."""
+    row: dict = {}
+    try:
+        with torch.no_grad():
+            out = peer.call(x)
+        sync(device)
+        if ref_out is None:
+            return dict(check="no ref")
+        row["rel_err"] = rel_err(out, ref_out)
+        del out
+        ok = row["rel_err"] < RTOL
+        if check_grad and ref_grad is not None:
+            row["grad_err"] = rel_err(_grad_of_x(peer.call, x, cot), ref_grad)
+            ok = ok and row["grad_err"] < RTOL
+            peer.module.zero_grad(set_to_none=True)
+        row["check"] = "ok" if ok else "MISMATCH"
+    except Exception as exc:                     # noqa: BLE001 - recorded, never a crash
+        if is_oom(exc):
+            row.update(check="OOM", oom="check")
+        else:
+            row.update(check="ERR", error=f"check: {type(exc).__name__}: {str(exc)[:300]}")
+    return row
+
+
+def _reference(ref, case: suites.Case, W, x, check_grad: bool):
+    """PyG eager's output and input gradient (None where it fails) and a note on failure."""
+    call = suites.caller(case.layer, ref, W, True)
+    out = grad = cot = note = None
+    try:
+        with torch.no_grad():
+            out = call(x)
+        if check_grad:
+            gen = torch.Generator().manual_seed(1)
+            cot = torch.randn(out.shape, generator=gen).to(out.device)
+            grad = _grad_of_x(call, x, cot)
+            ref.zero_grad(set_to_none=True)
+    except Exception as exc:                     # noqa: BLE001
+        note = "OOM" if is_oom(exc) else f"{type(exc).__name__}: {str(exc)[:200]}"
+    return out, grad, cot, note
+
+
+def case_id(c: suites.Case) -> str:
+    return f"{c.layer}/{c.dataset}/{c.features}x{c.heads}"
+
+
 def run_bench(cfg: BenchConfig, log=None) -> dict:
-    """Run the comparison; returns {'meta': {...}, 'notes': [...], 'rows': [...]} where each
-    row has layer, dataset, peer, inference_ms, training_ms, speedup_inference,
-    speedup_training, peak_MiB, check, rel_err (and oom / error when they happened)."""
+    """Run the comparison; returns {'meta': {...}, 'notes': [...], 'rows': [...],
+    'targets': [...]} where each row has case, layer, dataset, features, heads, peer,
+    inference_ms, training_ms, speedup_inference, speedup_training, peak_MiB, check, rel_err,
+    grad_err, floor_fraction (and oom / error when they happened)."""
+    from . import floor, targets
     cfg = resolve(cfg)
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     device = torch.device(cfg.device)
     cuda = device.type == "cuda"
     backend = "triton" if cuda else "torch"
     import torch_geometric
-    notes = []
+    cases, notes = cases_of(cfg)
     if not cuda:
         notes.append("device cpu: hector runs its torch backend; times are wall clock "
-                     f"(time.perf_counter, median of up to {cfg.repeats} runs after 1 warm-up, fewer "
-                     f"when a run is slow: about {CPU_BUDGET_S:g} s per measurement); peak "
-                     "memory is measured on CUDA only ('-')")
-        if not cfg.no_pyg:
-            notes.append("PyG compile skipped: torch.compile is measured on CUDA only (compiling "
-                         "on the CPU takes minutes)")
-    meta = dict(device=str(device), backend=backend, features=cfg.features, heads=cfg.heads,
-                repeats=cfg.repeats if not cuda else None, torch=torch.__version__,
-                torch_geometric=torch_geometric.__version__, rtol=RTOL, workloads={})
+                     f"(time.perf_counter, median of up to {cfg.repeats} runs after 1 warm-up, "
+                     f"fewer when a run is slow: about {CPU_BUDGET_S:g} s per measurement); "
+                     "peak memory is measured on CUDA only ('-')")
+    if not cfg.no_pyg and not cfg.compile_pyg:
+        notes.append("PyG compile skipped: torch.compile is measured on CUDA only (compiling "
+                     "on the CPU takes minutes)" if not cuda else "PyG compile skipped "
+                     "(--no-compile)")
+    bandwidth = floor.copy_bandwidth(device, floor.COPY_BYTES if cuda else 1 << 26)
+    meta = dict(device=str(device), backend=backend, repeats=cfg.repeats if not cuda else None,
+                torch=torch.__version__, torch_geometric=torch_geometric.__version__,
+                rtol=RTOL, suite=cfg.suite, copy_GBps=bandwidth / 1e9, workloads={})
     if cuda:
         meta["gpu"] = torch.cuda.get_device_name(device)
-    for n in notes:
-        log(f"note: {n}")
-
-    # which dataset (and scale) each layer runs on
-    plan = []
-    for layer in cfg.layers:
-        name = cfg.dataset or suites.default_dataset(layer)
-        scale = cfg.scale
-        if scale is None and cfg.dataset is None and not cuda and layer in suites.RELATIONAL:
-            scale = suites.CPU_DEFAULT_RELATIONAL_SCALE
-        plan.append((layer, name, scale))
-    n_peers = {l: (0 if cfg.no_pyg else (2 if cuda else 1)) + (2 if l in suites.RELATIONAL else 1)
-               for l in cfg.layers}
+    cases = sorted(cases, key=lambda c: str(c.workload_key))   # one workload alive at a time
+    n_peers = {c: (0 if cfg.no_pyg else (1 + cfg.compile_pyg))
+               + (2 if c.layer in suites.RELATIONAL else 1) for c in cases}
     rows: List[dict] = []
-    workloads: Dict[tuple, suites.Workload] = {}
+    W, W_key = None, None
     bar = _tqdm(sum(n_peers.values()), cfg.progress)
     try:
-        for layer, name, scale in plan:
-            key = (name, scale)
-            base = dict(layer=layer, dataset=name)
+        for case in cases:
+            base = dict(case=case_id(case), layer=case.layer, dataset=case.dataset,
+                        features=case.features, heads=case.heads)
             try:
-                if key not in workloads:
-                    workloads[key] = suites.Workload(name, device, cfg.features, root=cfg.root,
-                                                     scale=scale, seed=cfg.seed)
-                W = workloads[key]
-                meta["workloads"][f"{name}@{scale or 1}"] = W.describe()
-                ref, peers = suites.peers(layer, W, cfg.features, cfg.heads, backend,
-                                          with_pyg=not cfg.no_pyg, compile_pyg=cuda)
+                if W_key != case.workload_key:
+                    W = None
+                    _cleanup(device)
+                    W = suites.Workload(case.dataset, device, root=case.root, scale=case.scale,
+                                        seed=cfg.seed)
+                    W_key = case.workload_key
+                meta["workloads"][f"{case.dataset}@{case.scale or 1}"] = W.describe()
+                x = W.x(case.features)
+                compile_here = cfg.compile_pyg and not cfg.no_pyg
+                if compile_here and case.layer in suites.RELATIONAL and \
+                        W.graph.num_relations > COMPILE_MAX_RELATIONS:
+                    compile_here = False
+                    bar.update(1)
+                    notes.append(f"{base['case']}: PyG compile skipped ({W.graph.num_relations} "
+                                 f"relations > {COMPILE_MAX_RELATIONS}: torch.compile unrolls "
+                                 "PyG's per-relation loop and takes minutes)")
+                ref, peers = suites.peers(case.layer, W, case.features, case.heads, backend,
+                                          with_pyg=not cfg.no_pyg, compile_pyg=compile_here)
             except Exception as exc:             # noqa: BLE001
                 what = "OOM" if is_oom(exc) else f"{type(exc).__name__}: {str(exc)[:300]}"
                 rows.append(dict(base, peer="*", check="OOM" if is_oom(exc) else "ERR",
                                  error=f"setup: {what}"))
-                bar.update(n_peers[layer])
+                bar.update(n_peers[case])
                 _cleanup(device)
                 continue
-            # the reference output (PyG eager) every hector peer is checked against
-            ref_out, ref_note = None, None
-            try:
-                with torch.no_grad():
-                    ref_out = suites.caller(layer, ref, W, True)(W.x)
-            except Exception as exc:             # noqa: BLE001
-                ref_note = "OOM" if is_oom(exc) else f"{type(exc).__name__}: {exc}"
+            ref_out, ref_grad, cot, ref_note = _reference(ref, case, W, x, cfg.check_grad)
+            if ref_note:
+                notes.append(f"{base['case']}: PyG reference failed ({ref_note}); hector not "
+                             "checked against it")
+            elif ref_grad is None and cfg.check_grad:
+                notes.append(f"{base['case']}: PyG gradient failed; output checked only")
+            fl_ms = floor.floor_ms(case.layer, W.graph.num_nodes, W.graph.num_edges,
+                                   case.features, bandwidth)
             for peer in peers:
-                bar.set_postfix_str(f"{layer} / {peer.name}")
+                bar.set_postfix_str(f"{base['case']} / {peer.name}")
                 row = dict(base, peer=peer.name)
                 if peer.note:
                     row["note"] = peer.note
-                check_failed = False
                 if peer.kind == "pyg":
                     row["check"] = "ref"
                 else:
-                    try:
-                        with torch.no_grad():
-                            out = peer.call(W.x)
-                        sync(device)
-                        if ref_out is None:
-                            row["check"] = "no ref"
-                        else:
-                            err = rel_err(out, ref_out)
-                            row["rel_err"] = err
-                            ok = err < RTOL
-                            row["check"] = "ok" if ok else "MISMATCH"
-                            check_failed = not ok
-                        del out
-                    except Exception as exc:     # noqa: BLE001
-                        if is_oom(exc):
-                            row.update(check="OOM", oom="check")
-                        else:
-                            row.update(check="ERR", error=f"check: {type(exc).__name__}: "
-                                                          f"{str(exc)[:300]}")
-                        check_failed = True
-                if not check_failed or row.get("check") == "MISMATCH":
-                    row.update(measure(peer, W.x, device, cfg.repeats))
+                    row.update(_check(peer, x, ref_out, ref_grad, cot, device, cfg.check_grad))
+                if row.get("check") in ("ref", "ok", "no ref", "MISMATCH"):
+                    row.update(measure(peer, x, device, cfg.repeats))
                 if "error" in row and row.get("check") in ("ok", "ref", "no ref"):
                     row["check"] = row["check"] + " (ERR)"
+                if row.get("inference_ms"):
+                    row["floor_fraction"] = fl_ms / row["inference_ms"]
                 rows.append(row)
                 bar.update(1)
                 _cleanup(device)
-            if ref_note:
-                notes.append(f"{layer}: PyG reference failed ({ref_note}); hector not checked")
-            del ref, peers, ref_out
+            del ref, peers, ref_out, ref_grad, cot
             _cleanup(device)
     finally:
         bar.close()
+        W = None
+        _cleanup(device)
     _speedups(rows)
-    return {"meta": meta, "notes": notes, "rows": rows, "config": asdict(cfg)}
+    result = {"meta": meta, "notes": notes, "rows": rows, "config": asdict(cfg)}
+    result["targets"] = targets.evaluate(result)
+    return result
 
 
 def _speedups(rows: List[dict]) -> None:
-    """speedup = PyG eager ms / peer ms, per layer, for inference and training."""
-    base = {r["layer"]: r for r in rows if r.get("peer") == "PyG eager"}
+    """speedup = PyG eager ms / peer ms, per case, for inference and training."""
+    base = {r["case"]: r for r in rows if r.get("peer") == "PyG eager"}
     for r in rows:
-        b = base.get(r["layer"])
+        b = base.get(r["case"])
         for k in ("inference", "training"):
             ours, theirs = r.get(f"{k}_ms"), (b or {}).get(f"{k}_ms")
             r[f"speedup_{k}"] = theirs / ours if ours and theirs else None

@@ -55,12 +55,27 @@ def default_dataset(layer: str) -> str:
     return DEFAULT_RELATIONAL_DATASET if layer in RELATIONAL else DEFAULT_ATTENTION_DATASET
 
 
+@dataclass(frozen=True)
+class Case:
+    """One measurement: a layer on a dataset at one width and head count."""
+    layer: str
+    dataset: str
+    features: int
+    heads: int = 1
+    scale: Optional[float] = None      # synthetic profiles only; None: the profile's size
+    root: Optional[str] = None         # local folder of a real dataset
+
+    @property
+    def workload_key(self) -> tuple:
+        return (self.dataset, self.scale, self.root)
+
+
 # -- workloads ----------------------------------------------------------------------------
 class Workload:
-    """One dataset on one device: its Graph, random features ``x [N, features]`` and the
+    """One dataset on one device: its Graph, seeded random features ``x(F) [N, F]`` and the
     inputs each library's layers take."""
 
-    def __init__(self, name: str, device: torch.device, features: int, root=None,
+    def __init__(self, name: str, device: torch.device, root=None,
                  scale: Optional[float] = None, seed: int = 0):
         from .. import datasets
         kw = {"seed": seed}
@@ -70,15 +85,23 @@ class Workload:
         self.name, self.device, self.scale = name, device, kw.get("scale")
         self.ds = ds.to(device)
         self.graph = self.ds.graph
-        g = self.graph
-        gen = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(g.num_nodes, features, generator=gen).to(device)
+        self.seed = seed
+        self._x: Dict[int, torch.Tensor] = {}
         self.edge_index = self.ds.edge_index
         et = self.ds.edge_type
         self.edge_type = et if et is not None else torch.zeros(
             self.edge_index.shape[1], dtype=torch.long, device=device)
         self._homo = None
         self._hgt = None
+
+    def x(self, features: int) -> torch.Tensor:
+        """Seeded node features ``[N, features]`` (the same for every peer of a case)."""
+        if features not in self._x:
+            self._x.clear()                   # one width at a time: large graphs are large
+            gen = torch.Generator().manual_seed(self.seed)
+            self._x[features] = torch.randn(self.graph.num_nodes, features,
+                                            generator=gen).to(self.device)
+        return self._x[features]
 
     def describe(self) -> dict:
         g = self.graph

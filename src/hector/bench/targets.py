@@ -1,0 +1,106 @@
+"""Issue 5's performance targets, evaluated on a finished ``hector bench`` result.
+
+Every ratio is hector against the better PyG peer of the same case (the faster of eager and
+``torch.compile``; the leaner for memory), so a target is met only against PyG at its best.
+Cases where no PyG peer ran (OOM) leave the speedup geomean (there is nothing to divide) but
+count for "no OOM".
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional
+
+from .suites import ATTENTION, RELATIONAL
+
+#: (layer family, stage) -> geometric-mean speedup required
+SPEEDUP = {("relational", "inference"): 10.0, ("relational", "training"): 10.0,
+           ("attention", "inference"): 8.0, ("attention", "training"): 5.0}
+MEMORY_RATIO = 0.25             # hector peak <= 1/4 of PyG's
+FLOOR_FRACTION = 0.70           # forward of RGAT, HGT, GAT on the largest profiles
+FLOOR_LAYERS = ("rgat", "hgt", "gat")
+LARGEST = ("synthetic:mag", "synthetic:wikikg2", "synthetic:reddit", "synthetic:products")
+PYG = ("PyG eager", "PyG compile")
+
+
+def family(layer: str) -> str:
+    return "relational" if layer in RELATIONAL else "attention"
+
+
+def _best(rows: List[dict], key: str, lower=True) -> Optional[float]:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return (min(vals) if lower else max(vals)) if vals else None
+
+
+def geomean(values: List[float]) -> Optional[float]:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def per_case(rows: List[dict]) -> List[dict]:
+    """One entry per case: hector's row and the best PyG figures."""
+    cases: Dict[str, List[dict]] = {}
+    for r in rows:
+        cases.setdefault(r["case"], []).append(r)
+    out = []
+    for key, rs in cases.items():
+        ours = next((r for r in rs if r["peer"] == "hector"), None)
+        if ours is None:
+            continue
+        pyg = [r for r in rs if r["peer"] in PYG]
+        out.append(dict(case=key, layer=ours["layer"], dataset=ours["dataset"], hector=ours,
+                        pyg_ran=bool(pyg),
+                        pyg_inference=_best(pyg, "inference_ms"),
+                        pyg_training=_best(pyg, "training_ms"),
+                        pyg_peak=_best(pyg, "peak_MiB"),
+                        pyg_oom=any("oom" in r for r in pyg)))
+    return out
+
+
+def evaluate(result: dict) -> List[dict]:
+    """[{target, value, required, met, detail}] for the families present in ``result``."""
+    entries = per_case(result["rows"])
+    out = []
+    for fam in ("relational", "attention"):
+        fam_cases = [c for c in entries if family(c["layer"]) == fam]
+        if not fam_cases:
+            continue
+        for stage in ("inference", "training"):
+            ratios = [c[f"pyg_{stage}"] / c["hector"][f"{stage}_ms"] for c in fam_cases
+                      if c[f"pyg_{stage}"] and c["hector"].get(f"{stage}_ms")]
+            g = geomean(ratios)
+            need = SPEEDUP[(fam, stage)]
+            out.append(dict(target=f"{fam} {stage} speedup (geomean)", value=g, op=">=",
+                            required=need,
+                            met=g is not None and g >= need,
+                            detail=f"over {len(ratios)} of {len(fam_cases)} cases where PyG ran"))
+        ooms = [c["case"] for c in fam_cases if "oom" in c["hector"] or "error" in c["hector"]]
+        out.append(dict(target=f"{fam}: no hector OOM", value=len(ooms), op="=",
+                        required=0,
+                        met=not ooms, detail=", ".join(ooms) or f"{len(fam_cases)} cases"))
+    mem = [(c["case"], c["hector"]["peak_MiB"] / c["pyg_peak"]) for c in entries
+           if c["pyg_peak"] and c["hector"].get("peak_MiB") is not None]
+    if mem:
+        worst = max(mem, key=lambda t: t[1])
+        out.append(dict(target="peak memory / PyG's (worst case)", value=worst[1], op="<=",
+                        required=MEMORY_RATIO, met=worst[1] <= MEMORY_RATIO,
+                        detail=f"worst {worst[0]}; {sum(v <= MEMORY_RATIO for _, v in mem)} "
+                               f"of {len(mem)} cases within"))
+    floors = [(c["case"], c["hector"]["floor_fraction"]) for c in entries
+              if c["layer"] in FLOOR_LAYERS and c["dataset"] in LARGEST
+              and c["hector"].get("floor_fraction") is not None]
+    if floors:
+        worst = min(floors, key=lambda t: t[1])
+        out.append(dict(target="forward at fraction of memory floor (largest profiles, worst)",
+                        value=worst[1], op=">=", required=FLOOR_FRACTION, met=worst[1] >= FLOOR_FRACTION,
+                        detail=f"worst {worst[0]}; " + ", ".join(
+                            f"{k} {v:.0%}" for k, v in floors)))
+    return out
+
+
+def table(targets: List[dict]) -> str:
+    lines = []
+    for t in targets:
+        v = t["value"]
+        val = "-" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
+        lines.append(f"{'met   ' if t['met'] else 'MISSED'}  {t['target']}: {val} "
+                     f"(required {t['op']} {t['required']}) - {t['detail']}")
+    return "\n".join(lines)
