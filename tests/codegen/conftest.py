@@ -1,7 +1,7 @@
 """Fixtures of the codegen tests: a kernel cache folder of the test's own."""
 import pytest
 
-from hector.codegen import registry
+from hector.codegen import autotune, registry
 
 
 @pytest.fixture
@@ -10,5 +10,7 @@ def cache(tmp_path, monkeypatch):
     after (the session cache of tests/conftest.py is used again afterwards)."""
     monkeypatch.setenv("HECTOR_CACHE_DIR", str(tmp_path / "kernels"))
     registry.clear_memo()
+    autotune.clear_memo()
     yield tmp_path / "kernels"
     registry.clear_memo()
+    autotune.clear_memo()
