@@ -156,9 +156,9 @@ def _versions() -> Tuple[str, str]:
 def spec_hash(name: str, **params) -> str:
     """sha256 of everything the rendered source depends on: the kernel name, the template
     texts, the parameters and the hector and Triton versions (the file name in the cache)."""
-    e, key = _checked(name, params)
-    memo = (name, key)
-    if memo not in _hashes:
+    memo = (name, tuple(sorted(params.items())))
+    if memo not in _hashes:    # checked once: launches ask on every call
+        e, key = _checked(name, params)
         hector_version, triton_version = _versions()
         blob = json.dumps({"kernel": name, "params": dict(key),
                            "templates": {t: _template_text(t) for t in (e.template, *MACROS)},
@@ -253,7 +253,14 @@ def _import(path: Path, digest: str, function: str):
     spec = importlib.util.spec_from_file_location(name, path,
                                                   loader=_SourceLoader(name, str(path)))
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # Registered like any imported module (the importlib recipe), so tools that look a
+    # function's module up by name (inspect.getmodule, pickling) find it.
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
     return getattr(module, function)
 
 
@@ -261,12 +268,11 @@ def kernel(name: str, **params):
     """The ``@triton.jit`` function of kernel ``name`` rendered with ``params``: memoised in
     this process, loaded from the cache file when it is there, rendered and written when not
     (or when the file is not a complete kernel file)."""
-    e, key = _checked(name, params)
-    where = os.environ.get("HECTOR_CACHE_DIR")
-    memo = (where, name, key)
+    memo = (os.environ.get("HECTOR_CACHE_DIR"), name, tuple(sorted(params.items())))
     fn = _kernels.get(memo)
-    if fn is not None:
+    if fn is not None:         # the launch path: no checks, no file system
         return fn
+    e, _ = _checked(name, params)
     with _lock:
         fn = _kernels.get(memo)
         if fn is None:
