@@ -1,10 +1,13 @@
 """``hector.explain``: what the compiler did to a layer on a graph, as readable text -- the IR
-before and after each pass, every decision with its reason, the plan, and which op each
-step calls on each backend.  ``configure(parser)`` / ``run(args)`` back ``hector explain``."""
+before and after each pass, every decision with its reason, the plan, which op each step
+calls on each backend, and the Triton kernels those ops launch: each one's render
+parameters, its file in the kernel cache, its config (the heuristic default, and any choice
+the autotuner has recorded) and its rendered source.  ``configure(parser)`` / ``run(args)``
+back ``hector explain``."""
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Union
+from typing import Callable, List, Union
 
 import torch
 
@@ -60,13 +63,15 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
         out.extend("  " + str(d) for d in rec.decisions)
         if rec.before != rec.after and rec.name != "autodiff":
             out.append(format_ir(rec.after, f"IR after {rec.name}"))
+    kernels = _Kernels()
     for title, plan in (("forward plan", cp.forward_plan), ("backward plan", cp.backward_plan)):
         if plan is None:
             continue
         out += ["", f"== {title} ({len(plan.steps)} kernels)", plan.describe(), "", "ops called:"]
         for i, step in enumerate(plan.steps):
             out.append(f"  [{i}] {_OPS[step.template]}")
-    return "\n".join(out)
+            out.extend(f"      {line}" for line in _step_kernels(step, graph, kernels))
+    return "\n".join(out + kernels.sources())
 
 
 def _explain_attention(layer, graph, dtype, features) -> str:
@@ -89,18 +94,92 @@ def _explain_attention(layer, graph, dtype, features) -> str:
            f"{' + '.join(terms)}" + (f", leaky_relu({spec.negative_slope})" if spec.has_leaky else "")
            + f", softmax over incoming edges, aggregate v ({spec.dim_v} per head)"
            + (", dropout on alpha" if spec.has_dropout else ""), ""]
-    for side, sched, kernels in (
+    kernels = _Kernels()
+    for side, sched, names in (
             ("forward + destination-side backward (CSR by destination)", plan.dst,
-             "attention_fwd_kernel, attention_bwd_dst_kernel"),
+             ("attention_fwd", "attention_bwd_dst")),
             ("source-side backward (CSR by source, no atomics)", plan.src,
-             "attention_bwd_src_kernel")):
+             ("attention_bwd_src",))):
         out += [f"-- {side}: {sched.strategy}-parallel",
                 f"  why: {sched.reason}",
                 f"  tiles: BLOCK_E={sched.block_e} BLOCK_H={sched.block_h} "
                 f"BLOCK_DK={sched.block_dk} BLOCK_DV={sched.block_dv} num_warps={sched.num_warps}"
                 + (f", chunk={sched.chunk} edges" if sched.strategy == "edge" else ""),
-                f"  kernels (src/hector/codegen/triton_attention_*.py): {kernels}", ""]
-    return "\n".join(out)
+                "  kernels:"]
+        for name in names:
+            out.extend("    " + line for line in kernels.traversal(name, spec, sched))
+        out.append("")
+    return "\n".join(out + kernels.sources())
+
+
+class _Kernels:
+    """The registry kernels an explanation names: one line each where it is used, and each
+    distinct one's source once at the end."""
+
+    def __init__(self):
+        self._seen = {}    # spec hash -> (name, params)
+
+    def describe(self, name: str, params: dict, configs) -> List[str]:
+        from .codegen import autotune, registry
+        digest = registry.spec_hash(name, **params)
+        if digest in self._seen:
+            return [f"{name} ({digest[:16]}): as above"]
+        self._seen[digest] = (name, params)
+        flags = ", ".join(f"{k}={v}" for k, v in sorted(params.items())) or "no parameters"
+        lines = [f"{name} ({digest[:16]}; {flags})", f"  cache: {registry.materialise(name, **params)}"]
+        if configs:
+            first = autotune.config_dict(configs[0])
+            lines.append(f"  config: {_config_text(first)} (the default; "
+                         + (f"the autotuner times {len(configs)} configs once per shape bucket "
+                            "on CUDA" if len(configs) > 1 else "not tuned") + ")")
+            for key, rec in sorted(autotune.recorded(digest).items()):
+                lines.append(f"  tuned {key.split('/')[2]} on {key.split('/')[3]}: "
+                             f"{_config_text(rec.get('config', {}))}")
+        return lines
+
+    def traversal(self, name: str, spec, sched) -> List[str]:
+        from .plan.attention import tune_configs
+        from .runtime.attention import score_params
+        params = score_params(spec, sched.strategy)
+        if name == "attention_bwd_dst":
+            params.update(need_dq=spec.has_qk, need_ddst=spec.has_dst)
+        elif name == "attention_bwd_src":
+            params.update(need_dk=spec.has_qk, need_dv=True, need_dsrc=spec.has_src)
+        return self.describe(name, params, tune_configs(sched))
+
+    def sources(self) -> List[str]:
+        from .codegen import registry
+        out = []
+        for digest, (name, params) in self._seen.items():
+            out += ["", f"== generated kernel {name} ({digest[:16]})",
+                    registry.source(name, **params).rstrip("\n")]
+        return out
+
+
+def _config_text(config: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items() if v not in (0, "", None))
+
+
+def _step_kernels(step, graph, kernels: _Kernels) -> List[str]:
+    """Lines naming the Triton kernels one plan step launches on the Triton backend."""
+    from .plan.attention import AttentionSpec
+    from .plan.gemm import GemmSpec, tune_configs
+    spec = step.spec[0] if isinstance(step.spec, tuple) else step.spec
+    if step.template == "gemm" and isinstance(spec, GemmSpec) and step.body.op == "linear":
+        from .runtime.gemm import _interpreting, gemm_params
+        return kernels.describe("segment_mm", gemm_params(spec),
+                                tune_configs(spec, interpreting=_interpreting()))
+    if step.template == "attention" and isinstance(spec, AttentionSpec):
+        from .plan.attention import default_schedule
+        from .runtime.attention import PROGRAMS_PER_SM, choose_strategy, num_sms
+        sms = num_sms(graph.device)
+        strategy, _ = choose_strategy(graph.in_degree, graph.num_edges, sms, spec.heads)
+        sched = default_schedule(spec, strategy, graph.num_edges, graph.in_degree.mean,
+                                 sms * PROGRAMS_PER_SM)
+        return [f"(schedule {strategy}-parallel by the rule on this graph's in-degree; the "
+                "graph a relational step traverses may differ)",
+                *kernels.traversal("attention_fwd", spec, sched)]
+    return []
 
 
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

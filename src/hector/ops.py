@@ -53,7 +53,9 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
         seed: dropout seed (default: drawn from torch's global generator).
         strategy: 'auto' | 'node' | 'edge' (Triton schedule; see ``runtime.choose_strategy``).
         backend: 'auto' | 'torch' | 'triton'.
-        schedule: a ``hector.plan.Schedule`` overriding tile sizes and strategy (tuning/tests).
+        schedule: a ``hector.plan.Schedule`` pinning tile sizes and strategy (tests); None:
+            the heuristic's tiles, whose edge tile and warps the autotuner refines on CUDA
+            (once per shape bucket; ``HECTOR_AUTOTUNE=0`` keeps the heuristic).
 
     Returns:
         ``[N, H, Dv]`` in ``v.dtype`` (accumulated in float32).

@@ -55,8 +55,10 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr: torch.Tensor, *,
             of a typed linear).
         backend: 'auto' | 'torch' | 'triton' ('auto': Triton on CUDA or under
             ``TRITON_INTERPRET=1``, torch otherwise).
-        schedule: Triton tiling: None (heuristic), a :class:`hector.plan.GemmSchedule`, or
-            ``"autotune"`` (time a small config list once per shape bucket, on CUDA).
+        schedule: Triton tiling: None (on CUDA the autotuner's pick from a small config
+            list, timed once per shape bucket and kept in the kernel cache; the heuristic
+            under the interpreter or with ``HECTOR_AUTOTUNE=0``), ``"autotune"`` (the same,
+            spelled out) or a pinned :class:`hector.plan.GemmSchedule`.
 
     Returns:
         ``[M, N]``, or ``[num_out_rows, N]`` with ``scatter`` (rows never hit are 0).

@@ -38,7 +38,7 @@ def dropout_threshold(p: float) -> int:
 def dropout_keep(seed: int, eid: torch.Tensor, heads: int, p: float) -> torch.Tensor:
     """``[len(eid), heads]`` bool keep-mask of canonical edges ``eid``: a counter-based hash of
     (seed, edge id, head), so forward, backward and both backends draw the same mask without
-    storing it.  Bit-identical to ``codegen.triton_attention_fwd.dropout_keep``."""
+    storing it.  Bit-identical to ``dropout_keep`` in codegen/templates/_macros.py.j2."""
     h = torch.arange(heads, device=eid.device, dtype=torch.int64)
     x = (eid.to(torch.int64)[:, None] * heads + h[None, :]) & _MASK32
     x = _mix32(_mix32(x) ^ (int(seed) & 0x7FFFFFFF))

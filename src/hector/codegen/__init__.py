@@ -1,4 +1,6 @@
-"""Triton kernels (``@triton.jit``), specialised by ``tl.constexpr`` flags.
+"""Triton kernels rendered from Jinja2 templates (``templates/``) through one registry
+(:mod:`hector.codegen.registry`), cached on disk by a hash of the spec, and autotuned over a
+small config list (:mod:`hector.codegen.autotune`).
 
-Importing this package imports triton; the runtime imports it lazily, only on the Triton path,
-so that ``TRITON_INTERPRET`` can still be set before the kernels are defined."""
+Importing this package imports neither triton nor jinja2: kernels are rendered and imported
+on first use, so that ``TRITON_INTERPRET`` can still be set before they are defined."""

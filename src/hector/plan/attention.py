@@ -3,8 +3,9 @@
 semantics can run under either schedule and tests can pin a schedule (TVM/Halide style)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import functools
+from dataclasses import dataclass, replace
+from typing import Optional, Tuple
 
 import torch
 
@@ -112,3 +113,21 @@ def default_schedule(spec: AttentionSpec, strategy: str, num_edges: int, mean_de
     return Schedule(strategy=strategy, block_e=block_e, block_h=block_h, block_dk=block_dk,
                     block_dv=block_dv, chunk=chunk if strategy == "edge" else 0,
                     num_warps=num_warps, reason=reason)
+
+
+@functools.lru_cache(maxsize=1024)
+def tune_configs(sched: Schedule) -> Tuple[Schedule, ...]:
+    """The config list of a traversal around the heuristic ``sched`` (first: what runs
+    untuned): the edge tile doubled and halved, and twice the warps.  Strategy, chunk and the
+    head/feature tiles stay (they shape the grid, the chunk tables and the partial buffers,
+    and BLOCK_D must cover a head), so every config is valid wherever ``sched`` is; edge
+    tiles stay within [4, 128] and warps within [1, 8].  ``reason`` is dropped: it describes
+    the graph, not the config."""
+    base = replace(sched, reason="")
+    seen = [base]
+    for cfg in (replace(base, block_e=min(base.block_e * 2, 128)),
+                replace(base, block_e=max(base.block_e // 2, 4)),
+                replace(base, num_warps=min(base.num_warps * 2, 8))):
+        if cfg not in seen:
+            seen.append(cfg)
+    return tuple(seen)

@@ -3,6 +3,7 @@
 can key kernels on the spec and tests or a tuner can pin a schedule (TVM/Halide style)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
@@ -144,26 +145,30 @@ def default_schedule(spec: GemmSpec, interpreting: bool = False) -> GemmSchedule
                         wgrad_block_n=_side(spec.N, 128), wgrad_warps=8 if fma else 4)
 
 
-#: The small list the tuner times (``schedule="autotune"``): row tiles 64/128, output tiles up
-#: to the full width, two warp counts.  Sides above the padded K/N are clipped by
-#: :func:`tune_configs`, so narrow layers do not time duplicates.
+#: Alternatives the tuner times after the heuristic (:func:`tune_configs`): a taller row tile,
+#: a wider output/reduction tile on more warps, and a short row tile (more programs in flight
+#: for few rows).  Every side is a power of two >= 16 and the kernels mask all tile edges, so
+#: each config is valid for every shape; sides above the padded K/N are clipped.
 GEMM_CONFIGS: Tuple[GemmSchedule, ...] = (
-    GemmSchedule(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3),
-    GemmSchedule(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3),
-    GemmSchedule(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3),
     GemmSchedule(block_m=128, block_n=64, block_k=32, num_warps=4, num_stages=3),
-    GemmSchedule(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=3),
-    GemmSchedule(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=2),
+    GemmSchedule(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3),
     GemmSchedule(block_m=32, block_n=64, block_k=32, num_warps=2, num_stages=4),
 )
 
 
-def tune_configs(spec: GemmSpec) -> Tuple[GemmSchedule, ...]:
-    """:data:`GEMM_CONFIGS` with tile sides clipped to the padded problem, deduplicated."""
-    seen = []
+@functools.lru_cache(maxsize=1024)
+def tune_configs(spec: GemmSpec, interpreting: bool = False) -> Tuple[GemmSchedule, ...]:
+    """The config list of one segment GEMM: the heuristic :func:`default_schedule` first (what
+    runs untuned), then :data:`GEMM_CONFIGS` clipped to the padded problem, deduplicated.  The
+    list tunes the forward/``dx`` tiles; every entry carries the heuristic's weight-gradient
+    tiles, which are not tuned."""
+    heuristic = default_schedule(spec, interpreting=interpreting)
+    seen = [heuristic]
     for cfg in GEMM_CONFIGS:
         cfg = replace(cfg, block_n=min(cfg.block_n, _side(spec.N, 256)),
-                      block_k=min(cfg.block_k, _side(spec.K, 256)))
+                      block_k=min(cfg.block_k, _side(spec.K, 256)),
+                      wgrad_block_k=heuristic.wgrad_block_k,
+                      wgrad_block_n=heuristic.wgrad_block_n, wgrad_warps=heuristic.wgrad_warps)
         if cfg not in seen:
             seen.append(cfg)
     return tuple(seen)

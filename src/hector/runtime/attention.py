@@ -1,5 +1,6 @@
 """Runtime of the fused edge attention on the Triton path: the strategy choice (DF-GNN's
-dynamic fusion), per-graph chunk tables, kernel launches and the ``autograd.Function``.
+dynamic fusion), per-graph chunk tables, kernel launches (registry kernels rendered for the
+spec, edge tile and warps autotuned on CUDA) and the ``autograd.Function``.
 
 Saved for backward: the inputs themselves (references, no copies), the output ``o`` and one
 fp32 log-sum-exp per (row, head) -- never the [E, H] attention weights.  The backward
@@ -16,7 +17,8 @@ from typing import Optional, Tuple
 import torch
 
 from ..backends.torch_attention import dropout_threshold
-from ..plan.attention import AttentionSpec, Schedule, default_schedule, next_pow2
+from ..codegen import autotune, registry
+from ..plan.attention import AttentionSpec, Schedule, default_schedule, next_pow2, tune_configs
 
 #: Programs in flight per SM assumed by the strategy rule and the chunk sizing.
 PROGRAMS_PER_SM = 4
@@ -71,6 +73,9 @@ class AttentionPlan:
     skew is the out-degree's, so it gets its own choice."""
     dst: Schedule
     src: Schedule
+    #: The schedules are the heuristic's (not pinned by the caller): on CUDA each kernel's
+    #: edge tile and warps are then autotuned around them (codegen/autotune.py).
+    tune: bool = False
 
 
 def make_plan(graph, spec: AttentionSpec, strategy: str = "auto",
@@ -87,7 +92,7 @@ def make_plan(graph, spec: AttentionSpec, strategy: str = "auto",
             chosen, reason = strategy, f"{strategy}-parallel: requested by the caller"
         scheds.append(default_schedule(spec, chosen, graph.num_edges, stats.mean,
                                        sms * PROGRAMS_PER_SM, reason=reason))
-    return AttentionPlan(*scheds)
+    return AttentionPlan(*scheds, tune=True)
 
 
 def chunk_rows(graph, csr, chunk: int) -> torch.Tensor:
@@ -157,13 +162,33 @@ def _spread(t: Optional[torch.Tensor], sel: Optional[torch.Tensor], n: int):
     return t.new_zeros((n,) + tuple(t.shape[1:])).index_copy_(0, sel, t)
 
 
-def _meta(spec: AttentionSpec, sched: Schedule) -> dict:
-    """The constexpr specialisation of one launch: which terms exist, and the tile sizes."""
-    return dict(HAS_QK=spec.has_qk, HAS_SRC=spec.has_src, HAS_DST=spec.has_dst,
-                HAS_LEAKY=spec.has_leaky, HAS_DROPOUT=spec.has_dropout,
-                EDGE_PARALLEL=sched.strategy == "edge", BLOCK_E=sched.block_e,
-                BLOCK_H=sched.block_h, BLOCK_DK=sched.block_dk, BLOCK_DV=sched.block_dv,
-                num_warps=sched.num_warps)
+def score_params(spec: AttentionSpec, strategy: str) -> dict:
+    """Render parameters of the traversal kernels (codegen/registry.py): which score terms
+    exist, leaky relu, dropout, and the schedule kind."""
+    return dict(has_qk=spec.has_qk, has_src=spec.has_src, has_dst=spec.has_dst,
+                has_leaky=spec.has_leaky, has_dropout=spec.has_dropout,
+                edge_parallel=strategy == "edge")
+
+
+def _tiles(sched: Schedule) -> dict:
+    """The ``tl.constexpr`` tile sizes and launch options of one traversal launch."""
+    return dict(BLOCK_E=sched.block_e, BLOCK_H=sched.block_h, BLOCK_DK=sched.block_dk,
+                BLOCK_DV=sched.block_dv, num_warps=sched.num_warps)
+
+
+def _launch_traversal(name: str, params: dict, plan: AttentionPlan, sched: Schedule, grid,
+                      args: tuple, shape: tuple, device: torch.device) -> None:
+    """Launch traversal kernel ``name``, its edge tile and warps autotuned around ``sched``
+    when the plan allows it.  Trials may run on the real outputs: these kernels only store
+    (no atomics), so every run leaves the same values."""
+    kernel = registry.kernel(name, **params)
+
+    def run(s: Schedule):
+        kernel[grid](*args, **_tiles(s))
+    if plan.tune:
+        sched = autotune.choose(name, registry.spec_hash(name, **params),
+                                autotune.bucket(*shape), tune_configs(sched), run, device)
+    run(sched)
 
 
 def _traversal(graph, csr, sched: Schedule, heads: int):
@@ -176,11 +201,10 @@ def _traversal(graph, csr, sched: Schedule, heads: int):
 
 
 def _combine_sum(csr, sched, rows, nchunks, part, out):
-    from ..codegen.triton_attention_bwd import combine_sum_kernel
     if nchunks > 1:
         width = part.shape[-1]
         block_w = min(1024, next_pow2(width))
-        combine_sum_kernel[(nchunks - 1, -(-width // block_w))](
+        registry.kernel("combine_sum")[(nchunks - 1, -(-width // block_w))](
             csr.ptr, rows, part, out, width, sched.chunk, BLOCK_W=block_w)
 
 
@@ -188,7 +212,6 @@ class EdgeAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
                 v, q, k, a_src, a_dst):
-        from ..codegen.triton_attention_fwd import attention_combine_kernel, attention_fwd_kernel
         n, heads, dim_v = v.shape
         sched = plan.dst
         csr, sel, n_rows = _rows_of(graph, graph.csr_in, sched)
@@ -203,13 +226,13 @@ class EdgeAttentionFunction(torch.autograd.Function):
         else:
             m_part = l_part = acc_part = lse
         if n > 0:
-            attention_fwd_kernel[grid](
-                csr.ptr, csr.col, csr.eid, rows, _or(q_r, v), _or(k, v), v, _or(a_src, lse),
-                _or(a_dst_r, lse), out, lse, m_part, l_part, acc_part,
-                *_scalars(params), graph.num_edges, heads, spec.dim_qk, dim_v, sched.chunk,
-                **_meta(spec, sched))
+            args = (csr.ptr, csr.col, csr.eid, rows, _or(q_r, v), _or(k, v), v, _or(a_src, lse),
+                    _or(a_dst_r, lse), out, lse, m_part, l_part, acc_part, *_scalars(params),
+                    graph.num_edges, heads, spec.dim_qk, dim_v, sched.chunk)
+            _launch_traversal("attention_fwd", score_params(spec, sched.strategy), plan, sched,
+                              grid, args, _shape(n_rows, graph.num_edges, spec), v.device)
             if nchunks > 1:
-                attention_combine_kernel[(nchunks - 1, grid[1])](
+                registry.kernel("attention_combine")[(nchunks - 1, grid[1])](
                     csr.ptr, rows, m_part, l_part, acc_part, out, lse, heads, dim_v,
                     sched.chunk, BLOCK_H=sched.block_h, BLOCK_DV=sched.block_dv)
         out, lse = _spread(out, sel, n), _spread(lse, sel, n)
@@ -219,8 +242,6 @@ class EdgeAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        from ..codegen.triton_attention_bwd import (attention_bwd_dst_kernel,
-                                                    attention_bwd_src_kernel, row_dot_kernel)
         v, q, k, a_src, a_dst, out, lse = ctx.saved_tensors
         graph, spec, plan = ctx.graph, ctx.spec, ctx.plan
         need_v, need_q, need_k, need_src, need_dst = ctx.needs_input_grad[4:9]
@@ -234,8 +255,8 @@ class EdgeAttentionFunction(torch.autograd.Function):
         dq = dk = dv = da_src = da_dst = None
         delta = torch.empty(n, heads, dtype=torch.float32, device=v.device)
         rows_total = n * heads
-        row_dot_kernel[(-(-rows_total // 16),)](dout, out, delta, rows_total, dim_v,
-                                                BLOCK_R=16, BLOCK_D=min(next_pow2(dim_v), 128))
+        registry.kernel("row_dot")[(-(-rows_total // 16),)](
+            dout, out, delta, rows_total, dim_v, BLOCK_R=16, BLOCK_D=min(next_pow2(dim_v), 128))
         fp32 = dict(dtype=torch.float32, device=v.device)
 
         if need_q or need_dst:
@@ -251,10 +272,13 @@ class EdgeAttentionFunction(torch.autograd.Function):
             grid, rows, nchunks = _traversal(graph, csr, sched, heads)
             dq_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_q and nchunks else lse
             dd_part = torch.empty(nchunks, 2, heads, **fp32) if need_dst and nchunks else lse
-            attention_bwd_dst_kernel[grid](
-                csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dq_r, lse), _or(dd_r, lse),
-                dq_part, dd_part, *_scalars(ctx.params), graph.num_edges, heads, dim_k, dim_v,
-                sched.chunk, NEED_DQ=need_q, NEED_DDST=need_dst, **_meta(spec, sched))
+            args = (csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dq_r, lse), _or(dd_r, lse),
+                    dq_part, dd_part, *_scalars(ctx.params), graph.num_edges, heads, dim_k,
+                    dim_v, sched.chunk)
+            _launch_traversal("attention_bwd_dst", dict(score_params(spec, sched.strategy),
+                                                        need_dq=need_q, need_ddst=need_dst),
+                              plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
+                              v.device)
             if need_q:
                 _combine_sum(csr, sched, rows, nchunks, dq_part, dq_r)
                 dq = _spread(dq_r, sel, n)
@@ -278,11 +302,14 @@ class EdgeAttentionFunction(torch.autograd.Function):
             dk_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_k and nchunks else lse
             dv_part = torch.empty(nchunks, 2, heads * dim_v, **fp32) if need_v and nchunks else lse
             ds_part = torch.empty(nchunks, 2, heads, **fp32) if need_src and nchunks else lse
-            attention_bwd_src_kernel[grid](
-                csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dk_r, lse), _or(dv_r, lse),
-                _or(ds_r, lse), dk_part, dv_part, ds_part, *_scalars(ctx.params),
-                graph.num_edges, heads, dim_k, dim_v, sched.chunk, NEED_DK=need_k,
-                NEED_DV=need_v, NEED_DSRC=need_src, **_meta(spec, sched))
+            args = (csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dk_r, lse), _or(dv_r, lse),
+                    _or(ds_r, lse), dk_part, dv_part, ds_part, *_scalars(ctx.params),
+                    graph.num_edges, heads, dim_k, dim_v, sched.chunk)
+            _launch_traversal("attention_bwd_src", dict(score_params(spec, sched.strategy),
+                                                        need_dk=need_k, need_dv=need_v,
+                                                        need_dsrc=need_src),
+                              plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
+                              v.device)
             for flag, part, grad in ((need_k, dk_part, dk_r), (need_v, dv_part, dv_r),
                                      (need_src, ds_part, ds_r)):
                 if flag:
@@ -291,8 +318,13 @@ class EdgeAttentionFunction(torch.autograd.Function):
         return None, None, None, None, dv, dq, dk, da_src, da_dst
 
 
+def _shape(rows: int, edges: int, spec: AttentionSpec) -> tuple:
+    """Sizes whose power-of-two bucket keys a traversal's tuning: rows, edges, row width."""
+    return rows, edges, spec.heads * max(spec.dim_qk, spec.dim_v)
+
+
 def _or(t: Optional[torch.Tensor], dummy: torch.Tensor) -> torch.Tensor:
-    # Absent operands are compiled out by the constexpr flags; any pointer fills the slot.
+    # Absent operands are not rendered into the kernel; any pointer fills the slot.
     return t if t is not None else dummy
 
 

@@ -15,7 +15,7 @@ Backward:
   for a plain store; in fp32 (FMA-bound) it is hidden.  Summation order is then not deterministic (the
   usual fp32 atomic caveat); callers that need bitwise reproducibility use the torch backend,
   and the compiler can choose CSR-by-source traversal for a gather-heavy backward instead.
-* ``dW`` is a segment-grouped outer-product GEMM (``segment_mm_wgrad_kernel``): a tile map of
+* ``dW`` is a segment-grouped outer-product GEMM (kernel ``segment_mm_wgrad``): a tile map of
   long row runs (``wgrad_rows``) so that a few huge segments still fill the GPU; a segment
   split over several runs sums its partial ``[BLOCK_K, BLOCK_N]`` tiles with atomics (a few
   hundred adds per weight element at most), one run per segment stores directly.
@@ -26,19 +26,16 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import replace
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..plan.gemm import GemmSchedule, GemmSpec, default_schedule, tune_configs
+from ..codegen import autotune, registry
+from ..plan.gemm import GemmSchedule, GemmSpec, tune_configs
 from .attention import num_sms
 
 #: Weight-gradient programs aimed for per SM (long row runs, so a handful are enough).
 WGRAD_PROGRAMS_PER_SM = 4
-
-_tuned: dict = {}
-
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -77,9 +74,15 @@ def _weight_strides(w: torch.Tensor, transpose: bool) -> Tuple[int, int, int]:
     return (s, b, a) if transpose else (s, a, b)
 
 
-def _dot_meta(spec: GemmSpec) -> dict:
-    return dict(DOT_FP32=_interpreting() and spec.dtype == torch.bfloat16,
-                INPUT_PRECISION=spec.input_precision)
+def gemm_params(spec: GemmSpec) -> dict:
+    """Render parameters of the segment GEMM kernels for ``spec`` (see codegen/registry.py).
+
+    ``dot_fp32`` upcasts tiles before ``tl.dot``, only under ``TRITON_INTERPRET=1`` for
+    bfloat16, whose interpreted ``tl.dot`` multiplies raw bit patterns (triton-lang/triton
+    #11584); bf16 products are exact in fp32, so results match the GPU's bf16 MMA."""
+    return dict(has_gather=spec.has_gather, has_scatter=spec.has_scatter,
+                dot_fp32=_interpreting() and spec.dtype == torch.bfloat16,
+                input_precision=spec.input_precision)
 
 
 def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x: torch.Tensor,
@@ -89,7 +92,6 @@ def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x:
 
     A scatter accumulates in a zeroed fp32 buffer (fp32 atomics; half-precision atomics would
     round at every add) that is rounded once at the end."""
-    from ..codegen.triton_gemm import segment_mm_kernel
     m, n = bounds[-1], spec.N
     if spec.has_scatter:
         out = torch.zeros(num_out_rows, n, dtype=torch.float32, device=x.device)
@@ -105,12 +107,12 @@ def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x:
         weight = (weight.transpose(1, 2) if transpose else weight).contiguous()
         transpose = False
     if grid[0] and grid[1]:
-        segment_mm_kernel[grid](
+        kernel = registry.kernel("segment_mm", **gemm_params(spec))
+        kernel[grid](
             tiles, x, gather if gather is not None else tiles, weight,
             scatter if scatter is not None else tiles, out, spec.K, n,
             x.stride(0), x.stride(1), *_weight_strides(weight, transpose),
-            out.stride(0), out.stride(1), HAS_GATHER=spec.has_gather,
-            HAS_SCATTER=spec.has_scatter, **_dot_meta(spec), **sched.meta)
+            out.stride(0), out.stride(1), **sched.meta)
     return out.to(spec.dtype)
 
 
@@ -129,7 +131,6 @@ def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...],
                  x: torch.Tensor, gather: Optional[torch.Tensor], dy: torch.Tensor,
                  scatter: Optional[torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
     """``dW`` in the weight's shape and dtype (zero for empty segments)."""
-    from ..codegen.triton_gemm import segment_mm_wgrad_kernel
     meta = sched.wgrad_meta
     kt, nt = _cdiv(spec.K, meta["BLOCK_K"]), _cdiv(spec.N, meta["BLOCK_N"])
     rows = wgrad_rows(sched, bounds[-1], kt * nt, x.device)
@@ -138,13 +139,12 @@ def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...],
                      dtype=torch.float32 if atomic else weight.dtype)
     tiles = tile_map(bounds, rows, x.device)
     if tiles.shape[0] and kt and nt:
-        segment_mm_wgrad_kernel[(tiles.shape[0], kt, nt)](
+        kernel = registry.kernel("segment_mm_wgrad", atomic=atomic, **gemm_params(spec))
+        kernel[(tiles.shape[0], kt, nt)](
             tiles, x, gather if gather is not None else tiles, dy,
             scatter if scatter is not None else tiles, dw, spec.K, spec.N,
             x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
-            *_weight_strides(dw, spec.transpose_weight),
-            HAS_GATHER=spec.has_gather, HAS_SCATTER=spec.has_scatter, ATOMIC=atomic,
-            **_dot_meta(spec), **meta)
+            *_weight_strides(dw, spec.transpose_weight), **meta)
     return dw.to(weight.dtype)
 
 
@@ -153,33 +153,17 @@ ScheduleChoice = Union[None, str, GemmSchedule]
 
 def pick_schedule(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
                   device: torch.device, run: Callable[[GemmSchedule], object]) -> GemmSchedule:
-    """A pinned schedule, the heuristic (``None``), or ``"autotune"``: time
-    :func:`hector.plan.gemm.tune_configs` once per (spec, device, row-count bucket, number of
-    segments) with ``triton.testing.do_bench`` (median) and keep the fastest.  Off the GPU
-    (the interpreter) timing means nothing, so 'autotune' falls back to the heuristic."""
+    """A pinned schedule, or (``None``; ``"autotune"`` is the same request, kept for callers
+    that spell it out) the autotuner's pick from :func:`hector.plan.gemm.tune_configs` per
+    (rendered kernel, shape bucket of rows, K, N and segment count, device).  Off CUDA, under
+    the interpreter or with ``HECTOR_AUTOTUNE=0`` that is the heuristic, untimed."""
     if isinstance(choice, GemmSchedule):
         return choice
-    if choice != "autotune" or device.type != "cuda":
-        return default_schedule(spec, interpreting=_interpreting())
     m = bounds[-1]
-    key = (spec, str(device), 1 << max(m - 1, 0).bit_length(), len(bounds) - 1)
-    if key not in _tuned:
-        import triton.testing
-        timings = []
-        for cfg in tune_configs(spec):
-            try:
-                ms = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=20,
-                                             return_mode="median")
-            except Exception:   # a config the compiler rejects (shared memory, registers)
-                continue
-            timings.append((ms, cfg))
-        heuristic = default_schedule(spec)
-        best = min(timings, key=lambda t: t[0])[1] if timings else heuristic
-        # The list tunes the forward tiles; the weight gradient keeps its own heuristic.
-        _tuned[key] = replace(best, wgrad_block_k=heuristic.wgrad_block_k,
-                              wgrad_block_n=heuristic.wgrad_block_n,
-                              wgrad_warps=heuristic.wgrad_warps)
-    return _tuned[key]
+    configs = tune_configs(spec, interpreting=_interpreting())
+    return autotune.choose("segment_mm", registry.spec_hash("segment_mm", **gemm_params(spec)),
+                           autotune.bucket(m, spec.K, spec.N, len(bounds) - 1), configs, run,
+                           device)
 
 
 class SegmentMMFunction(torch.autograd.Function):
@@ -190,6 +174,8 @@ class SegmentMMFunction(torch.autograd.Function):
     def forward(ctx, spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
                 num_out_rows: int, x, weight, gather, scatter):
         def run(sched):
+            # Allocates a fresh (zeroed, under scatter) output per call, so autotune trials
+            # never add into each other's atomics.
             return launch_gemm(spec, sched, bounds, x, weight, gather, scatter, num_out_rows)
         sched = pick_schedule(spec, choice, bounds, x.device, run)
         out = run(sched)
