@@ -19,7 +19,7 @@ from typing import List, Optional
 
 import torch
 
-from ..ir.nodes import CSRC, EDGE, NODE, WEIGHT, Value
+from ..ir.nodes import CDST, CSRC, EDGE, NODE, Value
 from .torch_eval import GraphIndex, _operand, edge_side, segment_matmul
 
 
@@ -44,39 +44,53 @@ def segment_mm_fallback(x, weight, seg_ptr, *, gather=None, scatter=None, num_ou
     return y.new_zeros(rows, y.shape[1]).index_add(0, scatter.long(), y)
 
 
+def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:
+    """The segment bounds of a GEMM step's rows, as Python ints (read from the graph once)."""
+    if rs.segments == "relation":
+        return ix.ptr[rs.rows if rs.rows in (EDGE, CSRC) else CDST]
+    if rs.segments == "node_type":
+        return ix.ptr[NODE]
+    return [0, rows]
+
+
+def _gemm_layout(ix: GraphIndex, rs, rows: int, heads: int):
+    """(seg_ptr as an int64 *CPU* tensor, node permutation on the device or None) of a GEMM
+    step, memoised on the graph's index.  ``segment_mm`` reads ``seg_ptr`` on the host: a
+    device tensor would cost a device sync per step, every call.  Head-major rows
+    (``heads`` > 0) make each (head, slice) its own segment."""
+    key = ("gemm_layout", rs.rows, rs.segments, rows, heads)
+    if key not in ix.memo:
+        bounds = _host_bounds(ix, rs, rows)
+        perm = ix.node_perm if rs.segments == "node_type" else None
+        if heads:
+            bounds = [h * rows + b for h in range(heads) for b in bounds[:-1]] + [heads * rows]
+            if perm is not None:
+                offs = torch.arange(heads, device=perm.device).view(-1, 1) * rows
+                perm = (offs + perm.view(1, -1)).reshape(-1)
+        ix.memo[key] = (torch.tensor(bounds, dtype=torch.int64), perm)
+    return ix.memo[key]
+
+
 def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str):
     """A typed-linear step on the segment GEMM template."""
     _, rs = step.spec
     segment_mm = _segment_mm() or segment_mm_fallback
-    g = ix.graph
-    dev = x.device
     gather = None
     if rs.gather is not None:   # x holds the source rows; the GEMM reads them by index
         gather = ix.move(rs.gather[0], rs.rows, rs.gather[1])
     rows = x.shape[0] if gather is None else gather.shape[0]
-    if rs.segments == "relation":
-        ptr = {EDGE: g.rel_ptr, CSRC: g.compact_src.rel_ptr}.get(rs.rows, g.compact_dst.rel_ptr)
-        weight = w
-    elif rs.segments == "node_type":
-        ptr, weight = g.node_type_ptr, w
-    else:
-        ptr, weight = torch.tensor([0, rows], device=dev), w.unsqueeze(0)
-    ptr = ptr.to(dev).long()
-    perm = ix.node_perm if rs.segments == "node_type" else None
+    weight = w if rs.segments is not None else w.unsqueeze(0)
     if rs.per_head:
         if gather is not None:
             x, gather = x.index_select(0, gather), None
         H = x.shape[1]
+        ptr, perm = _gemm_layout(ix, rs, rows, H)
         xin = x.transpose(0, 1).reshape(H * rows, -1)
         S = weight.shape[0]
         weight = weight.transpose(0, 1).reshape((H * S,) + tuple(weight.shape[2:]))
-        offs = torch.arange(H, device=dev).view(-1, 1) * rows
-        ptr = torch.cat([(offs + ptr[:-1].view(1, -1)).reshape(-1),
-                         torch.tensor([H * rows], device=dev)])
-        if perm is not None:
-            perm = (offs + perm.view(1, -1)).reshape(-1)
         n_rows = H * rows
     else:
+        ptr, perm = _gemm_layout(ix, rs, rows, 0)
         xin, n_rows = x.reshape(x.shape[0], -1), rows
     out = segment_mm(xin.contiguous(), weight.contiguous(), ptr,
                      gather=perm if gather is None else gather, scatter=perm,

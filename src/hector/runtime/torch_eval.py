@@ -29,6 +29,9 @@ class GraphIndex:
         self.ptr = {EDGE: g.rel_ptr.tolist(), CSRC: g.compact_src.rel_ptr.tolist(),
                     CDST: g.compact_dst.rel_ptr.tolist(), NODE: g.node_type_ptr.tolist()}
         self.node_perm = None if g.node_types_contiguous else g.node_perm.long()
+        # Graph-only quantities the runtime derives (host segment pointers, layouts), keyed
+        # by the caller: built on the first call, read on every later one.
+        self.memo: Dict[tuple, object] = {}
 
     @staticmethod
     def of(graph) -> "GraphIndex":
