@@ -129,3 +129,25 @@ def test_hgt_single_node_type_needs_no_concatenation(monkeypatch):
     got = layer({"n": x}, eid)["n"]
     assert torch.equal(got, want)
     assert seen[0] is x             # the features themselves, not a copy
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("make", [
+    lambda b: hector.nn.GATConv(16, 8, heads=2, backend=b),
+    lambda b: hector.nn.AGNNConv(backend=b),
+    lambda b: hector.nn.TransformerConv(16, 8, heads=2, backend=b),
+], ids=["gat", "agnn", "transformer"])
+def test_attention_layers_steady_state_reads_no_device_values(make, backend):
+    torch.manual_seed(0)
+    ei, _ = random_relational()
+    layer = make(backend)
+    x = torch.randn(24, 16)
+
+    def call(train):
+        if train:
+            xx = x.clone().requires_grad_()
+            layer(xx, ei).square().sum().backward()
+        else:
+            with torch.no_grad():
+                layer(x, ei)
+    _check_steady_state(call, lambda: [])
