@@ -167,7 +167,7 @@ class Program:
         backend = _backend(self.backend, graph.device, work)
         cp = self.compiled_for(graph, work, backward=False)   # execute lowers it when needed
         outs = execute(cp, GraphIndex.of(graph), leaves, backend, self.autodiff)
-        return [o.reshape(o.shape[0], -1).to(dtype) for o in outs]
+        return [o.flatten(1).to(dtype) for o in outs]
 
     @staticmethod
     def leaves_dtype(leaves):
