@@ -1,8 +1,10 @@
 """``hector.compile``: a DSL function -> a ``torch.nn.Module``.
 
 The function is traced once into IR; the first call on a graph runs the pass pipeline with
-that graph's statistics, lowers forward (and, for training, backward) IR to plans, and
-caches them per (row counts, dtype): graphs of one shape share decisions.
+that graph's statistics, lowers the forward IR to a plan, and caches it per (row counts,
+dtype): graphs of one shape share decisions.  The backward (IR autodiff, its passes and
+lowering) is built lazily, by the first forward that needs gradients, and memoised on the
+same entry: inference never builds it.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from .dsl import Traced, trace
 from .ir.nodes import Value
 from .lower import lower
 from .passes.common import GraphStats
-from .passes.pipeline import PassRecord, run_pipeline
+from .passes.pipeline import ForwardStage, PassRecord, backward_pipeline, forward_pipeline
 from .plan.program import Plan
 
 BACKENDS = ("auto", "torch", "triton")
@@ -40,6 +42,19 @@ class CompiledPlan:
     grad_leaves: Tuple[Value, ...] = ()      # ``grad_output`` leaves, one per forward output
     grad_targets: Tuple[Value, ...] = ()     # forward leaf whose gradient each output is
     extra: Dict[str, object] = field(default_factory=dict)
+    # How to build the backward on demand (None once built, or when there is none to build).
+    build_backward: Optional[Callable[["CompiledPlan"], None]] = field(default=None, repr=False)
+
+    def ensure_backward(self) -> "CompiledPlan":
+        """Lower the backward plan now if it has not been (memoised: once per entry)."""
+        if self.build_backward is not None:
+            build, self.build_backward = self.build_backward, None
+            try:
+                build(self)
+            except BaseException:
+                self.build_backward = build   # a failed build is retried, not forgotten
+                raise
+        return self
 
 
 def _backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
@@ -76,21 +91,27 @@ class Program:
     # -- compilation ----------------------------------------------------------------------
     def compiled_for(self, graph, dtype: torch.dtype = torch.float32,
                      backward: bool = True) -> CompiledPlan:
+        """The compiled entry for ``graph``'s shape and ``dtype``; with ``backward`` (and
+        ``autodiff='ir'``) its backward plan is lowered too, once."""
         stats = GraphStats.of(graph)
-        key = (stats, dtype, backward and self.autodiff == "ir")
+        key = (stats, dtype)
         if key not in self._cache:
-            self._cache[key] = self._compile(stats, dtype, key[2])
-        return self._cache[key]
+            self._cache[key] = self._compile(stats, dtype)
+        cp = self._cache[key]
+        return cp.ensure_backward() if backward else cp
 
-    def _compile(self, stats: GraphStats, dtype: torch.dtype, backward: bool) -> CompiledPlan:
-        fwd, bwd, log = run_pipeline(self.traced.outputs, stats, backward=backward,
-                                     **self.options)
-        cp = CompiledPlan(stats, fwd, lower(fwd, dtype), log)
-        if bwd is not None:
-            cp.backward_plan = lower(bwd.outputs, dtype)
-            cp.saved_values, cp.saved_leaves = bwd.saved_values, bwd.saved_leaves
-            cp.grad_leaves, cp.grad_targets = bwd.grad_leaves, bwd.targets
+    def _compile(self, stats: GraphStats, dtype: torch.dtype) -> CompiledPlan:
+        stage = forward_pipeline(self.traced.outputs, stats, **self.options)
+        cp = CompiledPlan(stats, stage.fused, lower(stage.fused, dtype), stage.log)
+        if self.autodiff == "ir":
+            cp.build_backward = lambda c: self._lower_backward(c, stage, dtype)
         return cp
+
+    def _lower_backward(self, cp: CompiledPlan, stage: ForwardStage, dtype: torch.dtype) -> None:
+        bwd = backward_pipeline(stage, cp.stats, **self.options)
+        cp.backward_plan = lower(bwd.outputs, dtype)
+        cp.saved_values, cp.saved_leaves = bwd.saved_values, bwd.saved_leaves
+        cp.grad_leaves, cp.grad_targets = bwd.grad_leaves, bwd.targets
 
     # -- running --------------------------------------------------------------------------
     def check_graph(self, graph) -> None:
@@ -144,9 +165,9 @@ class Program:
         work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
         leaves = {v: t.to(work) for v, t in leaves.items()}
         backend = _backend(self.backend, graph.device, work)
-        cp = self.compiled_for(graph, work)
+        cp = self.compiled_for(graph, work, backward=False)   # execute lowers it when needed
         outs = execute(cp, GraphIndex.of(graph), leaves, backend, self.autodiff)
-        return [o.reshape(o.shape[0], -1).to(dtype) for o in outs]
+        return [o.flatten(1).to(dtype) for o in outs]
 
     @staticmethod
     def leaves_dtype(leaves):

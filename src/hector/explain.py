@@ -58,6 +58,8 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
            f"unique (dst, rel) rows {s.compact_dst_rows}", ""]
     out.append(format_ir(program.traced.outputs, "captured IR"))
     for rec in cp.log:
+        if not backward and (rec.name == "autodiff" or rec.name.startswith("backward/")):
+            continue   # built by an earlier training call on this entry; not asked for here
         out.append("")
         out.append(f"-- pass {rec.name}")
         out.extend("  " + str(d) for d in rec.decisions)
@@ -65,7 +67,7 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
             out.append(format_ir(rec.after, f"IR after {rec.name}"))
     kernels = _Kernels()
     for title, plan in (("forward plan", cp.forward_plan), ("backward plan", cp.backward_plan)):
-        if plan is None:
+        if plan is None or (title == "backward plan" and not backward):
             continue
         out += ["", f"== {title} ({len(plan.steps)} kernels)", plan.describe(), "", "ops called:"]
         for i, step in enumerate(plan.steps):

@@ -81,3 +81,69 @@ def test_triton_backend_backward_matches_torch_backend():
     assert rel_err(out, ref_out) < 1e-5
     for a, b in zip(got, ref):
         assert rel_err(a, b) < 1e-4
+
+
+def _count_backward_builds(monkeypatch):
+    """Counts IR-autodiff runs (the first step of building a backward plan)."""
+    from hector.passes import autodiff
+    calls = []
+    real = autodiff.differentiate
+    monkeypatch.setattr(autodiff, "differentiate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_inference_never_builds_the_backward(monkeypatch, backend):
+    calls = _count_backward_builds(monkeypatch)
+    g = _graph()
+    m = hcompile(models.rgat, in_dim=8, out_dim=4, heads=2, num_relations=3, backend=backend)
+    x = torch.randn(16, 8)
+    with torch.no_grad():                      # parameters require grad, recording is off
+        m(g, x=x)
+    for p in m.parameters():
+        p.requires_grad_(False)
+    m(g, x=x)                                  # grad enabled, nothing requires grad
+    assert calls == []
+    (cp,) = m.program._cache.values()          # one entry: the forward plan alone
+    assert cp.backward_plan is None and cp.build_backward is not None
+    assert not any(r.name == "autodiff" or r.name.startswith("backward/") for r in cp.log)
+
+
+def test_backward_is_built_once_by_the_first_forward_that_needs_it(monkeypatch):
+    calls = _count_backward_builds(monkeypatch)
+    g = _graph()
+    m = hcompile(models.rgat, in_dim=8, out_dim=4, heads=2, num_relations=3, backend="torch")
+    x = torch.randn(16, 8)
+    with torch.no_grad():
+        ref = m(g, x=x)
+    out = m(g, x=x)
+    out.square().sum().backward()
+    assert len(calls) == 1
+    for _ in range(2):
+        with torch.no_grad():
+            m(g, x=x)
+        m(g, x=x).sum().backward()
+    assert len(calls) == 1 and len(m.program._cache) == 1
+    (cp,) = m.program._cache.values()
+    assert cp.backward_plan is not None and cp.build_backward is None
+    assert torch.equal(out.detach(), ref)
+    # The log keeps pipeline order: autodiff before the forward's fuse, backward passes after.
+    names = [r.name for r in cp.log]
+    assert names.index("autodiff") < names.index("fuse") < names.index("backward/fuse")
+    # Gradients equal those of a module whose backward was built by its very first call.
+    fresh = hcompile(models.rgat, in_dim=8, out_dim=4, heads=2, num_relations=3, backend="torch")
+    fresh.load_state_dict(m.state_dict())
+    m.zero_grad()
+    m(g, x=x).square().sum().backward()
+    fresh(g, x=x).square().sum().backward()
+    for n, p in fresh.named_parameters():
+        assert torch.equal(p.grad, dict(m.named_parameters())[n].grad), n
+
+
+def test_explain_forward_only_after_training_hides_the_backward():
+    g = _graph()
+    m = hcompile(models.rgat, in_dim=8, out_dim=4, heads=2, num_relations=3, backend="torch")
+    m(g, x=torch.randn(16, 8)).sum().backward()
+    fwd_only = hector.explain(m, g, backward=False)
+    assert "backward plan" not in fwd_only and "pass autodiff" not in fwd_only
+    assert "backward plan" in hector.explain(m, g, backward=True)

@@ -13,6 +13,8 @@ from .. import _checks as C
 from .. import models
 from ..compile import Program
 from ..graph import Graph
+from ..ir.nodes import NODE
+from ..runtime.torch_eval import GraphIndex
 from ._common import load_from_pyg
 from .rgcn import compiler_options
 
@@ -142,18 +144,34 @@ class HGTConv(nn.Module):
         if extra:
             raise ValueError(f"edge_index_dict has edge types {extra} not in metadata")
         counts = {t: int(x_dict[t].shape[0]) for t in self.node_types}
-        dev = next(iter(x_dict.values())).device
-        ordered = {e: edge_index_dict.get(e, torch.zeros(2, 0, dtype=torch.long, device=dev))
-                   for e in self.edge_types}
-        key = tuple((id(t), t.data_ptr(), t._version) for t in ordered.values()) + tuple(counts.items())
+        given = [edge_index_dict.get(e) for e in self.edge_types]
+        # An edge type without an entry is keyed as None (a fresh empty tensor per call would
+        # make every call a miss and rebuild the Graph).
+        key = tuple(None if t is None else (id(t), t.data_ptr(), t._version, str(t.device))
+                    for t in given) + tuple(counts.items())
         hit = _GRAPHS.get(key)
         if hit is not None and all(r() is not None for r in hit[0]):
+            _GRAPHS.move_to_end(key)
             return hit[1]
+        dev = next(iter(x_dict.values())).device
+        ordered = {e: t if t is not None else torch.zeros(2, 0, dtype=torch.long, device=dev)
+                   for e, t in zip(self.edge_types, given)}
         g = Graph.from_hetero(ordered, counts)
-        _GRAPHS[key] = (tuple(weakref.ref(t) for t in ordered.values()), g)
+        _GRAPHS[key] = (tuple(weakref.ref(t) for t in given if t is not None), g)
         while len(_GRAPHS) > 8:
             _GRAPHS.popitem(last=False)
         return g
+
+    def _type_slices(self, graph: Graph):
+        """(node type, first row, end row) of each destination type in the output: Python
+        ints read from the graph once (``GraphIndex`` memoises the host pointers on it)."""
+        ix = GraphIndex.of(graph)
+        key = ("hgt_type_slices", tuple(self.node_types), tuple(sorted(self.dst_node_types)))
+        if key not in ix.memo:
+            ptr = ix.ptr[NODE]
+            ix.memo[key] = tuple((t, ptr[i], ptr[i + 1]) for i, t in enumerate(self.node_types)
+                                 if t in self.dst_node_types)
+        return ix.memo[key]
 
     def forward(self, x_dict: Dict[str, torch.Tensor], edge_index_dict) -> Dict[str, torch.Tensor]:
         if not isinstance(x_dict, dict):
@@ -167,11 +185,13 @@ class HGTConv(nn.Module):
                              isinstance(x_dict[t], torch.Tensor) else 0, "its rows",
                              x_dict[self.node_types[0]].device, num_cols=self.in_channels)
         graph = self.graph_of(x_dict, edge_index_dict)
-        x = torch.cat([x_dict[t] for t in self.node_types], 0)
+        # The program reads one node input: node types stacked in id order.  That is one
+        # copy of the features per call (none with a single node type); avoiding it would
+        # need per-type inputs in the IR (the typed K/Q/V GEMM and the skip both read x).
+        xs = [x_dict[t] for t in self.node_types]
+        x = xs[0] if len(xs) == 1 else torch.cat(xs, 0)
         out = self.program(graph, {"x": x}, self._weights())[0]
-        ptr = graph.node_type_ptr.tolist()
-        return {t: out[ptr[i]:ptr[i + 1]] for i, t in enumerate(self.node_types)
-                if t in self.dst_node_types}
+        return {t: out[lo:hi] for t, lo, hi in self._type_slices(graph)}
 
     @classmethod
     def from_pyg(cls, module, **compiler) -> "HGTConv":

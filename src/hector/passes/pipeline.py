@@ -52,6 +52,51 @@ def optimize(outputs: Sequence[Value], stats: Optional[GraphStats], *, reorder_o
     return outputs
 
 
+@dataclass
+class ForwardStage:
+    """What the forward pipeline leaves for a later backward: the optimised (unfused) forward
+    IR, which value of the fused plan holds each of its values, and the log."""
+    optimized: Tuple[Value, ...]
+    fused: Tuple[Value, ...]
+    mapping: Dict[Value, Value]
+    log: List[PassRecord]
+
+
+def forward_pipeline(outputs: Sequence[Value], stats: Optional[GraphStats], *,
+                     reorder: bool = True, compact: bool = True,
+                     fuse: bool = True) -> ForwardStage:
+    """Passes 1-3 and 5 on the forward IR (no autodiff: inference never pays for it)."""
+    log: List[PassRecord] = []
+    if debug_enabled():
+        verify(outputs, where="captured IR")
+    fwd = optimize(outputs, stats, reorder_on=reorder, compact_on=compact, log=log)
+    mapping: Dict[Value, Value] = {}
+    fused_fwd, decisions = fusion.run(fwd, stats, fuse, mapping=mapping)
+    if debug_enabled():
+        verify(fused_fwd, where="after pass fuse")
+    log.append(PassRecord("fuse", fwd, tuple(fused_fwd), tuple(decisions)))
+    return ForwardStage(tuple(fwd), tuple(fused_fwd), mapping, log)
+
+
+def backward_pipeline(stage: ForwardStage, stats: Optional[GraphStats], *, reorder: bool = True,
+                      compact: bool = True, fuse: bool = True):
+    """Pass 4 on a finished forward stage, then passes 1-3 and 5 on the backward IR.
+
+    Returns a :class:`hector.passes.autodiff.Backward`; its records join ``stage.log`` (the
+    autodiff record before the forward's fuse, where the pipeline order puts it)."""
+    from . import autodiff
+    fwd = stage.optimized
+    bwd = autodiff.differentiate(fwd)
+    record = PassRecord("autodiff", fwd, bwd.outputs, tuple(bwd.decisions))
+    at = next((i for i, r in enumerate(stage.log) if r.name == "fuse"), len(stage.log))
+    stage.log.insert(at, record)
+    bwd = autodiff.bind_saved(bwd, fwd, stage.mapping)
+    b_out = optimize(bwd.outputs, stats, reorder_on=reorder, compact_on=compact, log=stage.log,
+                     prefix="backward/")
+    b_out = _run("backward/fuse", fusion.run, b_out, stats, fuse, stage.log)
+    return bwd.with_outputs(b_out)
+
+
 def run_pipeline(outputs: Sequence[Value], stats: Optional[GraphStats], *, reorder: bool = True,
                  compact: bool = True, fuse: bool = True, backward: bool = False):
     """Forward (and with ``backward``, backward) IR through every pass.
@@ -59,28 +104,10 @@ def run_pipeline(outputs: Sequence[Value], stats: Optional[GraphStats], *, reord
     Returns ``(forward_ir, backward, log)``; ``backward`` is None or a
     :class:`hector.passes.autodiff.Backward` whose ``outputs`` are compiled too.
     """
-    log: List[PassRecord] = []
-    if debug_enabled():
-        verify(outputs, where="captured IR")
-    fwd = optimize(outputs, stats, reorder_on=reorder, compact_on=compact, log=log)
-    bwd = None
-    if backward:
-        from . import autodiff
-        bwd = autodiff.differentiate(fwd)
-        log.append(PassRecord("autodiff", fwd, bwd.outputs, tuple(bwd.decisions)))
-    mapping: Dict[Value, Value] = {}
-    fused_fwd, decisions = fusion.run(fwd, stats, fuse, mapping=mapping)
-    if debug_enabled():
-        verify(fused_fwd, where="after pass fuse")
-    log.append(PassRecord("fuse", fwd, tuple(fused_fwd), tuple(decisions)))
-    if bwd is not None:
-        from . import autodiff
-        bwd = autodiff.bind_saved(bwd, fwd, mapping)
-        b_out = optimize(bwd.outputs, stats, reorder_on=reorder, compact_on=compact, log=log,
-                         prefix="backward/")
-        b_out = _run("backward/fuse", fusion.run, b_out, stats, fuse, log)
-        bwd = bwd.with_outputs(b_out)
-    return fused_fwd, bwd, log
+    opts = dict(reorder=reorder, compact=compact, fuse=fuse)
+    stage = forward_pipeline(outputs, stats, **opts)
+    bwd = backward_pipeline(stage, stats, **opts) if backward else None
+    return stage.fused, bwd, stage.log
 
 
 def decisions_of(log: Sequence[PassRecord]) -> Dict[str, Tuple[Decision, ...]]:

@@ -12,14 +12,17 @@
   compact row (rows carry their relation).  A destination-side term that depends on the
   relation (RGAT) cannot be a per-node query, so then sources are the edges themselves and
   the whole pre-activation score is an edge term ``a_src`` (cost: ``E x H x D`` messages).
+  RGAT's case (no q.k term; ``a_dst`` per (dst, relation)) avoids that: see
+  :func:`_attention_by_dst_relation`.
 """
 from __future__ import annotations
 
 from typing import List, Optional
 
 import torch
+import torch.nn.functional as F
 
-from ..ir.nodes import CSRC, EDGE, NODE, WEIGHT, Value
+from ..ir.nodes import CDST, CSRC, EDGE, NODE, Value
 from .torch_eval import GraphIndex, _operand, edge_side, segment_matmul
 
 
@@ -44,40 +47,54 @@ def segment_mm_fallback(x, weight, seg_ptr, *, gather=None, scatter=None, num_ou
     return y.new_zeros(rows, y.shape[1]).index_add(0, scatter.long(), y)
 
 
+def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:
+    """The segment bounds of a GEMM step's rows, as Python ints (read from the graph once)."""
+    if rs.segments == "relation":
+        return ix.ptr[rs.rows if rs.rows in (EDGE, CSRC) else CDST]
+    if rs.segments == "node_type":
+        return ix.ptr[NODE]
+    return [0, rows]
+
+
+def _gemm_layout(ix: GraphIndex, rs, rows: int, heads: int):
+    """(seg_ptr as an int64 *CPU* tensor, node permutation on the device or None) of a GEMM
+    step, memoised on the graph's index.  ``segment_mm`` reads ``seg_ptr`` on the host: a
+    device tensor would cost a device sync per step, every call.  Head-major rows
+    (``heads`` > 0) make each (head, slice) its own segment."""
+    key = ("gemm_layout", rs.rows, rs.segments, rows, heads)
+    if key not in ix.memo:
+        bounds = _host_bounds(ix, rs, rows)
+        perm = ix.node_perm if rs.segments == "node_type" else None
+        if heads:
+            bounds = [h * rows + b for h in range(heads) for b in bounds[:-1]] + [heads * rows]
+            if perm is not None:
+                offs = torch.arange(heads, device=perm.device).view(-1, 1) * rows
+                perm = (offs + perm.view(1, -1)).reshape(-1)
+        ix.memo[key] = (torch.tensor(bounds, dtype=torch.int64), perm)
+    return ix.memo[key]
+
+
 def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str):
     """A typed-linear step on the segment GEMM template."""
     _, rs = step.spec
     segment_mm = _segment_mm() or segment_mm_fallback
-    g = ix.graph
-    dev = x.device
     gather = None
     if rs.gather is not None:   # x holds the source rows; the GEMM reads them by index
         gather = ix.move(rs.gather[0], rs.rows, rs.gather[1])
     rows = x.shape[0] if gather is None else gather.shape[0]
-    if rs.segments == "relation":
-        ptr = {EDGE: g.rel_ptr, CSRC: g.compact_src.rel_ptr}.get(rs.rows, g.compact_dst.rel_ptr)
-        weight = w
-    elif rs.segments == "node_type":
-        ptr, weight = g.node_type_ptr, w
-    else:
-        ptr, weight = torch.tensor([0, rows], device=dev), w.unsqueeze(0)
-    ptr = ptr.to(dev).long()
-    perm = ix.node_perm if rs.segments == "node_type" else None
+    weight = w if rs.segments is not None else w.unsqueeze(0)
     if rs.per_head:
         if gather is not None:
             x, gather = x.index_select(0, gather), None
         H = x.shape[1]
-        xin = x.transpose(0, 1).reshape(H * rows, -1)
+        ptr, perm = _gemm_layout(ix, rs, rows, H)
+        xin = x.transpose(0, 1).reshape(H * rows, x.shape[-1])
         S = weight.shape[0]
         weight = weight.transpose(0, 1).reshape((H * S,) + tuple(weight.shape[2:]))
-        offs = torch.arange(H, device=dev).view(-1, 1) * rows
-        ptr = torch.cat([(offs + ptr[:-1].view(1, -1)).reshape(-1),
-                         torch.tensor([H * rows], device=dev)])
-        if perm is not None:
-            perm = (offs + perm.view(1, -1)).reshape(-1)
         n_rows = H * rows
     else:
-        xin, n_rows = x.reshape(x.shape[0], -1), rows
+        ptr, perm = _gemm_layout(ix, rs, rows, 0)
+        xin, n_rows = x.flatten(1), rows   # (flatten: fine with 0 rows)
     out = segment_mm(xin.contiguous(), weight.contiguous(), ptr,
                      gather=perm if gather is None else gather, scatter=perm,
                      num_out_rows=n_rows if perm is not None else None,
@@ -111,10 +128,97 @@ def _pad(t: Optional[torch.Tensor], before: int, after: int) -> Optional[torch.T
     return torch.cat([p for p in parts if p.shape[0]], 0)
 
 
+def _by_dst_relation(roles) -> bool:
+    """RGAT's shape: additive terms only, the destination's per (dst, relation) row, every
+    source-side term per node, per compact (src, relation) row or (when the compact pass
+    found no pair shared by two edges) per edge."""
+    return ("q" not in roles and "a_dst" in roles and roles["a_dst"][0].kind == CDST
+            and all(roles[r][0].kind in (NODE, CSRC, EDGE) for r in ("v", "a_src") if r in roles))
+
+
+def _source_rows(ix: GraphIndex, src_kind: str) -> torch.Tensor:
+    """Each edge's source row of ``src_kind`` (an edge is its own row)."""
+    if src_kind == EDGE:
+        return torch.arange(ix.graph.num_edges, device=ix.graph.device)
+    return ix.move(src_kind, EDGE, "src")
+
+
+def _group_graph(ix: GraphIndex, src_kind: str):
+    """Derived graph (source rows of ``src_kind``) -> (compact (dst, relation) rows), one
+    derived edge per edge; sources and destinations share the id range ``[0, max(S, Sd))``
+    (the kernels read each operand only in its own role).  Memoised on the graph."""
+    g = ix.graph
+    memo = g.__dict__.setdefault("_derived", {})
+    key = "attention_groups_" + src_kind
+    if key not in memo:
+        from ..graph import Graph
+        rows = max(ix.rows[src_kind], ix.rows[CDST])
+        ei = torch.stack([_source_rows(ix, src_kind), ix.move(CDST, EDGE, "dst")])
+        memo[key] = Graph(ei, num_nodes=rows)
+    return memo[key]
+
+
+def _fit(t: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:
+    """``t`` with zero rows appended up to ``rows`` (a copy only when it is short)."""
+    if t is None or t.shape[0] == rows:
+        return t
+    return torch.cat([t, t.new_zeros((rows - t.shape[0],) + t.shape[1:])], 0)
+
+
+def _attention_by_dst_relation(body: Value, roles, ix: GraphIndex, backend: str):
+    """Attention whose destination term depends on the relation, without per-edge messages.
+
+    The fused kernel runs on the derived graph of :func:`_group_graph`: each (dst, relation)
+    row ``g`` is a destination whose ``a_dst`` is its own, and messages stay compact rows read
+    through the derived edges' source ids.  It returns ``o_g``, softmax-weighted over the
+    edges of ``g`` only.  The softmax over all of ``N(v)`` is then
+    ``o_v = sum_g w_g o_g`` with ``w_g = sum_{e in g} alpha_e`` (``alpha``: the softmax over
+    ``N(v)``), computed per edge on ``[E, H]`` scores (no feature axis).  Cost next to the
+    per-edge path: ``[Sd, H, D]`` group outputs instead of two ``[E, H, D]`` copies and an
+    ``[E + N, H, D]`` output."""
+    from ..ops import edge_attention
+    from .torch_eval import edge_softmax
+    g = ix.graph
+    kinds = {roles[r][0].kind for r in ("v", "a_src") if r in roles}
+    src_kind = EDGE if EDGE in kinds else CSRC if CSRC in kinds else NODE
+
+    def at_source(role):
+        val, t = roles[role]
+        if val.kind == src_kind:
+            return t
+        if src_kind == EDGE:
+            return edge_side(t, val, "src", ix)
+        return t.index_select(0, ix.move(NODE, CSRC, "src"))
+
+    v = at_source("v")
+    a_src = at_source("a_src")[..., 0] if "a_src" in roles else None
+    a_dst = roles["a_dst"][1][..., 0]
+    if g.num_edges == 0:
+        return v.new_zeros((g.num_nodes,) + tuple(v.shape[1:]))
+    scale, slope = body.attr("scale"), body.attr("slope")
+    grp = ix.move(CDST, EDGE, "dst")
+    score = a_dst.index_select(0, grp)
+    if a_src is not None:
+        score = score + (a_src if src_kind == EDGE else
+                         a_src.index_select(0, ix.move(src_kind, EDGE, "src")))
+    if slope is not None:
+        score = F.leaky_relu(score, slope)
+    alpha = edge_softmax(score.unsqueeze(-1), ix.move(NODE, EDGE, "dst"), g.num_nodes)
+    w = alpha.new_zeros((ix.rows[CDST],) + alpha.shape[1:]).index_add(0, grp, alpha)
+    dg = _group_graph(ix, src_kind)
+    rows = dg.num_nodes
+    o = edge_attention(dg, _fit(v, rows), a_src=_fit(a_src, rows), a_dst=_fit(a_dst, rows),
+                       scale=scale, negative_slope=slope, backend=backend)[:ix.rows[CDST]]
+    node = ix.move(NODE, CDST, "dst")
+    return o.new_zeros((g.num_nodes,) + tuple(o.shape[1:])).index_add(0, node, o * w)
+
+
 def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
     from ..ops import edge_attention
     body: Value = step.body
     roles = dict(zip(body.attr("roles"), zip(body.args, inputs)))
+    if _by_dst_relation(roles):
+        return _attention_by_dst_relation(body, roles, ix, backend)
     scale, slope = body.attr("scale"), body.attr("slope")
     dst_ok = all(roles[r][0].kind == NODE for r in ("q", "a_dst") if r in roles)
     src_terms = [r for r in ("v", "k", "a_src") if r in roles]

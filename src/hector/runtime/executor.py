@@ -122,6 +122,8 @@ def execute(compiled, ix: GraphIndex, leaves: Dict[Value, torch.Tensor], backend
     """Run ``compiled`` (a :class:`hector.compile.CompiledPlan`) on the leaf tensors."""
     plan = compiled.forward_plan
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in leaves.values())
+    if autodiff == "ir" and needs_grad:
+        compiled.ensure_backward()   # lazily: the first forward that records a graph builds it
     if autodiff == "torch" or not needs_grad or compiled.backward_plan is None:
         env = run_plan(plan, ix, leaves, backend)
         return [env[o] for o in plan.outputs]

@@ -29,6 +29,9 @@ class GraphIndex:
         self.ptr = {EDGE: g.rel_ptr.tolist(), CSRC: g.compact_src.rel_ptr.tolist(),
                     CDST: g.compact_dst.rel_ptr.tolist(), NODE: g.node_type_ptr.tolist()}
         self.node_perm = None if g.node_types_contiguous else g.node_perm.long()
+        # Graph-only quantities the runtime derives (host segment pointers, layouts), keyed
+        # by the caller: built on the first call, read on every later one.
+        self.memo: Dict[tuple, object] = {}
 
     @staticmethod
     def of(graph) -> "GraphIndex":
@@ -150,7 +153,7 @@ def eval_op(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
         x, w = a
         rows = x.shape[0]
         headwise = len(v.args[1].shape) == 3
-        xin = x if headwise else x.reshape(rows, -1)
+        xin = x if headwise else x.flatten(1)
         per = v.args[1].per
         if per is None:
             y = torch.einsum("rhk,hkn->rhn", xin, w) if headwise else xin @ w
@@ -247,7 +250,7 @@ def _wgrad(v: Value, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch
     headwise = len(v.shape) == 3
     rows = x.shape[0]
     if not headwise:
-        x, dy = x.reshape(rows, -1), dy.reshape(rows, -1)
+        x, dy = x.flatten(1), dy.flatten(1)   # (flatten: fine with 0 rows)
     kind = v.args[0].kind
     if v.per is None:
         return torch.einsum("rhk,rhn->hkn", x, dy) if headwise else x.t() @ dy
