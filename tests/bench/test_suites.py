@@ -124,3 +124,10 @@ def test_suite_case_runs_and_merges(tmp_path):
     merged = mod.merge([str(a), str(b), str(a)])        # the repeated file adds nothing
     assert len(merged["rows"]) == 2 * len(rows)
     assert "targets" in merged and merged["targets"]
+
+
+def test_failed_counts_hector_not_pyg():
+    pyg_err = dict(peer="PyG compile", check="ERR", error="check: InductorError")
+    assert not runner.failed({"rows": [pyg_err, dict(peer="hector", check="ok")]})
+    assert runner.failed({"rows": [dict(peer="hector", check="MISMATCH")]})
+    assert runner.failed({"rows": [dict(peer="hector unopt", check="ok (ERR)", error="x")]})

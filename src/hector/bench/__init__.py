@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     raise ValueError (naming the option) before anything runs."""
     from . import report
     cfg = resolve(config_from_args(args))        # validate before any work
-    result = run_bench(cfg)
+    save = (lambda partial: report.write_json(partial, args.json)) if args.json else None
+    result = run_bench(cfg, on_case=save)
     print(report.table(result), flush=True)
     report.write_all(result, json=args.json, markdown=args.markdown, plot=args.plot)
     return 1 if failed(result) else 0
