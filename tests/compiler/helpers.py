@@ -33,3 +33,9 @@ def random_hetero(seed=0, heads_dim=8):
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) if b.numel() else 0.0
+
+
+def device_for(backend):
+    """Where a test runs ``backend``: Triton on CUDA when there is a GPU (conftest sets
+    TRITON_INTERPRET=1 otherwise, and Triton then runs on CPU tensors)."""
+    return torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")

@@ -10,7 +10,7 @@ from hector import models
 from hector.compile import compile as hcompile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import random_relational, rel_err  # noqa: E402
+from helpers import device_for, random_relational, rel_err  # noqa: E402
 
 
 def zoo(m, in_dim):
@@ -35,16 +35,18 @@ def _graph():
 
 def _grads(model, dims, graph, autodiff, backend="torch", **opts):
     torch.manual_seed(3)
+    dev = device_for(backend)
     m = hcompile(model, autodiff=autodiff, backend=backend, num_relations=graph.num_relations,
                  num_node_types=graph.num_node_types, **opts, **dims)
     for p in m.parameters():
         torch.nn.init.normal_(p, std=0.3)
-    x = torch.randn(graph.num_nodes, dims["in_dim"], generator=torch.Generator().manual_seed(4),
-                    requires_grad=True)
+    m, graph = m.to(dev), graph.to(dev)
+    x = torch.randn(graph.num_nodes, dims["in_dim"], generator=torch.Generator().manual_seed(4))
+    x = x.to(dev).requires_grad_()
     out = m(graph, x=x)
-    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(dev)
     gs = torch.autograd.grad((out * w).sum(), [x] + list(m.parameters()))
-    return out.detach(), gs
+    return out.detach().cpu(), [g.cpu() for g in gs]
 
 
 CASES = [(models.rgcn, dict(in_dim=8, out_dim=4)),
@@ -95,9 +97,11 @@ def _count_backward_builds(monkeypatch):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_inference_never_builds_the_backward(monkeypatch, backend):
     calls = _count_backward_builds(monkeypatch)
-    g = _graph()
-    m = hcompile(models.rgat, in_dim=8, out_dim=4, heads=2, num_relations=3, backend=backend)
-    x = torch.randn(16, 8)
+    dev = device_for(backend)
+    g = _graph().to(dev)
+    m = hcompile(models.rgat, in_dim=8, out_dim=4, heads=2, num_relations=3,
+                 backend=backend).to(dev)
+    x = torch.randn(16, 8, device=dev)
     with torch.no_grad():                      # parameters require grad, recording is off
         m(g, x=x)
     for p in m.parameters():

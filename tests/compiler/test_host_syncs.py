@@ -16,7 +16,7 @@ from hector.nn.rgcn import RGCNConv
 from hector.runtime.torch_eval import GraphIndex
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import random_hetero, random_relational  # noqa: E402
+from helpers import device_for, random_hetero, random_relational  # noqa: E402
 
 SRC = str(Path(hector.__file__).parent)
 READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "nonzero", "cpu",
@@ -90,9 +90,11 @@ def _relational_call(layer, ei, et, x):
 def test_relational_layers_steady_state_reads_no_device_values(layer_cls, backend):
     torch.manual_seed(0)
     ei, et = random_relational()
+    dev = device_for(backend)
+    ei, et = ei.to(dev), et.to(dev)
     kwargs = dict(heads=2) if layer_cls is RGATConv else {}
-    layer = layer_cls(16, 8, 4, backend=backend, **kwargs)
-    call = _relational_call(layer, ei, et, torch.randn(24, 16))
+    layer = layer_cls(16, 8, 4, backend=backend, **kwargs).to(dev)
+    call = _relational_call(layer, ei, et, torch.randn(24, 16, device=dev))
     _check_steady_state(call, lambda: [hector.graph.graph_of(ei, et, num_nodes=24, num_relations=4)])
 
 
@@ -101,8 +103,10 @@ def test_hgt_steady_state_reads_no_device_values(backend):
     torch.manual_seed(0)
     counts, eid, meta = random_hetero()
     del eid[meta[1][-1]]            # an edge type without an entry: still one cached Graph
-    layer = HGTConv(8, 8, meta, heads=2, backend=backend)
-    xs = {t: torch.randn(n, 8) for t, n in counts.items()}
+    dev = device_for(backend)
+    eid = {k: v.to(dev) for k, v in eid.items()}
+    layer = HGTConv(8, 8, meta, heads=2, backend=backend).to(dev)
+    xs = {t: torch.randn(n, 8, device=dev) for t, n in counts.items()}
 
     def call(train):
         if train:
@@ -140,8 +144,10 @@ def test_hgt_single_node_type_needs_no_concatenation(monkeypatch):
 def test_attention_layers_steady_state_reads_no_device_values(make, backend):
     torch.manual_seed(0)
     ei, _ = random_relational()
-    layer = make(backend)
-    x = torch.randn(24, 16)
+    dev = device_for(backend)
+    ei = ei.to(dev)
+    layer = make(backend).to(dev)
+    x = torch.randn(24, 16, device=dev)
 
     def call(train):
         if train:

@@ -13,7 +13,7 @@ from hector.nn.rgcn import RGCNConv
 
 pyg = pytest.importorskip("torch_geometric.nn")
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import random_hetero, random_relational, rel_err  # noqa: E402
+from helpers import device_for, random_hetero, random_relational, rel_err  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 TOL = 1e-4
@@ -49,6 +49,7 @@ def _relational_run(ei, et, x, outw=None):
         xx = x.detach().clone().requires_grad_()
         out = m(xx, ei, et)
         w = outw if outw is not None else torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
+        w = w.to(out.device)
         return (out * w).sum(), [xx]
     return run
 
@@ -62,10 +63,12 @@ RGCN_OPTS = [dict(), dict(num_bases=2), dict(num_blocks=2), dict(aggr="add"),
 def test_rgcn_random_graph(opts, backend):
     torch.manual_seed(0)
     ei, et = random_relational()
+    dev = device_for(backend)
     ref = pyg.RGCNConv(16, 8, 4, **opts)
     _perturb(ref)
+    ref = ref.to(dev)
     ours = RGCNConv.from_pyg(ref, backend=backend)
-    _compare(ref, ours, _relational_run(ei, et, torch.randn(24, 16)))
+    _compare(ref, ours, _relational_run(ei.to(dev), et.to(dev), torch.randn(24, 16).to(dev)))
 
 
 RGAT_OPTS = [dict(), dict(heads=2), dict(heads=2, concat=False), dict(heads=2, num_bases=2),
@@ -77,10 +80,12 @@ RGAT_OPTS = [dict(), dict(heads=2), dict(heads=2, concat=False), dict(heads=2, n
 def test_rgat_random_graph(opts, backend):
     torch.manual_seed(0)
     ei, et = random_relational()
+    dev = device_for(backend)
     ref = pyg.RGATConv(16, 8, 4, **opts)
     _perturb(ref)
+    ref = ref.to(dev)
     ours = RGATConv.from_pyg(ref, backend=backend)
-    _compare(ref, ours, _relational_run(ei, et, torch.randn(24, 16)))
+    _compare(ref, ours, _relational_run(ei.to(dev), et.to(dev), torch.randn(24, 16).to(dev)))
 
 
 @pytest.mark.parametrize("in_dim,heads", [(16, 2), (8, 2), (8, 1)])
@@ -88,16 +93,20 @@ def test_rgat_random_graph(opts, backend):
 def test_hgt_random_hetero(in_dim, heads, backend):
     torch.manual_seed(0)
     counts, eid, meta = random_hetero()
+    dev = device_for(backend)
     ref = pyg.HGTConv(in_dim, 8, meta, heads=heads)
     _perturb(ref)
+    ref = ref.to(dev)
     ours = HGTConv.from_pyg(ref, backend=backend)
-    xs = {t: torch.randn(n, in_dim) for t, n in counts.items()}
+    xs = {t: torch.randn(n, in_dim).to(dev) for t, n in counts.items()}
+    eid = {k: v.to(dev) for k, v in eid.items()}
 
     def run(m):
         xd = {t: x.clone().requires_grad_() for t, x in xs.items()}
         out = m(xd, eid)
         assert sorted(out) == ["author", "paper", "venue"]
-        loss = sum((out[t] * torch.randn(out[t].shape, generator=torch.Generator().manual_seed(i))).sum()
+        loss = sum((out[t] * torch.randn(out[t].shape, generator=torch.Generator().manual_seed(i))
+                    .to(dev)).sum()
                    for i, t in enumerate(sorted(out)))
         return loss, list(xd.values())
     _compare(ref, ours, run)
