@@ -93,9 +93,15 @@ def test_bad_options_raise_value_error_naming_the_option(argv, option):
 
 def test_defaults_follow_the_papers():
     from hector.train.defaults import defaults
+    # RGCN paper, Table 8: AIFB without basis decomposition or L2; MUTAG 30 bases, L2 5e-4;
+    # AM 40 bases, 10 hidden units
     r = defaults("rgcn", "aifb")
     assert (r["hidden"], r["num_bases"], r["lr"], r["weight_decay"], r["epochs"]) == \
-        (16, 30, 0.01, 5e-4, 50)
+        (16, None, 0.01, 0.0, 50)
+    r = defaults("rgcn", "mutag")
+    assert (r["hidden"], r["num_bases"], r["weight_decay"]) == (16, 30, 5e-4)
+    r = defaults("rgcn", "synthetic:am")
+    assert (r["hidden"], r["num_bases"], r["weight_decay"]) == (10, 40, 5e-4)
     g = defaults("gat", "cora")
     assert (g["hidden"], g["heads"], g["dropout"], g["lr"], g["patience"]) == \
         (8, 8, 0.6, 0.005, 100)

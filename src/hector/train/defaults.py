@@ -19,7 +19,8 @@ _BASE = dict(epochs=200, lr=0.01, weight_decay=5e-4, hidden=16, heads=1, dropout
 
 DEFAULTS: Dict[Tuple[str, str], dict] = {
     # Schlichtkrull et al. 2018 / PyG examples/rgcn.py: 2 layers, 16 hidden, 30 bases,
-    # no dropout, Adam lr 0.01, weight decay 5e-4, 50 epochs.
+    # no dropout, Adam lr 0.01, weight decay 5e-4, 50 epochs (AIFB, BGS, AM: see
+    # DATASET_DEFAULTS).
     ("rgcn", "rdf"): dict(epochs=50, lr=0.01, weight_decay=5e-4, hidden=16, num_bases=30),
     ("rgcn", "features"): dict(epochs=200, lr=0.01, weight_decay=5e-4, hidden=16, dropout=0.5,
                                patience=100),
@@ -48,12 +49,25 @@ DEFAULTS: Dict[Tuple[str, str], dict] = {
 }
 
 
+# Per-dataset changes to the family defaults, from the RGCN paper's Table 8 (hyper-parameters
+# chosen on validation by its authors): AIFB has no basis decomposition and no L2 penalty,
+# BGS and AM use 40 bases, AM 10 hidden units.  On AIFB the family default (30 bases, L2 5e-4)
+# averages 92.2% over seeds 0-9, the paper's setting 96.4% (published: 95.83%).
+DATASET_DEFAULTS: Dict[Tuple[str, str], dict] = {
+    ("rgcn", "aifb"): dict(num_bases=None, weight_decay=0.0),
+    ("rgcn", "bgs"): dict(num_bases=40),
+    ("rgcn", "am"): dict(num_bases=40, hidden=10),
+}
+
+
+def _key(dataset: str) -> str:
+    key = dataset.lower().replace("_", "-")
+    return key.split(":", 1)[1] if key.startswith("synthetic:") else key
+
+
 def family(dataset: str) -> str:
     """The family of a dataset name (``synthetic:aifb`` counts as rdf)."""
-    key = dataset.lower().replace("_", "-")
-    if key.startswith("synthetic:"):
-        key = key.split(":", 1)[1]
-    return "rdf" if key in RDF_DATASETS else "features"
+    return "rdf" if _key(dataset) in RDF_DATASETS else "features"
 
 
 def defaults(model: str, dataset: str) -> dict:
@@ -62,4 +76,5 @@ def defaults(model: str, dataset: str) -> dict:
         raise ValueError(f"--model must be one of {', '.join(MODELS)}, got {model!r}")
     out = dict(_BASE)
     out.update(DEFAULTS[(model, family(dataset))])
+    out.update(DATASET_DEFAULTS.get((model, _key(dataset)), {}))
     return out

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -167,6 +168,7 @@ def _train(args, out=None) -> dict:
 
     epochs, patience = cfg["epochs"], cfg["patience"]
     last_epoch, train_time, stopped = start_epoch - 1, 0.0, False
+    epoch_times = []
     bar = tqdm(range(start_epoch, epochs + 1), desc=f"{cfg['model']}/{cfg['dataset']}",
                unit="epoch", file=sys.stderr, leave=False,
                disable=getattr(args, "no_progress", False) or None)
@@ -185,6 +187,7 @@ def _train(args, out=None) -> dict:
         _sync(device)
         dt = time.perf_counter() - t0
         train_time += dt
+        epoch_times.append(dt)
         train_acc = _accuracy(logits, y, train_idx)
         msg = (f"epoch {epoch:4d}  loss {loss.item():.4f}  train_acc {train_acc:.4f}")
         if has_val:
@@ -229,12 +232,15 @@ def _train(args, out=None) -> dict:
                   best_epoch=best["epoch"] if has_val else last_epoch,
                   epochs=last_epoch, seed=cfg["seed"], device=cfg["device"], dtype=cfg["dtype"],
                   backend=cfg["backend"], train_time=train_time,
+                  # the median leaves out the first epoch's one-off work (kernel compilation)
+                  epoch_time=statistics.median(epoch_times) if epoch_times else None,
                   total_time=time.perf_counter() - t_start)
     line = (f"RESULT model={result['model']} dataset={result['dataset']} "
             f"test_acc={result['test_acc']:.4f} train_acc={result['train_acc']:.4f} "
             + (f"val_acc={result['val_acc']:.4f} " if has_val else "")
             + f"best_epoch={result['best_epoch']} epochs={result['epochs']} seed={result['seed']} "
             f"device={result['device']} dtype={result['dtype']} backend={result['backend']} "
-            f"train_time={result['train_time']:.2f} total_time={result['total_time']:.2f}")
+            + (f"epoch_time={result['epoch_time'] * 1e3:.2f}ms " if epoch_times else "")
+            + f"train_time={result['train_time']:.2f} total_time={result['total_time']:.2f}")
     print(line, file=out, flush=True)
     return result
