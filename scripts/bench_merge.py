@@ -38,10 +38,15 @@ def main(argv=None):
     p.add_argument("--json")
     p.add_argument("--markdown")
     p.add_argument("--plot")
+    p.add_argument("--summary", help="write one markdown row per case: hector against the "
+                                      "better PyG peer")
     a = p.parse_args(argv)
     res = merge(a.inputs)
     print(report.table(res))
     report.write_all(res, json=a.json, markdown=a.markdown, plot=a.plot)
+    if a.summary:
+        with open(a.summary, "w") as f:
+            f.write(report.summary_markdown(res))
     return 0
 
 

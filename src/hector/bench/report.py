@@ -106,6 +106,34 @@ def markdown(result: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def summary_markdown(result: dict) -> str:
+    """One row per case: hector against the better PyG peer (the README's table)."""
+    def ms(v):
+        return "-" if v is None else (f"{v:.2f}" if v < 100 else f"{v:.0f}")
+
+    def ratio(a, b):
+        return f"{a / b:.1f}x" if a and b else "-"
+    out = ["| layer | graph | F x H | inference ms: hector / PyG | speedup | training ms: "
+           "hector / PyG | speedup | peak MiB: hector / PyG | floor |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for c in targets.per_case(result["rows"]):
+        h = c["hector"]
+        oom = "OOM" if c["pyg_oom"] else "-"
+        pi = ms(c["pyg_inference"]) if c["pyg_inference"] else oom
+        pt = ms(c["pyg_training"]) if c["pyg_training"] else oom
+        pm = f"{c['pyg_peak']:.0f}" if c["pyg_peak"] else oom
+        fl = h.get("floor_fraction")
+        hm = "-" if h.get("peak_MiB") is None else f"{h['peak_MiB']:.0f}"
+        out.append(f"| {c['layer']} | {c['dataset'].replace('synthetic:', '')} | "
+                   f"{h.get('features')}x{h.get('heads')} | {ms(h.get('inference_ms'))} / {pi} | "
+                   f"{ratio(c['pyg_inference'], h.get('inference_ms'))} | "
+                   f"{ms(h.get('training_ms'))} / {pt} | "
+                   f"{ratio(c['pyg_training'], h.get('training_ms'))} | "
+                   f"{hm} / {pm} | "
+                   f"{'-' if fl is None else f'{fl:.0%}'} |")
+    return "\n".join(out) + "\n"
+
+
 def _clean(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None if math.isnan(v) else str(v)
