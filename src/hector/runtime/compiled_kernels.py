@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir.nodes import CDST, CSRC, EDGE, NODE, Value
+from ..plan.program import RowSegments
 from .torch_eval import GraphIndex, _operand, edge_side, segment_matmul
 
 
@@ -102,6 +103,47 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
     if rs.per_head:
         out = out.view(H, rows, -1).transpose(0, 1)
     return out.reshape((rows,) + tuple(step.output.shape))
+
+
+def _wgrad_layout(ix: GraphIndex, kind: str, per, rows: int, heads: int):
+    """(segment bounds as a tuple of ints, row permutation on the device or None) of a weight
+    gradient over ``rows`` rows of ``kind``, head-major when ``heads`` > 0; memoised."""
+    key = ("wgrad_layout", kind, per, rows, heads)
+    if key not in ix.memo:
+        seg = "relation" if per == "relation" else "node_type" if per == "node_type" else None
+        rs = RowSegments(rows=kind, segments=seg, per_head=bool(heads), transpose_weight=False)
+        ptr, perm = _gemm_layout(ix, rs, rows, heads)
+        ix.memo[key] = (tuple(ptr.tolist()), perm)
+    return ix.memo[key]
+
+
+def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
+    """A weight-gradient step ``dW[s] = sum_{r in s} x_r^T dy_r`` on the segment GEMM's
+    ``segment_mm_wgrad`` kernel: one launch for all slices (the torch backend loops over
+    them in Python, one small matmul per relation).  Same segments as the forward GEMM:
+    relation pointers of the rows' kind, node-type pointers with ``node_perm`` as gather and
+    scatter, or one segment; per-head weights make each (head, slice) a segment."""
+    from ..plan.gemm import GemmSpec, default_schedule
+    from .gemm import _interpreting, launch_wgrad
+    v = step.body
+    headwise = len(v.shape) == 3
+    rows = x.shape[0]
+    H = x.shape[1] if headwise else 0
+    bounds, perm = _wgrad_layout(ix, v.args[0].kind, v.per, rows, H)
+    if headwise:
+        xin = x.transpose(0, 1).reshape(H * rows, x.shape[-1])
+        dyin = dy.transpose(0, 1).reshape(H * rows, dy.shape[-1])
+    else:
+        xin, dyin = x.flatten(1), dy.flatten(1)   # (flatten: fine with 0 rows)
+    K, N = xin.shape[1], dyin.shape[1]
+    S = len(bounds) - 1
+    spec = GemmSpec.of(xin, perm, perm, False, N)
+    sched = default_schedule(spec, interpreting=_interpreting())
+    like = torch.empty((S, K, N), dtype=x.dtype, device="meta")
+    dw = launch_wgrad(spec, sched, bounds, xin.contiguous(), perm, dyin.contiguous(), perm, like)
+    if headwise:   # [(head, slice), K, N] -> [slice, head, K, N]
+        dw = dw.view(H, S // H, K, N).transpose(0, 1).contiguous()
+    return dw[0] if v.per is None else dw
 
 
 def _derived_graph(ix: GraphIndex, src_kind: str):

@@ -21,17 +21,24 @@ import torch
 
 from ..ir.nodes import Value
 from ..plan.program import Plan, Step
-from .compiled_kernels import run_attention, run_gemm
+from .compiled_kernels import run_attention, run_gemm, run_wgrad
 from .torch_eval import GraphIndex, eval_body
 
 
+def triton_step(step: Step) -> bool:
+    """Whether the Triton backend runs ``step`` on a Triton kernel (the rest: torch ops)."""
+    return step.template == "attention" or (
+        step.template == "gemm" and step.body.op in ("linear", "wgrad"))
+
+
 def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str) -> torch.Tensor:
-    if backend == "triton":
-        if step.template == "gemm" and step.body.op == "linear":
-            x, w = args
-            return run_gemm(step, x, w, ix, "triton")
+    if backend == "triton" and triton_step(step):
         if step.template == "attention":
             return run_attention(step, args, ix, "triton")
+        if step.body.op == "wgrad":
+            return run_wgrad(step, args[0], args[1], ix)
+        x, w = args
+        return run_gemm(step, x, w, ix, "triton")
     return eval_body(step.body, args, ix)
 
 
