@@ -67,7 +67,9 @@ def table(result: dict) -> str:
     for n in result.get("notes", []):
         out.append(f"note: {n}")
     if result.get("targets"):
-        out += ["", "targets (hector against the better PyG peer of each case):",
+        where = ("" if str(meta.get("device", "")).startswith("cuda")
+                 else "; they are set for one H200, so on the CPU they only inform")
+        out += ["", f"targets (hector against the better PyG peer of each case{where}):",
                 targets.table(result["targets"])]
     for r in result["rows"]:
         if "error" in r:
