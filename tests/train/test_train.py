@@ -121,3 +121,24 @@ def test_featureless_rgcn_matches_rgcnconv_on_one_hot_input():
         ref.weight.copy_(ours.weight); ref.comp.copy_(ours.comp)
         ref.root.copy_(ours.root); ref.bias.copy_(ours.bias)
     torch.testing.assert_close(ours(ei, et), ref(torch.eye(N), ei, et), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["rgat", "hgt"])
+def test_featureless_first_layer_choice(model):
+    """first_layer='rgcn' swaps the embedding table + first own layer for FeaturelessRGCN."""
+    from types import SimpleNamespace
+    from hector.train.defaults import defaults
+    from hector.train.models import FeaturelessRGCN, build
+    torch.manual_seed(0)
+    N, R, E = 10, 3, 30
+    data = SimpleNamespace(num_nodes=N, x=None, num_classes=4, num_relations=R)
+    ei, et = torch.randint(0, N, (2, E)), torch.randint(0, R, (E,))
+    cfg = defaults(model, "aifb")
+    emb = build(model, data, {**cfg, "first_layer": "embedding", "hidden": 4, "heads": 2})
+    assert emb.embed is not None and not isinstance(emb.conv1, FeaturelessRGCN)
+    one_hot = build(model, data, {**cfg, "first_layer": "rgcn", "hidden": 4, "heads": 2})
+    assert one_hot.embed is None and isinstance(one_hot.conv1, FeaturelessRGCN)
+    for net in (emb, one_hot):
+        assert net(None, ei, et).shape == (N, 4)
+    with pytest.raises(ValueError, match="first_layer"):
+        build(model, data, {**cfg, "first_layer": "nope"})

@@ -15,7 +15,7 @@ FAMILIES = ("rdf", "features")
 
 # Keys every entry has; ``None`` means "not used by this model".
 _BASE = dict(epochs=200, lr=0.01, weight_decay=5e-4, hidden=16, heads=1, dropout=0.0,
-             patience=None, num_bases=None, normalize_features=True)
+             patience=None, num_bases=None, normalize_features=True, first_layer="embedding")
 
 DEFAULTS: Dict[Tuple[str, str], dict] = {
     # Schlichtkrull et al. 2018 / PyG examples/rgcn.py: 2 layers, 16 hidden, 30 bases,

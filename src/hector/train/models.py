@@ -76,15 +76,21 @@ class Net(nn.Module):
 
     def __init__(self, model: str, num_nodes: int, in_channels: Optional[int], num_classes: int,
                  num_relations: int, hidden: int, heads: int, dropout: float,
-                 num_bases: Optional[int], backend: str):
+                 num_bases: Optional[int], backend: str, first_layer: str = "embedding"):
         super().__init__()
+        if first_layer not in ("embedding", "rgcn"):
+            raise ValueError(f"first_layer must be 'embedding' or 'rgcn', got {first_layer!r}")
         self.model, self.dropout = model, dropout
         self.num_relations = num_relations
         self.featureless = in_channels is None
         H, C, R = hidden, num_classes, num_relations
         comp = dict(backend=backend)
         self.embed = None
-        if self.featureless and model != "rgcn":
+        # Featureless RGAT/HGT: the first message-passing layer is either the model's own
+        # layer on a learned embedding table ("embedding") or RGCN's one-hot layer
+        # (``FeaturelessRGCN``, "rgcn"), the second layer stays the model's own.
+        self.rgcn_input = self.featureless and model in ("rgat", "hgt") and first_layer == "rgcn"
+        if self.featureless and model != "rgcn" and not self.rgcn_input:
             self.embed = nn.Embedding(num_nodes, H)
             in_channels = H
         if model == "rgcn":
@@ -92,15 +98,21 @@ class Net(nn.Module):
                           RGCNConv(in_channels, H, R, num_bases=num_bases, **comp))
             self.conv2 = RGCNConv(H, C, R, num_bases=num_bases, **comp)
         elif model == "rgat":
-            self.conv1 = RGATConv(in_channels, H, R, num_bases=num_bases, heads=heads, **comp)
+            self.conv1 = (FeaturelessRGCN(num_nodes, H * heads, R, num_bases) if self.rgcn_input
+                          else RGATConv(in_channels, H, R, num_bases=num_bases, heads=heads,
+                                        **comp))
             self.conv2 = RGATConv(H * heads, C, R, num_bases=num_bases, heads=1, concat=False,
                                   **comp)
         elif model == "hgt":
             if H % heads:
                 raise ValueError(f"--hidden ({H}) must be divisible by --heads ({heads}) for hgt")
-            self.lin_in = nn.Linear(in_channels, H)
             self._meta = ["n"], [("n", f"r{r}", "n") for r in range(R)]
-            self.conv1 = HGTConv(H, H, self._meta, heads=heads, **comp)
+            if self.rgcn_input:
+                self.lin_in = None
+                self.conv1 = FeaturelessRGCN(num_nodes, H, R, num_bases)
+            else:
+                self.lin_in = nn.Linear(in_channels, H)
+                self.conv1 = HGTConv(H, H, self._meta, heads=heads, **comp)
             self.conv2 = HGTConv(H, H, self._meta, heads=heads, **comp)
             self.lin_out = nn.Linear(H, C)
             self._ei = None
@@ -137,15 +149,20 @@ class Net(nn.Module):
             h = self._drop(F.relu(h))
             return self.conv2(h, edge_index, edge_type)
         if m == "rgat":
-            h = F.elu(self.conv1(self._drop(x), edge_index, edge_type))
+            h = (self.conv1(edge_index, edge_type) if self.rgcn_input
+                 else self.conv1(self._drop(x), edge_index, edge_type))
+            h = F.elu(h)
             return self.conv2(self._drop(h), edge_index, edge_type)
         if m == "hgt":
             if self._ei is None or self._ei[0] is not edge_index:
                 self._ei = (edge_index, {e: edge_index[:, edge_type == r]
                                          for r, e in enumerate(self._meta[1])})
             ei = self._ei[1]
-            h = F.relu(self.lin_in(self._drop(x)))
-            h = F.relu(self.conv1({"n": h}, ei)["n"])
+            if self.rgcn_input:
+                h = F.relu(self.conv1(edge_index, edge_type))
+            else:
+                h = F.relu(self.lin_in(self._drop(x)))
+                h = F.relu(self.conv1({"n": h}, ei)["n"])
             h = self.conv2({"n": self._drop(h)}, ei)["n"]
             return self.lin_out(self._drop(F.relu(h)))
         if m == "gat":
@@ -167,4 +184,5 @@ def build(model: str, data, cfg: dict, backend: str = "torch") -> Net:
                in_channels=None if data.x is None else int(data.x.shape[1]),
                num_classes=data.num_classes, num_relations=max(1, int(data.num_relations)),
                hidden=cfg["hidden"], heads=cfg["heads"], dropout=cfg["dropout"],
-               num_bases=cfg["num_bases"], backend=backend)
+               num_bases=cfg["num_bases"], backend=backend,
+               first_layer=cfg.get("first_layer", "embedding"))
