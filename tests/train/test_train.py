@@ -102,6 +102,10 @@ def test_defaults_follow_the_papers():
     assert (r["hidden"], r["num_bases"], r["weight_decay"]) == (16, 30, 5e-4)
     r = defaults("rgcn", "synthetic:am")
     assert (r["hidden"], r["num_bases"], r["weight_decay"]) == (10, 40, 5e-4)
+    # RGAT on RDF: RGCN's one-hot first layer (chosen on validation, see defaults.py)
+    assert defaults("rgat", "aifb")["first_layer"] == "rgcn"
+    assert defaults("hgt", "aifb")["first_layer"] == "rgcn"
+    assert defaults("gat", "cora")["first_layer"] == "embedding"   # unused with features
     g = defaults("gat", "cora")
     assert (g["hidden"], g["heads"], g["dropout"], g["lr"], g["patience"]) == \
         (8, 8, 0.6, 0.005, 100)

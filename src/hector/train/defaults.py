@@ -24,11 +24,17 @@ DEFAULTS: Dict[Tuple[str, str], dict] = {
     ("rgcn", "rdf"): dict(epochs=50, lr=0.01, weight_decay=5e-4, hidden=16, num_bases=30),
     ("rgcn", "features"): dict(epochs=200, lr=0.01, weight_decay=5e-4, hidden=16, dropout=0.5,
                                patience=100),
+    # Chosen on a held-out 20% of AIFB's training nodes (scripts/tune_rdf.py, test split never
+    # read): RGCN's one-hot first layer instead of an embedding table: mean validation
+    # accuracy over seeds 0-2 100.0% (embedding table: 85.7% at 50 epochs, 90.5% at 100).
     ("rgat", "rdf"): dict(epochs=50, lr=0.01, weight_decay=5e-4, hidden=16, heads=2,
-                          num_bases=30),
+                          num_bases=30, first_layer="rgcn"),
     ("rgat", "features"): dict(epochs=200, lr=0.005, weight_decay=5e-4, hidden=8, heads=8,
                                dropout=0.6, patience=100),
-    ("hgt", "rdf"): dict(epochs=50, lr=0.005, weight_decay=5e-4, hidden=16, heads=2),
+    # Chosen the same way: RGCN's first layer, 100 epochs: validation mean 100.0% (50 epochs:
+    # 95.2%; embedding table: 50.0% at 50 epochs, 70.2% at 100).
+    ("hgt", "rdf"): dict(epochs=100, lr=0.005, weight_decay=5e-4, hidden=16, heads=2,
+                         first_layer="rgcn"),
     ("hgt", "features"): dict(epochs=200, lr=0.005, weight_decay=5e-4, hidden=64, heads=4,
                               dropout=0.5, patience=100),
     # Velickovic et al. 2018 (transductive): 8 heads x 8 hidden, ELU, dropout 0.6 on inputs
