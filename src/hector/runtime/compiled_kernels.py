@@ -225,12 +225,7 @@ def _attention_by_dst_relation(body: Value, roles, ix: GraphIndex, backend: str)
     src_kind = EDGE if EDGE in kinds else CSRC if CSRC in kinds else NODE
 
     def at_source(role):
-        val, t = roles[role]
-        if val.kind == src_kind:
-            return t
-        if src_kind == EDGE:
-            return edge_side(t, val, "src", ix)
-        return t.index_select(0, ix.move(NODE, CSRC, "src"))
+        return _at_source(roles[role], src_kind, ix)
 
     v = at_source("v")
     a_src = at_source("a_src")[..., 0] if "a_src" in roles else None
@@ -255,6 +250,17 @@ def _attention_by_dst_relation(body: Value, roles, ix: GraphIndex, backend: str)
     return o.new_zeros((g.num_nodes,) + tuple(o.shape[1:])).index_add(0, node, o * w)
 
 
+def _at_source(role_value, src_kind, ix):
+    """An attention operand on the source side the step runs on: as it is, per edge, or
+    gathered from node rows onto compact (src, relation) rows."""
+    val, t = role_value
+    if val.kind == src_kind:
+        return t
+    if src_kind == EDGE:
+        return edge_side(t, val, "src", ix)
+    return t.index_select(0, ix.move(NODE, CSRC, "src"))
+
+
 def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
     from ..ops import edge_attention
     body: Value = step.body
@@ -276,12 +282,7 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
     N = g.num_nodes
 
     def at_source(role):
-        val, t = roles[role]
-        if val.kind == src_kind:
-            return t
-        if src_kind == EDGE:
-            return edge_side(t, val, "src", ix)
-        return t.index_select(0, ix.move(NODE, CSRC, "src"))   # node -> compact rows
+        return _at_source(roles[role], src_kind, ix)
 
     v = at_source("v")
     if src_kind == EDGE and not dst_ok:
