@@ -441,3 +441,14 @@ def test_bad_sizes(arg, value, exc):
 def test_bad_device():
     with pytest.raises(ValueError, match="device"):
         S.load("cora", scale=0.1, device="not-a-device")
+
+
+def test_nearly_flat_skew_does_not_overflow():
+    # hypothesis found it: a Zipf exponent of ~1e-54 made (threshold / c) ** (-1 / a) overflow
+    prof = P.Profile(name="flat", source="test",
+                     node_types=(P.NodeTypeSpec("t0", 3, skew=2.9e-54),),
+                     relations=(P.RelationSpec("t0", "r", "t0", 6_000),))
+    (d,) = S.degree_model(prof)
+    assert d["expected_super_nodes"] == 3          # 2,000 in-edges each: all are super nodes
+    ds = S.load(prof, seed=0)
+    assert ds.num_edges == 6_000

@@ -111,7 +111,12 @@ def _expected_at_least(threshold: float, a: float, k0: float, n: int, in_edges: 
     c = in_edges / _power_sum(a, k0, n)            # d_k = c * (k + k0) ** -a
     if c * k0 ** -a < threshold:
         return 0
-    kmax = (threshold / c) ** (-1.0 / a) - k0      # last rank with d_k >= threshold
+    # last rank with d_k >= threshold: (threshold / c) ** (-1 / a) - k0, in logs, because a
+    # nearly flat Zipf (a -> 0) makes the power overflow a float
+    log_rank = -math.log(threshold / c) / a
+    if log_rank >= math.log(n + k0 + 1.0):
+        return n
+    kmax = math.exp(log_rank) - k0
     return int(min(n, math.floor(kmax + 1e-9) + 1))
 
 
