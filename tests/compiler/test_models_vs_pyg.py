@@ -54,6 +54,19 @@ def _relational_run(ei, et, x, outw=None):
     return run
 
 
+def _compare_on_random_graph(pyg_cls, ours_cls, opts, backend):
+    """A relational layer (16 -> 8, 4 relations) against its PyG namesake on a random graph,
+    on the device ``backend`` runs on."""
+    torch.manual_seed(0)
+    ei, et = random_relational()
+    dev = device_for(backend)
+    ref = pyg_cls(16, 8, 4, **opts)
+    _perturb(ref)
+    ref = ref.to(dev)
+    ours = ours_cls.from_pyg(ref, backend=backend)
+    _compare(ref, ours, _relational_run(ei.to(dev), et.to(dev), torch.randn(24, 16).to(dev)))
+
+
 RGCN_OPTS = [dict(), dict(num_bases=2), dict(num_blocks=2), dict(aggr="add"),
              dict(root_weight=False, bias=False)]
 
@@ -61,14 +74,7 @@ RGCN_OPTS = [dict(), dict(num_bases=2), dict(num_blocks=2), dict(aggr="add"),
 @pytest.mark.parametrize("opts", RGCN_OPTS, ids=str)
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_rgcn_random_graph(opts, backend):
-    torch.manual_seed(0)
-    ei, et = random_relational()
-    dev = device_for(backend)
-    ref = pyg.RGCNConv(16, 8, 4, **opts)
-    _perturb(ref)
-    ref = ref.to(dev)
-    ours = RGCNConv.from_pyg(ref, backend=backend)
-    _compare(ref, ours, _relational_run(ei.to(dev), et.to(dev), torch.randn(24, 16).to(dev)))
+    _compare_on_random_graph(pyg.RGCNConv, RGCNConv, opts, backend)
 
 
 RGAT_OPTS = [dict(), dict(heads=2), dict(heads=2, concat=False), dict(heads=2, num_bases=2),
@@ -78,14 +84,7 @@ RGAT_OPTS = [dict(), dict(heads=2), dict(heads=2, concat=False), dict(heads=2, n
 @pytest.mark.parametrize("opts", RGAT_OPTS, ids=str)
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_rgat_random_graph(opts, backend):
-    torch.manual_seed(0)
-    ei, et = random_relational()
-    dev = device_for(backend)
-    ref = pyg.RGATConv(16, 8, 4, **opts)
-    _perturb(ref)
-    ref = ref.to(dev)
-    ours = RGATConv.from_pyg(ref, backend=backend)
-    _compare(ref, ours, _relational_run(ei.to(dev), et.to(dev), torch.randn(24, 16).to(dev)))
+    _compare_on_random_graph(pyg.RGATConv, RGATConv, opts, backend)
 
 
 @pytest.mark.parametrize("in_dim,heads", [(16, 2), (8, 2), (8, 1)])
