@@ -91,6 +91,15 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr: torch.Tensor, *,
     return segment_mm_torch(x, weight, bounds, gather, scatter, num_out_rows, transpose_weight)
 
 
+def _check_row_index(t: torch.Tensor, name: str, rows: int) -> None:
+    """``gather`` / ``scatter``: a 1-D integer index with one entry per logical row."""
+    C.check_index(t, name, 1)
+    _check_index_dtype(t, name)
+    if t.shape[0] != rows:
+        raise ValueError(f"{name} has {t.shape[0]} entries but seg_ptr[-1] = {rows} "
+                         "logical rows; they must be equal")
+
+
 def _check_index_dtype(t: torch.Tensor, name: str) -> None:
     if t.dtype not in _INDEX_DTYPES:
         raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
@@ -137,20 +146,12 @@ def _check(x, weight, seg_ptr, gather, scatter, num_out_rows, transpose_weight):
                          f"{bounds[i + 1]} < seg_ptr[{i}]={bounds[i]}")
     m = bounds[-1]
     if gather is not None:
-        C.check_index(gather, "gather", 1)
-        _check_index_dtype(gather, "gather")
-        if gather.shape[0] != m:
-            raise ValueError(f"gather has {gather.shape[0]} entries but seg_ptr[-1] = {m} "
-                             "logical rows; they must be equal")
+        _check_row_index(gather, "gather", m)
     elif x.shape[0] != m:
         raise ValueError(f"without gather, x must have seg_ptr[-1] = {m} rows, got "
                          f"{x.shape[0]} (pass gather to read rows of x by index)")
     if scatter is not None:
-        C.check_index(scatter, "scatter", 1)
-        _check_index_dtype(scatter, "scatter")
-        if scatter.shape[0] != m:
-            raise ValueError(f"scatter has {scatter.shape[0]} entries but seg_ptr[-1] = {m} "
-                             "logical rows; they must be equal")
+        _check_row_index(scatter, "scatter", m)
         if num_out_rows is None:
             raise ValueError("num_out_rows is required with scatter (the output row count)")
         num_out_rows = C.check_count(num_out_rows, "num_out_rows")
