@@ -22,17 +22,17 @@ def _configure_info(p: argparse.ArgumentParser) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> int:
-    import torch
     from . import datasets
+    from ._checks import check_device_option
     from .graph import Graph
 
+    device = check_device_option(args.device)   # before the load: fail fast, in one line
     kwargs = {"seed": args.seed}
     if args.scale is not None:
         kwargs["scale"] = args.scale
     t0 = time.perf_counter()
     data = datasets.load(args.dataset, root=args.root, **kwargs)
     t_load = time.perf_counter() - t0
-    device = torch.device(args.device)
     data = data.to(device)
     _sync(device)
     t0 = time.perf_counter()
