@@ -16,10 +16,12 @@ Three guarantees, because dataset files come from third-party servers:
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import stat
 import tarfile
 import tempfile
+import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -28,6 +30,24 @@ from typing import List, Optional, Union
 PathLike = Union[str, os.PathLike]
 
 _CHUNK = 1 << 20
+
+
+class DownloadError(RuntimeError):
+    """A dataset file could not be downloaded (no network, DNS failure, HTTP error, timeout).
+    The message names the URL and says how to read a local copy instead; the CLI prints it as
+    one line."""
+
+    def __init__(self, url: str, reason: object):
+        self.url, self.reason = url, reason
+        super().__init__(f"download failed: could not fetch {url} ({reason}); to read a local "
+                         "copy instead, pass --root PATH (or root=PATH to "
+                         "hector.datasets.load) naming the folder that holds the dataset files")
+
+
+# What a failing server or network raises (URLError covers HTTPError and DNS failures); a
+# local write error (disk full) is not among them and keeps its own type.
+_NETWORK_ERRORS = (urllib.error.URLError, http.client.HTTPException, ConnectionError,
+                   TimeoutError)
 
 
 def sha256_of(path: PathLike) -> str:
@@ -94,7 +114,7 @@ def fetch(url: str, dest_path: PathLike, sha256: Optional[str] = None,
     nothing is kept.  When ``sha256`` is None, trust on first use: the hash is compared with the
     ``<dest>.sha256`` sidecar if one exists (same error on a mismatch), and recorded there
     otherwise.  ``timeout`` (seconds) bounds each network wait, so a stalled server fails
-    instead of hanging.
+    instead of hanging.  A network failure raises ``DownloadError`` naming ``url``.
     """
     dest = Path(dest_path)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +138,9 @@ def fetch(url: str, dest_path: PathLike, sha256: Optional[str] = None,
         if expected is not None and actual != expected:
             raise _mismatch(dest, expected, actual, where, "the download was discarded")
         os.replace(tmp, dest)
+    except _NETWORK_ERRORS as e:
+        tmp.unlink(missing_ok=True)
+        raise DownloadError(url, getattr(e, "reason", None) or e) from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
