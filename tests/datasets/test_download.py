@@ -70,8 +70,10 @@ def test_interrupted_download_leaves_no_file(source, tmp_path, monkeypatch):
 
     monkeypatch.setattr(urllib.request, "urlopen", lambda url, **kw: Broken())
     dest = tmp_path / "out" / "data.bin"
-    with pytest.raises(ConnectionResetError):
+    with pytest.raises(download.DownloadError, match=r"example\.invalid/data\.bin \(connection "
+                       r"dropped\).*--root PATH") as info:
         download.fetch("https://example.invalid/data.bin", dest)
+    assert isinstance(info.value.__cause__, ConnectionResetError)
     assert not dest.exists() and not _leftovers(dest.parent)
 
 
