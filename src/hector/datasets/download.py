@@ -197,11 +197,11 @@ class _Limits:
 
     def __init__(self, archive: Path, max_bytes, max_members, max_ratio):
         self.archive = archive
-        self.max_bytes = _limit(max_bytes, "max_bytes", "HECTOR_MAX_EXTRACT_BYTES",
+        self.max_bytes = positive_limit(max_bytes, "max_bytes", "HECTOR_MAX_EXTRACT_BYTES",
                                 DEFAULT_MAX_EXTRACT_BYTES)
-        self.max_members = _limit(max_members, "max_members", "HECTOR_MAX_EXTRACT_MEMBERS",
+        self.max_members = positive_limit(max_members, "max_members", "HECTOR_MAX_EXTRACT_MEMBERS",
                                   DEFAULT_MAX_EXTRACT_MEMBERS)
-        self.max_ratio = _limit(max_ratio, "max_ratio", "HECTOR_MAX_EXTRACT_RATIO",
+        self.max_ratio = positive_limit(max_ratio, "max_ratio", "HECTOR_MAX_EXTRACT_RATIO",
                                 DEFAULT_MAX_EXTRACT_RATIO)
         self.ratio_bytes = self.max_ratio * archive.stat().st_size + _RATIO_SLACK
         self.written = 0
@@ -232,7 +232,9 @@ class _Limits:
                              "removed")
 
 
-def _limit(value, name: str, env: str, default: int) -> int:
+def positive_limit(value, name: str, env: str, default: int) -> int:
+    """A size cap: ``value`` (keyword ``name``) when given, else ``$env``, else ``default``;
+    anything but a positive integer is a ``ValueError`` naming where it came from."""
     source = name
     if value is None:
         text = os.environ.get(env)

@@ -14,10 +14,11 @@ The dense-size limit (number of elements of the densified matrix) defaults to
 """
 from __future__ import annotations
 
-import os
 from typing import Optional, Tuple
 
 import numpy as np
+
+from .download import positive_limit
 
 #: 2^28 elements: 1 GiB as float32; the largest Planetoid matrix (PubMed) has 9.4 million.
 DEFAULT_MAX_ELEMENTS = 1 << 28
@@ -27,19 +28,9 @@ ENV_MAX_ELEMENTS = "HECTOR_MAX_DENSE_ELEMENTS"
 def max_elements(value: Optional[int] = None) -> int:
     """The dense-size limit: ``value`` when given, else ``$HECTOR_MAX_DENSE_ELEMENTS``, else
     ``DEFAULT_MAX_ELEMENTS``."""
-    source = "max_elements"
-    if value is None:
-        text = os.environ.get(ENV_MAX_ELEMENTS)
-        if not text:
-            return DEFAULT_MAX_ELEMENTS
-        source = f"${ENV_MAX_ELEMENTS}"
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"{source} must be a positive integer, got {text!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{source} must be a positive integer, got {value!r}")
-    return int(value)
+    if isinstance(value, np.integer):
+        value = int(value)
+    return positive_limit(value, "max_elements", ENV_MAX_ELEMENTS, DEFAULT_MAX_ELEMENTS)
 
 
 def check_shape(shape, where: str, limit: Optional[int]) -> Tuple[int, int]:
