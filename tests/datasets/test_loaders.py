@@ -7,11 +7,10 @@ import re
 import shutil
 import sys
 import types
-from collections import Counter, defaultdict
+from collections import Counter
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 import torch
 
 import hector.datasets as D

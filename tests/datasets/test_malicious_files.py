@@ -92,11 +92,13 @@ def test_planetoid_out_of_bounds_write_in_subprocess(tmp_path):
 def test_planetoid_shapes_must_agree(tmp_path):
     folder = _write_planetoid(tmp_path / "c", name="citeseer")
     _save(folder, "x", sp.csr_matrix(np.ones((2, 4), dtype=np.float32)))  # allx has 3 columns
-    with pytest.raises(ValueError, match=r"ind\.citeseer\.x has 4 columns but .*ind\.citeseer\.allx has 3"):
+    with pytest.raises(ValueError,
+                       match=r"ind\.citeseer\.x has 4 columns but .*ind\.citeseer\.allx has 3"):
         planetoid.load_citeseer(folder)
     folder = _write_planetoid(tmp_path / "d", name="citeseer")
     _save(folder, "ty", np.eye(2, dtype=np.int32)[[0, 1]])  # tx has 3 rows
-    with pytest.raises(ValueError, match=r"ind\.citeseer\.tx has 3 rows but .*ind\.citeseer\.ty has 2"):
+    with pytest.raises(ValueError,
+                       match=r"ind\.citeseer\.tx has 3 rows but .*ind\.citeseer\.ty has 2"):
         planetoid.load_citeseer(folder)
 
 

@@ -127,9 +127,9 @@ def load_npz(path, name: str = None, seed: int = 0, max_elements: Optional[int] 
         with np.load(path, allow_pickle=False) as f:
             adj = _matrix(f, "adj", path, None)
             if adj is None:
-                raise ValueError(f"{path}: no adjacency (expected arrays "
-                                 f"{' or '.join(p + '{data,indices,indptr,shape}' for p in PREFIXES['adj'])}"
-                                 "; not a gnn-benchmark npz file)")
+                wanted = " or ".join(p + "{data,indices,indptr,shape}" for p in PREFIXES["adj"])
+                raise ValueError(f"{path}: no adjacency (expected arrays {wanted}; not a "
+                                 "gnn-benchmark npz file)")
             row, col, _, (n, m) = adj
             if n != m:
                 raise ValueError(f"{path}: adjacency is {n} x {m}, expected square")
