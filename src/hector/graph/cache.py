@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections import OrderedDict
-from typing import Optional, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -51,26 +51,36 @@ def _unchanged(tensors: Tuple[torch.Tensor, ...], copies: Tuple[torch.Tensor, ..
     return all(not _verify(t) or torch.equal(t, c) for t, c in zip(tensors, copies))
 
 
+def cached(tensors: Sequence[Optional[torch.Tensor]], extra: tuple,
+           build: Callable[[], Graph]) -> Graph:
+    """The Graph ``build()`` makes from ``tensors`` (None entries allowed) and the hashable
+    ``extra`` (sizes), reused while the tensors live and hold the same values.  Shared by
+    every layer that builds its Graph from raw tensors, so all get the same guarantee."""
+    given = tuple(t for t in tensors if t is not None)
+    key = tuple(_key(t) for t in tensors) + tuple(extra)
+    hit = _cache.get(key)
+    if hit is not None:
+        refs, copies, graph = hit
+        if all(r() is not None for r in refs) and _unchanged(given, copies):
+            _cache.move_to_end(key)
+            return graph
+        del _cache[key]
+    graph = build()
+    refs = tuple(weakref.ref(t) for t in given)
+    # detach().clone(): a copy no later write to the caller's tensor (whatever path) reaches.
+    copies = tuple(t.detach().clone() for t in given)
+    _cache[key] = (refs, copies, graph)
+    while len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return graph
+
+
 def graph_of(edge_index: torch.Tensor, edge_type: Optional[torch.Tensor] = None,
              num_nodes: Optional[int] = None, num_relations: Optional[int] = None) -> Graph:
     """The ``Graph`` for these tensors, built on first use and reused while they hold the same
     values (checked on every hit; see the module docstring for the cost and the CUDA option)."""
     if isinstance(edge_index, Graph):
         return edge_index
-    tensors = tuple(t for t in (edge_index, edge_type) if t is not None)
-    key = (_key(edge_index), _key(edge_type), num_nodes, num_relations)
-    hit = _cache.get(key)
-    if hit is not None:
-        refs, copies, graph = hit
-        if all(r() is not None for r in refs) and _unchanged(tensors, copies):
-            _cache.move_to_end(key)
-            return graph
-        del _cache[key]
-    graph = Graph(edge_index, edge_type=edge_type, num_nodes=num_nodes, num_relations=num_relations)
-    refs = tuple(weakref.ref(t) for t in tensors)
-    # detach().clone(): a copy no later write to the caller's tensor (whatever path) reaches.
-    copies = tuple(t.detach().clone() for t in tensors)
-    _cache[key] = (refs, copies, graph)
-    while len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
-    return graph
+    return cached((edge_index, edge_type), ("graph_of", num_nodes, num_relations),
+                  lambda: Graph(edge_index, edge_type=edge_type, num_nodes=num_nodes,
+                                num_relations=num_relations))
