@@ -89,6 +89,15 @@ def test_planetoid_out_of_bounds_write_in_subprocess(tmp_path):
     assert "REFUSED" in run.stdout and "column index 50000000" in run.stdout
 
 
+def test_planetoid_refuses_object_arrays(tmp_path):
+    folder = _write_planetoid(tmp_path / "c", name="citeseer")
+    hidden = np.empty((2, 1), dtype=object)
+    hidden[0, 0], hidden[1, 0] = BAD_X["huge column"][0](_good_x()), 1.0
+    _save(folder, "y", hidden)
+    with pytest.raises(ValueError, match=r"ind\.citeseer\.y: matrix holds Python objects"):
+        planetoid.load_citeseer(folder)
+
+
 def test_planetoid_shapes_must_agree(tmp_path):
     folder = _write_planetoid(tmp_path / "c", name="citeseer")
     _save(folder, "x", sp.csr_matrix(np.ones((2, 4), dtype=np.float32)))  # allx has 3 columns

@@ -108,8 +108,8 @@ def restricted_load(path) -> object:
 
 
 def _matrix(obj, path: Path, limit: int):
-    """Check one unpickled matrix and return it as a validated dense float64 array's recipe:
-    (shape, densify).  Nothing touches a sparse matrix's buffers before its structure passed
+    """Check one unpickled matrix; return (shape, densify), ``densify()`` giving the dense
+    array.  Nothing touches a sparse matrix's buffers before its structure passed
     ``sparse.check_compressed``; densifying is deferred so every file's shape can be compared
     first (a mismatch then costs no memory)."""
     import scipy.sparse as sp
@@ -123,6 +123,9 @@ def _matrix(obj, path: Path, limit: int):
         return shape, lambda: sparse.to_dense(*parts, shape, by_row=by_row)
     if not isinstance(obj, np.ndarray) or obj.ndim != 2:
         raise ValueError(f"{path}: expected a 2-D matrix, got {type(obj).__name__}")
+    if obj.dtype == object:
+        # Converting its elements would call methods of unchecked objects (a lying csr_matrix).
+        raise ValueError(f"{path}: matrix holds Python objects, expected numbers")
     return obj.shape, lambda: obj
 
 
