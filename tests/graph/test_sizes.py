@@ -59,3 +59,23 @@ def test_int64_indices_past_int32_range(monkeypatch):
     plain_wide = Graph(ei, num_nodes=30)
     assert plain_small.index_dtype == torch.int32 and plain_wide.index_dtype == torch.int64
     torch.testing.assert_close(gat(x, plain_wide), gat(x, plain_small), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_ids_beyond_int32_on_a_large_gpu():
+    """The real thing where memory allows: a graph with 2^31 + 10 nodes and ids past 2^31
+    builds with int64 indices and keeps every edge (needs ~110 GiB free on one GPU, e.g. an
+    H200; skipped elsewhere)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    n = 2 ** 31 + 10
+    free = torch.cuda.mem_get_info()[0]
+    if free < build.build_nbytes(n, 3, 1) * 1.2:
+        pytest.skip(f"needs ~{build.build_nbytes(n, 3, 1) * 1.2 / 2**30:.0f} GiB free on the "
+                    f"GPU, {free / 2**30:.0f} GiB are")
+    ei = torch.tensor([[0, n - 1, 2 ** 31 + 1], [n - 1, 2 ** 31 + 1, 0]], device="cuda")
+    g = Graph(ei, num_nodes=n)
+    assert g.index_dtype == torch.int64 and g.src.dtype == torch.int64
+    assert torch.equal(g.input_edge_index(), ei)
+    assert g.in_degree.max == 1 and int(g.csr_in.ptr[-1]) == 3
+    assert int(g.csr_in.ptr[n] - g.csr_in.ptr[n - 1]) == 1    # node 2^31 + 9 has its edge
