@@ -176,3 +176,11 @@ def test_ogb_node_property_layout(tmp_path):
 def test_ogb_errors_name_the_file(tmp_path, kw, match):
     with pytest.raises(ValueError, match=match):
         D.load("ogb-node", root=_ogb(tmp_path / "ogbn_bad", **kw))
+
+
+def test_kg_archive_read_in_memory_respects_the_byte_cap(tmp_path, monkeypatch):
+    _kg_archive(tmp_path / "WN18RR.tar.gz")
+    monkeypatch.setenv("HECTOR_MAX_EXTRACT_BYTES", "20")   # train.txt alone is 14 bytes
+    with pytest.raises(ValueError, match=r"WN18RR\.tar\.gz: the triple files unpack to more "
+                                         r"than 20 bytes"):
+        D.load("wn18rr", root=tmp_path)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .base import Dataset
+from .download import DEFAULT_MAX_EXTRACT_BYTES, positive_limit
 
 SPLITS = ("train", "valid", "test")
 #: name -> archive file, as ConvE's repository distributes them.
@@ -83,7 +84,12 @@ def _decode(data: bytes, where: str) -> str:
 
 
 def _read_archive(archive: Path) -> Dict[str, Tuple[str, str]]:
+    """The split files of a tar archive, read into memory.  A tar member's header size is
+    exactly what reading it yields, so the extraction byte cap is checked against it first."""
     out = {}
+    cap = positive_limit(None, "max_bytes", "HECTOR_MAX_EXTRACT_BYTES",
+                         DEFAULT_MAX_EXTRACT_BYTES)
+    total = 0
     try:
         with tarfile.open(archive, "r:*") as tar:
             for m in tar.getmembers():
@@ -93,6 +99,10 @@ def _read_archive(archive: Path) -> Dict[str, Tuple[str, str]]:
                     continue
                 if split in out:
                     raise ValueError(f"{archive}: more than one {base} inside ({m.name})")
+                total += m.size
+                if total > cap:
+                    raise ValueError(f"{archive}: the triple files unpack to more than "
+                                     f"{cap:,} bytes ($HECTOR_MAX_EXTRACT_BYTES)")
                 out[split] = (f"{archive}:{m.name}", _decode(tar.extractfile(m).read(),
                                                               f"{archive}:{m.name}"))
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
