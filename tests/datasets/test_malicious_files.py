@@ -1,6 +1,7 @@
 """Crafted dataset files (issue 15, item 1): sparse matrices whose structure lies must be
 refused with a ValueError naming the file, before any buffer is touched.  The crash case runs in
 a subprocess, so an out-of-bounds write shows up as a failed test rather than a dead pytest."""
+import io
 import pickle
 import subprocess
 import sys
@@ -151,4 +152,23 @@ def test_npz_refuses_lying_csr(tmp_path):
     arrays["attr_indices"] = arrays["attr_indices"].astype(np.float64)
     np.savez(path, **arrays)
     with pytest.raises(ValueError, match=r"g\.npz: .*attr.*indices must be a 1-D integer"):
+        npz.load_npz(path)
+
+
+def test_npz_array_header_claiming_terabytes(tmp_path):
+    """An .npy header inside the npz that claims 2^40 entries: refused from the header, before
+    numpy tries to allocate 8 TiB (a MemoryError traceback before the fix)."""
+    import zipfile
+    path = write_npz(tmp_path / "g.npz")
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<i8", "fortran_order": False, "shape": (1 << 40,)})
+    with zipfile.ZipFile(path) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    members["adj_indices.npy"] = header.getvalue() + bytes(64)
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    with pytest.raises(ValueError, match=r"g\.npz: array 'adj_indices' declares "
+                                         r"8,796,093,022,208 bytes, over the cap"):
         npz.load_npz(path)

@@ -26,7 +26,7 @@ import torch
 
 from . import sparse
 from .base import Dataset
-from .download import require_file
+from .download import DEFAULT_MAX_EXTRACT_BYTES, positive_limit, require_file
 
 FILES = {
     "amazon-computers": "amazon_electronics_computers.npz",
@@ -63,9 +63,30 @@ PREFIXES = {"adj": ("adj_", "adj_matrix."), "attr": ("attr_", "attr_matrix.")}
 _CSR_PARTS = ("data", "indices", "indptr", "shape")
 
 
+def _declared_nbytes(f, key: str) -> int:
+    """The bytes array ``key`` says it holds, from its .npy header alone: numpy allocates that
+    much before reading, so a header claiming terabytes must be refused first."""
+    member = key + ".npy"
+    if member not in f.zip.namelist():
+        return 0
+    with f.zip.open(member) as fp:
+        version = np.lib.format.read_magic(fp)
+        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read(fp)
+    return int(np.prod(shape, dtype=object)) * dtype.itemsize
+
+
 def _array(f, key: str, path: Path) -> np.ndarray:
-    """``f[key]``; a pickled object array is refused by name (never unpickled: it could run
-    code), with what to do about it."""
+    """``f[key]``; an array whose header claims more than the extraction byte cap is refused
+    before numpy allocates it, and a pickled object array by name (never unpickled: it could
+    run code), with what to do about it."""
+    cap = positive_limit(None, "max_bytes", "HECTOR_MAX_EXTRACT_BYTES",
+                         DEFAULT_MAX_EXTRACT_BYTES)
+    declared = _declared_nbytes(f, key)
+    if declared > cap:
+        raise ValueError(f"{path}: array {key!r} declares {declared:,} bytes, over the cap of "
+                         f"{cap:,} ($HECTOR_MAX_EXTRACT_BYTES)")
     try:
         return f[key]
     except ValueError as e:
