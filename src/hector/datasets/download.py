@@ -197,8 +197,7 @@ class _Limits:
 
     def __init__(self, archive: Path, max_bytes, max_members, max_ratio):
         self.archive = archive
-        self.max_bytes = positive_limit(max_bytes, "max_bytes", "HECTOR_MAX_EXTRACT_BYTES",
-                                DEFAULT_MAX_EXTRACT_BYTES)
+        self.max_bytes = extract_byte_cap(max_bytes)
         self.max_members = positive_limit(max_members, "max_members", "HECTOR_MAX_EXTRACT_MEMBERS",
                                   DEFAULT_MAX_EXTRACT_MEMBERS)
         self.max_ratio = positive_limit(max_ratio, "max_ratio", "HECTOR_MAX_EXTRACT_RATIO",
@@ -230,6 +229,13 @@ class _Limits:
                              "its own size (a decompression bomb?; max_ratio / "
                              "$HECTOR_MAX_EXTRACT_RATIO); extraction stopped and its files "
                              "removed")
+
+
+def extract_byte_cap(value: Optional[int] = None) -> int:
+    """The cap on unpacked bytes: ``value``, else ``$HECTOR_MAX_EXTRACT_BYTES``, else the
+    default; also applied by loaders that decompress straight into memory."""
+    return positive_limit(value, "max_bytes", "HECTOR_MAX_EXTRACT_BYTES",
+                          DEFAULT_MAX_EXTRACT_BYTES)
 
 
 def positive_limit(value, name: str, env: str, default: int) -> int:

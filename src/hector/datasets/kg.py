@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .base import Dataset
-from .download import DEFAULT_MAX_EXTRACT_BYTES, positive_limit
+from .download import extract_byte_cap
 
 SPLITS = ("train", "valid", "test")
 #: name -> archive file, as ConvE's repository distributes them.
@@ -87,8 +87,7 @@ def _read_archive(archive: Path) -> Dict[str, Tuple[str, str]]:
     """The split files of a tar archive, read into memory.  A tar member's header size is
     exactly what reading it yields, so the extraction byte cap is checked against it first."""
     out = {}
-    cap = positive_limit(None, "max_bytes", "HECTOR_MAX_EXTRACT_BYTES",
-                         DEFAULT_MAX_EXTRACT_BYTES)
+    cap = extract_byte_cap()
     total = 0
     try:
         with tarfile.open(archive, "r:*") as tar:

@@ -26,7 +26,7 @@ import torch
 
 from . import sparse
 from .base import Dataset
-from .download import DEFAULT_MAX_EXTRACT_BYTES, positive_limit, require_file
+from .download import extract_byte_cap, require_file
 
 FILES = {
     "amazon-computers": "amazon_electronics_computers.npz",
@@ -81,8 +81,7 @@ def _array(f, key: str, path: Path) -> np.ndarray:
     """``f[key]``; an array whose header claims more than the extraction byte cap is refused
     before numpy allocates it, and a pickled object array by name (never unpickled: it could
     run code), with what to do about it."""
-    cap = positive_limit(None, "max_bytes", "HECTOR_MAX_EXTRACT_BYTES",
-                         DEFAULT_MAX_EXTRACT_BYTES)
+    cap = extract_byte_cap()
     declared = _declared_nbytes(f, key)
     if declared > cap:
         raise ValueError(f"{path}: array {key!r} declares {declared:,} bytes, over the cap of "
