@@ -94,3 +94,26 @@ def test_device_errors_are_one_line(device, capsys, monkeypatch):
             else "must be cpu or cuda[:N]" in err), err
     if device == "gpu":
         assert "'gpu' is spelled cuda" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["info", "cora"],
+    ["train", "--model", "gat", "--dataset", "cora"],
+    ["explain", "rgat", "--dataset", "aifb"],
+])
+def test_no_network_without_root_is_one_line(argv, tmp_path, monkeypatch, capsys):
+    """Issue 15 item 9: without --root and without network, one short line that names the URL
+    and --root, and a non-zero exit; no traceback."""
+    import urllib.error
+    import urllib.request
+
+    def offline(url, *a, **k):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    monkeypatch.setenv("HECTOR_DATA", str(tmp_path))      # an empty cache: a download is due
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert len(err.splitlines()) == 1 and len(err) < 500, err
+    assert "download failed" in err and "https://" in err and "--root" in err
+    assert "Name or service not known" in err

@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+from .datasets.download import DownloadError
+
 
 def _configure_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", help="a loader name (aifb, cora, fb15k-237, ...), or "
@@ -162,6 +164,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         # Bad input is the user's to fix: one clear line, no traceback.
         print(f"hector {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except DownloadError as err:
+        # No network or a failing server: one line naming the URL and the --root way out.
+        print(f"hector {args.command}: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
