@@ -92,12 +92,12 @@ def format_info(s: dict) -> str:
 
 
 def _configure_explain(p: argparse.ArgumentParser) -> None:
-    from .explain import configure
+    from .compiler.explain import configure
     configure(p)
 
 
 def _run_explain(args: argparse.Namespace) -> int:
-    from .explain import run
+    from .compiler.explain import run
     return run(args)
 
 
@@ -142,7 +142,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from . import __version__
     return f"hector {__version__}"
 
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import hector
-from hector import models
-from hector.explain import configure, explain, run
+from hector.compiler import models
+from hector.compiler.explain import configure, explain, run
 from hector.nn.rgat import RGATConv
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
 from helpers import random_relational  # noqa: E402
 
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import hector
-from hector import dsl, models
-from hector.compile import compile as hcompile
-from hector.ir import nodes as N
-from hector.passes import canonicalize, compact, fuse, reorder
-from hector.passes.common import GraphStats
+from hector.compiler import dsl, models
+from hector.compiler.program import compile as hcompile
+from hector.compiler import ir as N
+from hector.compiler.passes import canonicalize, compact, fuse, reorder
+from hector.compiler.passes.common import GraphStats
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
 from helpers import random_relational, rel_err  # noqa: E402
 
 # rows: 100 nodes, 1000 edges, 300 unique (src, rel), 200 unique (dst, rel)

@@ -12,6 +12,7 @@ import argparse
 from .runner import BenchConfig, failed, resolve, run_bench
 from .paper import SUITES
 from .suites import LAYERS
+from . import report
 
 __all__ = ["BenchConfig", "run_bench", "resolve", "configure", "run", "main", "LAYERS"]
 
@@ -77,7 +78,6 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; prints the table; writes --json / --markdown / --plot.  Bad options
     raise ValueError (naming the option) before anything runs."""
-    from . import report
     cfg = resolve(config_from_args(args))        # validate before any work
     save = (lambda partial: report.write_json(partial, args.json)) if args.json else None
     result = run_bench(cfg, on_case=save)

@@ -13,6 +13,11 @@ from typing import Dict, List, Optional
 import torch
 
 from . import suites
+from .paper import SUITES
+from .paper import ATTENTION_PROFILES, ATTENTION_REAL, HETERO_PROFILES
+from .paper import suite
+from . import floor
+from . import targets
 
 CPU_BUDGET_S = 3.0                 # CPU: timed runs per measurement stop near this
 SLOW_MS = 250.0                    # CUDA: a run slower than this is timed SLOW_REPEATS times
@@ -51,7 +56,6 @@ def _positive_int(name: str, v) -> None:
 def resolve(cfg: BenchConfig) -> BenchConfig:
     """Validate every option (ValueError naming the option) and fill in the defaults."""
     if cfg.suite is not None:
-        from .paper import SUITES
         if cfg.suite not in SUITES + ("all",):
             raise ValueError(f"--suite must be one of {', '.join(SUITES + ('all',))}, "
                              f"got {cfg.suite!r}")
@@ -68,7 +72,6 @@ def resolve(cfg: BenchConfig) -> BenchConfig:
     if isinstance(datasets, str):
         datasets = [d.strip() for d in datasets.split(",") if d.strip()]
     if datasets is not None:
-        from .paper import ATTENTION_PROFILES, ATTENTION_REAL, HETERO_PROFILES
         known = set(HETERO_PROFILES + ATTENTION_PROFILES) | {n for n, _ in ATTENTION_REAL}
         bad = [d for d in datasets if d not in known]
         if bad or not datasets:
@@ -111,7 +114,6 @@ def cases_of(cfg: BenchConfig) -> tuple:
     """([Case], notes) of a resolved config: the suite's cases (filtered by --layers), or
     each layer on --dataset (or its default dataset) at --features x --heads."""
     if cfg.suite is not None:
-        from .paper import suite
         cases, notes = suite(cfg.suite, cfg.data_root)
         keep = [c for c in cases if c.layer in cfg.layers and (
             cfg.datasets is None or c.dataset.replace("synthetic:", "") in cfg.datasets)]
@@ -297,7 +299,6 @@ def run_bench(cfg: BenchConfig, log=None, on_case=None) -> dict:
     grad_err, floor_fraction (and oom / error when they happened).  ``on_case(result)`` is
     called with the result so far after every case (the CLI saves it: a run cut short keeps
     what it measured)."""
-    from . import floor
     cfg = resolve(cfg)
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     device = torch.device(cfg.device)
@@ -394,7 +395,6 @@ def run_bench(cfg: BenchConfig, log=None, on_case=None) -> dict:
 
 
 def _result(meta, notes, rows, cfg) -> dict:
-    from . import targets
     _speedups(rows)
     result = {"meta": meta, "notes": notes, "rows": rows, "config": asdict(cfg)}
     result["targets"] = targets.evaluate(result)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import _checks as C
+from .. import checks as C
 from ..graph import Graph, graph_of, with_self_loops
-from ..ops import BACKENDS, STRATEGIES
+from ..device import BACKENDS
+from ..kernels.attention.op import STRATEGIES
 
 
 
