@@ -66,7 +66,17 @@ def imports_of(module: str, path: Path, known: Set[str]) -> Set[str]:
                 target = target.rpartition(".")[0]
             if target and target != module:
                 found.add(target)
+                found.update(_parents_run_by(module, target))
     return found
+
+
+def _parents_run_by(module: str, target: str) -> Set[str]:
+    """Packages whose ``__init__`` importing ``target`` runs first: its parents, except the
+    root (run before anything) and ``module``'s own parents (already being imported)."""
+    parts = target.split(".")
+    own = module.split(".")
+    return {".".join(parts[:i]) for i in range(2, len(parts))
+            if parts[:i] != own[:i]}
 
 
 def import_graph(src: Path) -> Dict[str, Set[str]]:
@@ -154,5 +164,6 @@ def test_checker_sees_cycles_and_upward_imports_in_function_bodies(tmp_path):
     (pkg / "kernels" / "__init__.py").write_text("from ..graph import a\n")
     g = import_graph(tmp_path)
     assert g["hector.graph.a"] == {"hector.kernels"}
+    assert g["hector.kernels"] == {"hector.graph", "hector.graph.a"}   # graph/__init__ runs too
     assert find_cycle(g) is not None
     assert upward_imports(g) == ["hector.graph.a (layer 1) imports hector.kernels (layer 3)"]

@@ -1,6 +1,6 @@
 """hector: fast, memory-lean GNN layers on GPUs (the Hector compiler and DF-GNN fusion)."""
-from .compiler.program import Program, compile
 from .compiler.explain import explain
+from .compiler.program import Program, compile
 from .graph import Graph
 
 from ._version import __version__

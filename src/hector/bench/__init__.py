@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from .runner import BenchConfig, failed, resolve, run_bench
-from .paper import SUITES
-from .suites import LAYERS
 from . import report
+from .paper import SUITES
+from .runner import BenchConfig, failed, resolve, run_bench
+from .suites import LAYERS
 
 __all__ = ["BenchConfig", "run_bench", "resolve", "configure", "run", "main", "LAYERS"]
 

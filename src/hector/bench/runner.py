@@ -12,12 +12,10 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import suites
-from .paper import SUITES
-from .paper import ATTENTION_PROFILES, ATTENTION_REAL, HETERO_PROFILES
-from .paper import suite
 from . import floor
+from . import suites
 from . import targets
+from .paper import ATTENTION_PROFILES, ATTENTION_REAL, HETERO_PROFILES, SUITES, suite
 
 CPU_BUDGET_S = 3.0                 # CPU: timed runs per measurement stop near this
 SLOW_MS = 250.0                    # CUDA: a run slower than this is timed SLOW_REPEATS times

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 import torch
-from ..datasets.registry import REGISTRY, normalize
-from ..datasets import profiles
 from .. import datasets
-from ..graph import Graph
 from .. import nn as hnn
+from ..datasets import profiles
+from ..datasets.registry import REGISTRY, normalize
+from ..graph import Graph
 
 RELATIONAL = ("rgcn", "rgat", "hgt")
 ATTENTION = ("gat", "agnn", "transformer")

@@ -19,12 +19,10 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from .ir import Value
+from .ir import Value, toposort
 from .plan import Plan, Step
+from .steps_torch import GraphIndex, eval_body, eval_op
 from .steps_triton import run_attention, run_gemm, run_wgrad
-from .steps_torch import GraphIndex, eval_body
-from .ir import toposort
-from .steps_torch import eval_op
 
 
 def triton_step(step: Step) -> bool:

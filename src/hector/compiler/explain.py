@@ -11,9 +11,6 @@ from typing import Callable, List, Union
 
 import torch
 
-from . import models
-from .printer import format_ir
-from .program import CompiledModule, Program
 from .. import datasets
 from ..device import interpreting, num_sms
 from ..graph import Graph, with_self_loops
@@ -24,6 +21,9 @@ from ..kernels.attention.spec import AttentionSpec, default_schedule
 from ..kernels.segment_mm import spec as gemm_spec
 from ..kernels.segment_mm.launch import gemm_params
 from ..kernels.segment_mm.spec import GemmSpec
+from . import models
+from .printer import format_ir
+from .program import CompiledModule, Program
 
 _OPS = {"gemm": "hector.kernels.segment_mm.op.segment_mm (Triton segment GEMM; torch: per-segment matmul)",
         "attention": "hector.kernels.attention.op.edge_attention (fused score+softmax+aggregate Triton kernel)",

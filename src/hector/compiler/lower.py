@@ -12,9 +12,9 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from .ir import CDST, CSRC, EDGE, NODE, WEIGHT, Value, toposort
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.segment_mm.spec import GemmSpec
+from .ir import CDST, CSRC, EDGE, NODE, Value, WEIGHT, toposort
 from .plan import Plan, RowSegments, Step, TraversalSpec
 
 LEAVES = ("input", "param", "saved", "grad_output", "arg")

@@ -19,11 +19,9 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .ir import Value
-from .verify import debug_enabled, verify
-from .passes import canonicalize, compact, reorder
-from .passes import fuse as fusion
+from .passes import autodiff, canonicalize, compact, fuse as fusion, reorder
 from .passes.common import Decision, GraphStats
-from .passes import autodiff
+from .verify import debug_enabled, verify
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-from .ir import CDST, CSRC, EDGE, NODE, WEIGHT, Value
-from .ir import toposort
+from .ir import CDST, CSRC, EDGE, NODE, Value, WEIGHT, toposort
 
 
 class GraphIndex:

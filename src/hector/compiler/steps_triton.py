@@ -22,16 +22,16 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
-from .ir import CDST, CSRC, EDGE, NODE, Value
-from .plan import RowSegments
-from .steps_torch import GraphIndex, _operand, edge_side, segment_matmul
-from .steps_torch import attention_score, edge_softmax
 from ..device import interpreting
 from ..graph import Graph
 from ..kernels.attention.op import edge_attention
 from ..kernels.segment_mm.launch import launch_wgrad
 from ..kernels.segment_mm.op import segment_mm
 from ..kernels.segment_mm.spec import GemmSpec, default_schedule
+from .ir import CDST, CSRC, EDGE, NODE, Value
+from .plan import RowSegments
+from .steps_torch import (GraphIndex, _operand, attention_score, edge_side, edge_softmax,
+                          segment_matmul)
 
 
 def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:

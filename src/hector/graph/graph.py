@@ -9,9 +9,9 @@ import torch
 
 from .. import checks as C
 from . import build
-from .structures import CSR, CompactMap, DegreeStats, move, nbytes_of
-from .hetero import flatten_hetero
 from .batching import batch_graphs
+from .hetero import flatten_hetero
+from .structures import CSR, CompactMap, DegreeStats, move, nbytes_of
 
 #: A node whose in-degree reaches this is a *super node* (the DF-GNN notion: one row with so
 #: many neighbours that a node-parallel program for it would straggle).

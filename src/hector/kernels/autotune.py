@@ -73,7 +73,7 @@ def _file_key(kernel: str, spec_hash: str, shape: tuple, device: torch.device,
 
 
 def _timer(fn: Callable[[], object]) -> float:
-    import triton.testing
+    import triton.testing   # lazy: triton must not load before TRITON_INTERPRET is set
     return triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
 
 

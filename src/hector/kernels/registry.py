@@ -31,6 +31,7 @@ import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from types import MappingProxyType
 from typing import Dict, Mapping, Optional, Tuple
@@ -115,7 +116,7 @@ def _checked(name: str, params: dict) -> Tuple[Entry, tuple]:
 
 
 def _environment():
-    import jinja2
+    import jinja2   # lazy: rendering happens on first use only (see hector.kernels)
     return jinja2.Environment(loader=jinja2.FileSystemLoader([str(d) for d in TEMPLATE_DIRS]),
                               undefined=jinja2.StrictUndefined, trim_blocks=True,
                               lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
@@ -154,7 +155,6 @@ def _template_text(template: str) -> str:
 
 def _versions() -> Tuple[str, str]:
     try:
-        from importlib.metadata import version
         triton_version = version("triton")
     except Exception:   # not installed as a distribution (a source checkout on the path)
         triton_version = getattr(sys.modules.get("triton"), "__version__", "unknown")

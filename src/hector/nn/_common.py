@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from .. import checks as C
-from ..graph import Graph, graph_of, with_self_loops
 from ..device import BACKENDS
+from ..graph import Graph, graph_of, with_self_loops
 from ..kernels.attention.op import STRATEGIES
 
 

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attention.op import edge_attention
-from ._common import check_backend, check_strategy, load_from_pyg, resolve_graph
 from ..kernels.attention.spec import AttentionSpec
+from ._common import check_backend, check_strategy, load_from_pyg, resolve_graph
 
 
 class AGNNConv(nn.Module):

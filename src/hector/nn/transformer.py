@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from ..kernels.attention.op import edge_attention
-from ._common import check_backend, check_strategy, load_from_pyg, no_edge_features, resolve_graph
 from ..kernels.attention.spec import AttentionSpec
+from ._common import check_backend, check_strategy, load_from_pyg, no_edge_features, resolve_graph
 
 
 class TransformerConv(nn.Module):

@@ -12,9 +12,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .. import datasets
 from .defaults import MODELS, defaults as model_defaults
 from .models import build
-from .. import datasets
 
 DTYPES = ("fp32", "bf16")
 _OVERRIDES = ("epochs", "lr", "weight_decay", "hidden", "heads", "dropout", "patience")

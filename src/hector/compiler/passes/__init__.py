@@ -1,5 +1,3 @@
-"""IR -> IR passes, run in order by :func:`hector.compiler.pipeline.run_pipeline`."""
-from .common import Decision, GraphStats
-from ..pipeline import PassRecord, run_pipeline
-
-__all__ = ["Decision", "GraphStats", "PassRecord", "run_pipeline"]
+"""IR -> IR passes (canonicalize, reorder, compact, fuse, autodiff), each a module with a
+``run`` function; :mod:`hector.compiler.pipeline` runs them in order.  ``common`` holds what
+they share: the ``Decision`` record and the ``GraphStats`` cost-model input."""

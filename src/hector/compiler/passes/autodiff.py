@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Sequence, Tuple
 
 from .. import ir as N
-from ..ir import EDGE, NODE, WEIGHT, Value, toposort
+from ..ir import EDGE, NODE, Value, WEIGHT, toposort
 from .common import Decision
 
 NAME = "autodiff"

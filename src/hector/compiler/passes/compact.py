@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from .. import ir as N
-from ..ir import CDST, CSRC, EDGE, NODE, WEIGHT, Value, rewrite
+from ..ir import CDST, CSRC, EDGE, NODE, Value, WEIGHT, rewrite
 from .common import Decision, GraphStats
 
 NAME = "compact"

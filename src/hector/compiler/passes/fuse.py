@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
 from .. import ir as N
-from ..ir import EDGE, NODE, WEIGHT, Value, rewrite, toposort
+from ..ir import EDGE, NODE, Value, WEIGHT, rewrite, toposort
 from ..lower import arg, kernel, single_kernel, template_of
 from .common import Decision
 

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import List, Optional
 
 from .. import ir as N
-from ..ir import CDST, EDGE, WEIGHT, Value, rewrite, toposort
+from ..ir import CDST, EDGE, Value, WEIGHT, rewrite, toposort
 from .common import Decision, GraphStats
 from .compact import lift
 

@@ -16,10 +16,11 @@ from typing import Optional, Tuple
 import torch
 
 from ...device import DEFAULT_NUM_SMS, num_sms
-from .reference import dropout_threshold
-from .. import autotune, registry
-from .spec import AttentionSpec, Schedule, default_schedule, next_pow2, tune_configs
 from ...graph.structures import CSR
+from .. import autotune
+from .. import registry
+from .reference import dropout_threshold
+from .spec import AttentionSpec, Schedule, default_schedule, next_pow2, tune_configs
 
 #: Programs in flight per SM assumed by the strategy rule and the chunk sizing.
 PROGRAMS_PER_SM = 4

@@ -29,9 +29,10 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .. import autotune, registry
-from .spec import GemmSchedule, GemmSpec, tune_configs
 from ...device import interpreting, num_sms
+from .. import autotune
+from .. import registry
+from .spec import GemmSchedule, GemmSpec, tune_configs
 
 #: Weight-gradient programs aimed for per SM (long row runs, so a handful are enough).
 WGRAD_PROGRAMS_PER_SM = 4

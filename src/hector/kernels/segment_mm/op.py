@@ -12,9 +12,9 @@ import torch
 
 from ... import checks as C
 from ...device import choose_backend
-from .spec import GemmSchedule
 from .launch import segment_mm_triton
 from .reference import segment_mm_torch
+from .spec import GemmSchedule
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
