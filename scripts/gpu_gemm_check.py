@@ -1,6 +1,6 @@
-"""GPU check of ``hector.kernels.segment_mm.op.segment_mm`` (the gather/scatter segment GEMM) on realistic
-sizes: correctness of the Triton kernels against the torch backend (output, dx, dW), then
-timings with ``triton.testing.do_bench`` (median) against (a) the torch backend and (b) one
+"""GPU check of ``hector.kernels.segment_mm.op.segment_mm`` (the gather/scatter segment GEMM) on
+realistic sizes: correctness of the Triton kernels against the torch backend (output, dx, dW),
+then timings with ``triton.testing.do_bench`` (median) against (a) the torch backend and (b) one
 dense ``torch.matmul`` of the same FLOPs -- no gather, no segments, cuBLAS -- as a ceiling.
 
 Usage (no network needed)::

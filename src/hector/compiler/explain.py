@@ -25,8 +25,10 @@ from . import models
 from .printer import format_ir
 from .program import CompiledModule, Program
 
-_OPS = {"gemm": "hector.kernels.segment_mm.op.segment_mm (Triton segment GEMM; torch: per-segment matmul)",
-        "attention": "hector.kernels.attention.op.edge_attention (fused score+softmax+aggregate Triton kernel)",
+_OPS = {"gemm": "hector.kernels.segment_mm.op.segment_mm (Triton segment GEMM; "
+                "torch: per-segment matmul)",
+        "attention": "hector.kernels.attention.op.edge_attention (fused score+softmax+aggregate "
+                     "Triton kernel)",
         "traversal": "torch index_select / index_add traversal",
         "weight": "torch (weight-only, once per call)"}
 

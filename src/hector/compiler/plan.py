@@ -1,13 +1,14 @@
-"""The plan: an ordered list of kernel steps of the two templates (DESIGN.md section 2,
-``plan/``), what the compiler's lowering produces and the executor runs.
+"""The plan: an ordered list of kernel steps of the two templates, what the compiler's
+lowering (``lower``) produces and the executor (``execute``) runs.
 
-* ``gemm``: a typed linear as a segment GEMM (:class:`~hector.kernels.segment_mm.spec.GemmSpec` plus the
-  :class:`RowSegments` saying which rows form which weight's segment and how they are
+* ``gemm``: a typed linear as a segment GEMM (:class:`~hector.kernels.segment_mm.spec.GemmSpec`
+  plus the :class:`RowSegments` saying which rows form which weight's segment and how they are
   gathered/scattered);
 * ``traversal``: a node/edge traversal (:class:`TraversalSpec`: iteration space, the fused
   statements, the reductions);
 * ``attention``: the fused score + edge softmax + aggregation traversal
-  (:class:`~hector.kernels.attention.spec.AttentionSpec`, run by ``hector.kernels.attention.op.edge_attention``);
+  (:class:`~hector.kernels.attention.spec.AttentionSpec`, run by
+  ``hector.kernels.attention.op.edge_attention``);
 * ``weight``: a weight-only computation (weight products, basis combinations): tiny, once per
   call, never per row.
 """

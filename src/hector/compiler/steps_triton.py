@@ -2,18 +2,17 @@
 
 * ``gemm`` steps -> :func:`hector.kernels.segment_mm.op.segment_mm` (segment GEMM with
   gather/scatter);
-* ``attention`` steps -> :func:`hector.kernels.attention.op.edge_attention`.  That op takes per-*node* terms, but
-  relational attention reads compact (src, relation) rows (HGT's ``k W_att_r``, the messages
-  ``m W_msg_r``) or even (dst, relation) rows (RGAT's ``z_v^r q``).  We lower it onto a
-  *derived bipartite graph*: sources are the rows the source-side terms live on (nodes,
-  compact (src, relation) rows, or edges), destinations the real nodes, one derived edge per
-  edge.  Terms are padded to ``S + N`` rows (zeros where a side does not apply).  HGT's
+* ``attention`` steps -> :func:`hector.kernels.attention.op.edge_attention`.  That op takes
+  per-*node* terms, but relational attention reads compact (src, relation) rows (HGT's ``k
+  W_att_r``, the messages ``m W_msg_r``) or even (dst, relation) rows (RGAT's ``z_v^r q``).  We
+  lower it onto a *derived bipartite graph*: sources are the rows the source-side terms live on
+  (nodes, compact (src, relation) rows, or edges), destinations the real nodes, one derived edge
+  per edge.  Terms are padded to ``S + N`` rows (zeros where a side does not apply).  HGT's
   per-relation prior ``p_r`` multiplies the q.k term, so it is folded into the keys of each
-  compact row (rows carry their relation).  A destination-side term that depends on the
-  relation (RGAT) cannot be a per-node query, so then sources are the edges themselves and
-  the whole pre-activation score is an edge term ``a_src`` (cost: ``E x H x D`` messages).
-  RGAT's case (no q.k term; ``a_dst`` per (dst, relation)) avoids that: see
-  :func:`_attention_by_dst_relation`.
+  compact row (rows carry their relation).  A destination-side term that depends on the relation
+  (RGAT) cannot be a per-node query, so then sources are the edges themselves and the whole
+  pre-activation score is an edge term ``a_src`` (cost: ``E x H x D`` messages). RGAT's case (no
+  q.k term; ``a_dst`` per (dst, relation)) avoids that: see :func:`_attention_by_dst_relation`.
 """
 from __future__ import annotations
 

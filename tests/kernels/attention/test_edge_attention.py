@@ -1,6 +1,6 @@
-"""``hector.kernels.attention.op.edge_attention``: the torch backend against a naive per-row loop in float64,
-the Triton kernels (both schedules) against the torch backend, input validation, and the
-semantics against PyG's GATConv / AGNNConv / TransformerConv."""
+"""``hector.kernels.attention.op.edge_attention``: the torch backend against a naive per-row
+loop in float64, the Triton kernels (both schedules) against the torch backend, input
+validation, and the semantics against PyG's GATConv / AGNNConv / TransformerConv."""
 import math
 import os
 import warnings

@@ -1,7 +1,8 @@
-"""``hector.kernels.segment_mm.op.segment_mm``: the torch backend against a naive float64 per-row loop, the
-Triton kernels against the torch backend (forward, dx, dW; every gather/scatter/transpose
-combination, empty segments, segments longer than a tile, K/N off multiples of 16, half
-types), random segment layouts (hypothesis), the tile map, and input validation.
+"""``hector.kernels.segment_mm.op.segment_mm``: the torch backend against a naive float64
+per-row loop, the Triton kernels against the torch backend (forward, dx, dW; every
+gather/scatter/transpose combination, empty segments, segments longer than a tile, K/N off
+multiples of 16, half types), random segment layouts (hypothesis), the tile map, and input
+validation.
 
 Error measure: ``max |got - want| / max |want|`` (relative to the tensor's scale, so rows that
 sum to ~0 do not blow it up).  fp32: 1e-5 (the interpreter's ``tl.dot`` with

@@ -49,12 +49,11 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
             mask is a hash of (``seed``, canonical edge id, head), identical on both backends.
         training: apply dropout.
         seed: dropout seed (default: drawn from torch's global generator).
-        strategy: 'auto' | 'node' | 'edge' (Triton schedule; see ``runtime.choose_strategy``).
+        strategy: 'auto' | 'node' | 'edge' (Triton schedule; see ``launch.choose_strategy``).
         backend: 'auto' | 'torch' | 'triton'.
-        schedule: a ``hector.kernels.attention.spec.Schedule`` pinning tile sizes and strategy (tests); None:
-            the heuristic's tiles, whose edge tile and warps the autotuner refines on CUDA
-            (once per shape bucket; ``HECTOR_AUTOTUNE=0`` keeps the heuristic).
-
+        schedule: a ``hector.kernels.attention.spec.Schedule`` pinning tile sizes and strategy
+            (tests); None: the heuristic's tiles, whose edge tile and warps the autotuner
+            refines on CUDA (once per shape bucket; ``HECTOR_AUTOTUNE=0`` keeps the heuristic).
     Returns:
         ``[N, H, Dv]`` in ``v.dtype`` (accumulated in float32).
     """

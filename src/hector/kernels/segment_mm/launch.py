@@ -150,7 +150,8 @@ ScheduleChoice = Union[None, str, GemmSchedule]
 def pick_schedule(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
                   device: torch.device, run: Callable[[GemmSchedule], object]) -> GemmSchedule:
     """A pinned schedule, or (``None``; ``"autotune"`` is the same request, kept for callers
-    that spell it out) the autotuner's pick from :func:`hector.kernels.segment_mm.spec.tune_configs` per
+    that spell it out) the autotuner's pick from
+    :func:`hector.kernels.segment_mm.spec.tune_configs` per
     (rendered kernel, shape bucket of rows, K, N and segment count, device).  Off CUDA, under
     the interpreter or with ``HECTOR_AUTOTUNE=0`` that is the heuristic, untimed."""
     if isinstance(choice, GemmSchedule):
