@@ -29,8 +29,7 @@ from ..kernels.segment_mm.op import segment_mm
 from ..kernels.segment_mm.spec import GemmSpec, default_schedule
 from .ir import CDST, CSRC, EDGE, NODE, Value
 from .plan import RowSegments
-from .steps_torch import (GraphIndex, _operand, attention_score, edge_side, edge_softmax,
-                          segment_matmul)
+from .steps_torch import GraphIndex, _operand, attention_score, edge_side, edge_softmax
 
 
 def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:

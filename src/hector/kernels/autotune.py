@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
+
+from ..device import interpreting
 from .registry import cache_dir
 
 FILE_NAME = "autotune.json"
