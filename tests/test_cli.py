@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from hector.cli import main
 
@@ -77,3 +78,19 @@ def test_console_script_runs():
     assert out.returncode == 0 and "info" in out.stdout
     out = subprocess.run([sys.executable, "-m", "hector.cli"], capture_output=True, text=True)
     assert out.returncode == 2
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda", "cuda:0", "tpu", "nonsense"])
+def test_device_errors_are_one_line(device, capsys, monkeypatch):
+    """train and info: a bad or absent device is one error line (exit 2), not a traceback."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv in (["train", "--model", "gat", "--dataset", "synthetic:cora", "--device", device],
+                 ["info", "synthetic:cora", "--scale", "0.01", "--device", device]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert "--device" in err and (
+            "CUDA is not available" in err if device.startswith("cuda")
+            else "must be cpu or cuda[:N]" in err), err
+    if device == "gpu":
+        assert "'gpu' is spelled cuda" in err

@@ -12,6 +12,7 @@ import torch
 
 from . import bench, datasets, train
 from ._version import __version__
+from .checks import check_device_option
 from .compiler import explain as explain_command
 from .graph import Graph
 
@@ -29,13 +30,13 @@ def _configure_info(p: argparse.ArgumentParser) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> int:
+    device = check_device_option(args.device)   # before the load: fail fast, in one line
     kwargs = {"seed": args.seed}
     if args.scale is not None:
         kwargs["scale"] = args.scale
     t0 = time.perf_counter()
     data = datasets.load(args.dataset, root=args.root, **kwargs)
     t_load = time.perf_counter() - t0
-    device = torch.device(args.device)
     data = data.to(device)
     _sync(device)
     t0 = time.perf_counter()

@@ -7,7 +7,7 @@ from torch import nn
 
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
-from ._common import check_backend, check_strategy, load_from_pyg, resolve_graph
+from ._common import check_backend, check_input, check_strategy, load_from_pyg, resolve_graph
 
 
 class AGNNConv(nn.Module):
@@ -41,6 +41,7 @@ class AGNNConv(nn.Module):
             self.beta.data.fill_(1)
 
     def forward(self, x, edge_index):
+        check_input(self, x)
         graph = resolve_graph(x, edge_index, self.add_self_loops)
         x_norm = F.normalize(x, p=2.0, dim=-1).unsqueeze(1)
         out = edge_attention(graph, x.unsqueeze(1), q=x_norm * self.beta.to(x.dtype), k=x_norm,

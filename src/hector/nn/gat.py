@@ -4,9 +4,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import checks as C
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
-from ._common import check_backend, check_strategy, load_from_pyg, no_edge_features, resolve_graph
+from ._common import (check_backend, check_input, check_strategy, load_from_pyg,
+                      no_edge_features, resolve_graph)
 
 
 class GATConv(nn.Module):
@@ -39,6 +41,9 @@ class GATConv(nn.Module):
         super().__init__()
         if not isinstance(in_channels, int):
             raise NotImplementedError("GATConv: only int in_channels (one node set) is supported")
+        for name, v in (("in_channels", in_channels), ("out_channels", out_channels),
+                        ("heads", heads)):
+            C.check_size(v, name)
         if edge_dim is not None:
             no_edge_features(edge_dim, "GATConv")
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
@@ -62,6 +67,7 @@ class GATConv(nn.Module):
 
     def forward(self, x, edge_index, edge_attr=None):
         no_edge_features(edge_attr, "GATConv")
+        check_input(self, x, width=self.in_channels)
         graph = resolve_graph(x, edge_index, self.add_self_loops)
         H, C = self.heads, self.out_channels
         z = self.lin(x).view(-1, H, C)

@@ -10,7 +10,7 @@ from torch import nn
 from .. import checks as C
 from ..compiler import models
 from ..compiler.program import Program
-from ._common import load_from_pyg
+from ._common import check_input, load_from_pyg
 from .rgcn import compiler_options, glorot_, relational_graph, unsupported
 
 
@@ -52,8 +52,9 @@ class RGATConv(nn.Module):
                     edge_dim=(edge_dim, edge_dim is None))
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels),
                         ("num_relations", num_relations), ("heads", heads)):
-            if C.check_count(v, name) == 0:
-                raise ValueError(f"{name} must be >= 1, got {v}")
+            C.check_size(v, name)
+        C.check_size(num_bases, "num_bases", allow_none=True)
+        C.check_size(num_blocks, "num_blocks", allow_none=True)
         if num_bases is not None and num_blocks is not None:
             raise ValueError("Can not apply both basis-decomposition and "
                              "block-diagonal-decomposition at the same time.")
@@ -106,6 +107,7 @@ class RGATConv(nn.Module):
         if edge_attr is not None or size is not None or return_attention_weights is not None:
             raise NotImplementedError("RGATConv: edge_attr, size and return_attention_weights "
                                       "are not supported; leave them None")
+        check_input(self, x, width=self.in_channels)
         graph = relational_graph(x, edge_index, edge_type, self.num_relations)
         return self.program(graph, {"x": x}, self._weights())[0]
 

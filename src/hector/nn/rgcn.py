@@ -11,7 +11,7 @@ from .. import checks as C
 from ..compiler import models
 from ..compiler.program import Program
 from ..graph import Graph, graph_of
-from ._common import load_from_pyg
+from ._common import check_input, load_from_pyg
 
 
 def glorot_(p: Optional[torch.Tensor]) -> None:
@@ -79,8 +79,9 @@ class RGCNConv(nn.Module):
                     aggr=(aggr, aggr in ("mean", "add", "sum")))
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels),
                         ("num_relations", num_relations)):
-            if C.check_count(v, name) == 0:
-                raise ValueError(f"{name} must be >= 1, got {v}")
+            C.check_size(v, name)
+        C.check_size(num_bases, "num_bases", allow_none=True)
+        C.check_size(num_blocks, "num_blocks", allow_none=True)
         if num_bases is not None and num_blocks is not None:
             raise ValueError("Can not apply both basis-decomposition and "
                              "block-diagonal-decomposition at the same time.")
@@ -115,6 +116,7 @@ class RGCNConv(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor, edge_index, edge_type: Optional[torch.Tensor] = None):
+        check_input(self, x, width=self.in_channels)
         graph = relational_graph(x, edge_index, edge_type, self.num_relations)
         weights = {n: p for n, p in (("weight", self.weight), ("comp", self.comp),
                                       ("root", self.root), ("bias", self.bias)) if p is not None}
