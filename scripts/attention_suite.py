@@ -103,7 +103,7 @@ def time_op(g, inputs, strategy, train):
     """Median ms of the attention op alone, replayed from a CUDA graph (no host overhead);
     falls back to plain events when capture is impossible.  Returns (ms, method)."""
     from triton.testing import do_bench, do_bench_cudagraph
-    from hector.ops import edge_attention
+    from hector.kernels.attention.op import edge_attention
     tensors = [t for t in inputs.values() if isinstance(t, torch.Tensor)]
 
     def fn():
@@ -167,7 +167,8 @@ def main():
                     ei = g.input_edge_index()
                     res["pyg"] = measure(make(kind, f, h), x, ei)
                     del ei
-                from hector.runtime.attention import choose_strategy, num_sms
+                from hector.device import num_sms
+                from hector.kernels.attention.launch import choose_strategy
                 chosen, why = choose_strategy(g.in_degree, g.num_edges, num_sms(g.device), h)
                 row = dict(graph=name, nodes=g.num_nodes, edges=g.num_edges, build_s=t_build,
                            max_degree=g.in_degree.max, kind=kind, f=f, heads=h, auto_choice=chosen,

@@ -16,14 +16,14 @@ import torch
 
 
 def step_rows(ix, v):
-    from hector.ir.nodes import WEIGHT
+    from hector.compiler.ir import WEIGHT
     if v.kind == WEIGHT:
         return None
     return ix.rows[v.kind]
 
 
 def numel(ix, v, weights):
-    from hector.ir.nodes import WEIGHT
+    from hector.compiler.ir import WEIGHT
     n = 1
     for s in v.shape:
         n *= s
@@ -33,8 +33,8 @@ def numel(ix, v, weights):
 
 
 def runner(step):
-    """What runs the step on CUDA (see runtime/executor.run_step)."""
-    from hector.runtime.executor import triton_step
+    """What runs the step on CUDA (see compiler/execute.run_step)."""
+    from hector.compiler.execute import triton_step
     return "triton" if triton_step(step) else "torch"
 
 
@@ -59,7 +59,7 @@ def main(argv=None):
     p.add_argument("--features", type=int, default=64)
     args = p.parse_args(argv)
     from hector.bench.suites import UNOPTIMISED, Workload, hector_layer, pyg_layer
-    from hector.runtime.torch_eval import GraphIndex
+    from hector.compiler.steps_torch import GraphIndex
     W = Workload(args.dataset, torch.device("cpu"), scale=args.scale)
     ref = pyg_layer(args.layer, W, args.features, 1)
     g = W.hgt()["graph"] if args.layer == "hgt" else W.graph

@@ -1,6 +1,6 @@
-"""GPU check of ``hector.ops_gemm.segment_mm`` (the gather/scatter segment GEMM) on realistic
-sizes: correctness of the Triton kernels against the torch backend (output, dx, dW), then
-timings with ``triton.testing.do_bench`` (median) against (a) the torch backend and (b) one
+"""GPU check of ``hector.kernels.segment_mm.op.segment_mm`` (the gather/scatter segment GEMM) on
+realistic sizes: correctness of the Triton kernels against the torch backend (output, dx, dW),
+then timings with ``triton.testing.do_bench`` (median) against (a) the torch backend and (b) one
 dense ``torch.matmul`` of the same FLOPs -- no gather, no segments, cuBLAS -- as a ceiling.
 
 Usage (no network needed)::
@@ -138,7 +138,7 @@ def main(argv=None):
         print("no CUDA device: this script checks the Triton kernels on a GPU", file=sys.stderr)
         return 2
     import triton
-    from hector.ops_gemm import segment_mm
+    from hector.kernels.segment_mm.op import segment_mm
     # --quick changes the defaults only; explicit sizes win.
     defaults = (200_000, [8], [64]) if args.quick else (2_000_000, [4, 100], [64, 128])
     args.rows = args.rows or defaults[0]

@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -31,3 +32,16 @@ try:
                                else "hector-ci")
 except ImportError:       # hypothesis is a test extra; its tests skip without it
     pass
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh ``HECTOR_CACHE_DIR`` under ``tmp_path`` and no in-process memo, before and
+    after (the session cache above is used again afterwards)."""
+    from hector.kernels import autotune, registry     # after TRITON_INTERPRET is set above
+    monkeypatch.setenv("HECTOR_CACHE_DIR", str(tmp_path / "kernels"))
+    registry.clear_memo()
+    autotune.clear_memo()
+    yield tmp_path / "kernels"
+    registry.clear_memo()
+    autotune.clear_memo()

@@ -1,7 +1,7 @@
 """hector: fast, memory-lean GNN layers on GPUs (the Hector compiler and DF-GNN fusion)."""
-from .compile import Program, compile
-from .explain import explain
+from .compiler.explain import explain
+from .compiler.program import Program, compile
 from .graph import Graph
 
-__version__ = "0.1.0"
+from ._version import __version__
 __all__ = ["Graph", "compile", "Program", "explain", "__version__"]

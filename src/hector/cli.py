@@ -8,7 +8,14 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+import torch
+
+from . import bench, datasets, train
+from ._version import __version__
+from .checks import check_device_option
+from .compiler import explain as explain_command
 from .datasets.download import DownloadError
+from .graph import Graph
 
 
 def _configure_info(p: argparse.ArgumentParser) -> None:
@@ -24,10 +31,6 @@ def _configure_info(p: argparse.ArgumentParser) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> int:
-    from . import datasets
-    from ._checks import check_device_option
-    from .graph import Graph
-
     device = check_device_option(args.device)   # before the load: fail fast, in one line
     kwargs = {"seed": args.seed}
     if args.scale is not None:
@@ -54,7 +57,6 @@ def _run_info(args: argparse.Namespace) -> int:
 
 def _sync(device) -> None:
     if device.type == "cuda":
-        import torch
         torch.cuda.synchronize(device)
 
 
@@ -93,44 +95,14 @@ def format_info(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _configure_explain(p: argparse.ArgumentParser) -> None:
-    from .explain import configure
-    configure(p)
-
-
-def _run_explain(args: argparse.Namespace) -> int:
-    from .explain import run
-    return run(args)
-
-
-def _configure_bench(p: argparse.ArgumentParser) -> None:
-    from .bench import configure
-    configure(p)
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    from .bench import run
-    return run(args)
-
-
-def _configure_train(p: argparse.ArgumentParser) -> None:
-    from .train import configure
-    configure(p)
-
-
-def _run_train(args: argparse.Namespace) -> int:
-    from .train import run
-    return run(args)
-
-
 COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
     "train": ("train a model end to end (entity or node classification) and report test "
-              "accuracy", _configure_train, _run_train),
+              "accuracy", train.configure, train.run),
     "bench": ("time hector against PyG on your graph (inference, training, memory)",
-              _configure_bench, _run_bench),
+              bench.configure, bench.run),
     "info": ("print a dataset's statistics", _configure_info, _run_info),
     "explain": ("show a model's IR before and after each pass, the decisions, the plan and "
-                "the kernels", _configure_explain, _run_explain),
+                "the kernels", explain_command.configure, explain_command.run),
 }
 
 
@@ -144,7 +116,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from . import __version__
     return f"hector {__version__}"
 
 

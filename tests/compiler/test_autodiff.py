@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import hector
-from hector import models
-from hector.compile import compile as hcompile
+from hector.compiler import models
+from hector.compiler.program import compile as hcompile
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
 from helpers import device_for, random_relational, rel_err  # noqa: E402
 
 
@@ -87,7 +87,7 @@ def test_triton_backend_backward_matches_torch_backend():
 
 def _count_backward_builds(monkeypatch):
     """Counts IR-autodiff runs (the first step of building a backward plan)."""
-    from hector.passes import autodiff
+    from hector.compiler.passes import autodiff
     calls = []
     real = autodiff.differentiate
     monkeypatch.setattr(autodiff, "differentiate", lambda *a, **k: calls.append(1) or real(*a, **k))

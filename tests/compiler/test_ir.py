@@ -1,9 +1,10 @@
 """IR nodes, DSL capture, printer and verifier."""
 import pytest
 
-from hector import dsl, models
-from hector.ir import IRError, format_ir, verify
-from hector.ir import nodes as N
+from hector.compiler import dsl, models
+from hector.compiler.verify import IRError, verify
+from hector.compiler.printer import format_ir
+from hector.compiler import ir as N
 
 
 def test_structural_equality_and_hash():

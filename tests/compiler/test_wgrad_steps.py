@@ -12,11 +12,11 @@ import torch
 
 from hector.graph import Graph
 from hector.nn import HGTConv, RGATConv
-from hector.runtime.executor import run_step, triton_step
-from hector.runtime.torch_eval import GraphIndex, eval_body
+from hector.compiler.execute import run_step, triton_step
+from hector.compiler.steps_torch import GraphIndex, eval_body
 
 pyg = pytest.importorskip("torch_geometric.nn")
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
 from helpers import device_for, random_hetero, random_relational  # noqa: E402
 
 
@@ -65,7 +65,7 @@ def test_hgt_wgrad_steps(heads):
 
 def test_hgt_wgrad_steps_non_contiguous_node_types():
     import hector
-    from hector import models
+    from hector.compiler import models
     dev = device_for("triton")
     ei, et = random_relational(num_relations=4)
     node_type = torch.tensor([i % 3 for i in range(24)])

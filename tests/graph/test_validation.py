@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from hector import Graph
-from hector._checks import check_features
+from hector.checks import check_features
 
 EI = torch.tensor([[0, 1, 2], [1, 2, 0]])
 

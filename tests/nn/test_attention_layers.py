@@ -13,8 +13,8 @@ import pytest
 import torch
 
 pyg = pytest.importorskip("torch_geometric.nn")
-from hector import datasets                                       # noqa: E402
-from hector.nn import AGNNConv, GATConv, TransformerConv          # noqa: E402
+from hector import datasets  # noqa: E402
+from hector.nn import AGNNConv, GATConv, TransformerConv  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from .runner import BenchConfig, failed, resolve, run_bench
+from . import report
 from .paper import SUITES
+from .runner import BenchConfig, failed, require, resolve, run_bench
 from .suites import LAYERS
 
 __all__ = ["BenchConfig", "run_bench", "resolve", "configure", "run", "main", "LAYERS"]
@@ -81,10 +82,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; prints the table; writes --json / --markdown / --plot.  Bad options
     raise ValueError (naming the option) before anything runs."""
-    from . import report
     cfg = resolve(config_from_args(args))        # validate before any work
     if args.plot:
-        from .runner import require
         require("matplotlib", "--plot")
     save = (lambda partial: report.write_json(partial, args.json)) if args.json else None
     result = run_bench(cfg, on_case=save)

@@ -10,8 +10,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .._checks import check_device_option
-from . import suites
+from . import floor, suites, targets
+from ..checks import check_device_option
+from .paper import ATTENTION_PROFILES, ATTENTION_REAL, HETERO_PROFILES, SUITES, suite
 from .timing import CPU_MAX_S, MIN_RUNS, NOISE_IQR, timed
 
 #: torch.compile unrolls PyG's per-relation Python loop: past this many relations compiling
@@ -61,7 +62,6 @@ def _positive_int(name: str, v) -> None:
 def resolve(cfg: BenchConfig) -> BenchConfig:
     """Validate every option (ValueError naming the option) and fill in the defaults."""
     if cfg.suite is not None:
-        from .paper import SUITES
         if cfg.suite not in SUITES + ("all",):
             raise ValueError(f"--suite must be one of {', '.join(SUITES + ('all',))}, "
                              f"got {cfg.suite!r}")
@@ -78,7 +78,6 @@ def resolve(cfg: BenchConfig) -> BenchConfig:
     if isinstance(datasets, str):
         datasets = [d.strip() for d in datasets.split(",") if d.strip()]
     if datasets is not None:
-        from .paper import ATTENTION_PROFILES, ATTENTION_REAL, HETERO_PROFILES
         known = set(HETERO_PROFILES + ATTENTION_PROFILES) | {n for n, _ in ATTENTION_REAL}
         bad = [d for d in datasets if d not in known]
         if bad or not datasets:
@@ -120,7 +119,6 @@ def cases_of(cfg: BenchConfig) -> tuple:
     """([Case], notes) of a resolved config: the suite's cases (filtered by --layers), or
     each layer on --dataset (or its default dataset) at --features x --heads."""
     if cfg.suite is not None:
-        from .paper import suite
         cases, notes = suite(cfg.suite, cfg.data_root)
         keep = [c for c in cases if c.layer in cfg.layers and (
             cfg.datasets is None or c.dataset.replace("synthetic:", "") in cfg.datasets)]
@@ -291,7 +289,6 @@ def run_bench(cfg: BenchConfig, log=None, on_case=None) -> dict:
 
 
 def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> dict:
-    from . import floor
     cuda = device.type == "cuda"
     backend = "triton" if cuda else "torch"
     cases, notes = cases_of(cfg)
@@ -391,7 +388,6 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
 
 
 def _result(meta, notes, rows, cfg) -> dict:
-    from . import targets
     _speedups(rows)
     result = {"meta": meta, "notes": notes, "rows": rows, "config": asdict(cfg)}
     result["targets"] = targets.evaluate(result)

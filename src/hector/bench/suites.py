@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 import torch
+from .. import datasets
+from .. import nn as hnn
+from ..datasets import profiles
+from ..datasets.registry import REGISTRY, normalize
+from ..graph import Graph
 
 RELATIONAL = ("rgcn", "rgat", "hgt")
 ATTENTION = ("gat", "agnn", "transformer")
@@ -36,8 +41,6 @@ def parse_layers(text) -> List[str]:
 
 def check_dataset(name: str) -> None:
     """Raise ValueError naming --dataset when ``datasets.load`` would not know ``name``."""
-    from ..datasets.registry import REGISTRY, normalize
-    from ..datasets import profiles
     if not isinstance(name, str) or not name.strip():
         raise ValueError("--dataset must be a dataset name (e.g. cora, aifb, synthetic:aifb)")
     key = normalize(name)
@@ -77,7 +80,6 @@ class Workload:
 
     def __init__(self, name: str, device: torch.device, root=None,
                  scale: Optional[float] = None, seed: int = 0):
-        from .. import datasets
         kw = {"seed": seed}
         if scale is not None and name.lower().startswith("synthetic:"):
             kw["scale"] = scale
@@ -111,14 +113,12 @@ class Workload:
     def homogeneous_graph(self):
         """The graph without relation ids (for the attention layers)."""
         if self._homo is None:
-            from ..graph import Graph
             self._homo = Graph(self.edge_index, num_nodes=self.graph.num_nodes)
         return self._homo
 
     # HGT: node types, renamed relations (PyG's ParameterDict keys cannot hold '.'), inputs
     def hgt(self):
         if self._hgt is None:
-            from ..graph import Graph
             g = self.graph
             types = list(g.node_type_names) if g.node_type_names else ["n"]
             ptr = g.node_type_ptr.tolist()
@@ -181,7 +181,6 @@ def pyg_layer(layer: str, W: Workload, features: int, heads: int) -> torch.nn.Mo
 
 
 def _hector_class(layer: str):
-    from .. import nn as hnn
     return {"rgcn": hnn.RGCNConv, "rgat": hnn.RGATConv, "hgt": hnn.HGTConv, "gat": hnn.GATConv,
             "agnn": hnn.AGNNConv, "transformer": hnn.TransformerConv}[layer]
 

@@ -6,6 +6,7 @@ from functools import cached_property
 from typing import Dict, List, Optional, Tuple
 
 import torch
+from ..graph import Graph
 
 
 @dataclass(eq=False)
@@ -36,7 +37,6 @@ class Dataset:
 
     @cached_property
     def graph(self):
-        from ..graph import Graph
         return Graph(self.edge_index, edge_type=self.edge_type, num_nodes=self.num_nodes,
                      num_relations=self.num_relations, node_type=self.node_type,
                      num_node_types=len(self.node_type_names) if self.node_type_names else None,

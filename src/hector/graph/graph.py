@@ -7,8 +7,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import _checks as C
+from .. import checks as C
 from . import build
+from .batching import batch_graphs
+from .hetero import flatten_hetero
 from .structures import CSR, CompactMap, DegreeStats, move, nbytes_of
 
 #: A node whose in-degree reaches this is a *super node* (the DF-GNN notion: one row with so
@@ -102,7 +104,6 @@ class Graph:
         """Build from PyG's ``HeteroData`` layout: per-type local ids become one global id
         space where node type ``t`` owns a contiguous range (in ``num_nodes_dict`` order), and
         relations are numbered in ``edge_index_dict`` order."""
-        from .hetero import flatten_hetero
         flat = flatten_hetero(edge_index_dict, num_nodes_dict)
         return cls(flat.edge_index, edge_type=flat.edge_type, num_nodes=flat.num_nodes,
                    num_relations=len(flat.relation_names), node_type=flat.node_type,
@@ -114,7 +115,6 @@ class Graph:
     def batch(cls, graphs: Sequence["Graph"]) -> "Graph":
         """Block-diagonal batch of graphs sharing one schema (node types and relations).
         ``graph_ptr[i]:graph_ptr[i+1]`` are the node ids of graph ``i`` in the batch."""
-        from .batching import batch_graphs
         return batch_graphs(cls, graphs)
 
     # -- views ----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from .. import _checks as C
+from .. import checks as C
 
 
 @dataclass

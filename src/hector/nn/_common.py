@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import _checks as C
+from .. import checks as C
+from ..device import BACKENDS
 from ..graph import Graph, graph_of, with_self_loops
-from ..ops import BACKENDS, STRATEGIES
+from ..kernels.attention.op import STRATEGIES
 
 
 def check_backend(backend: str) -> str:
@@ -30,7 +31,7 @@ def param_dtype(module: torch.nn.Module):
 
 
 def check_input(module: torch.nn.Module, x, name: str = "x", width=None) -> torch.Tensor:
-    """Every layer's first check of its node features (see ``_checks.check_node_input``)."""
+    """Every layer's first check of its node features (see ``checks.check_node_input``)."""
     return C.check_node_input(x, name, width, param_dtype(module))
 
 

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import edge_attention
+from ..kernels.attention.op import edge_attention
+from ..kernels.attention.spec import AttentionSpec
 from ._common import check_backend, check_input, check_strategy, load_from_pyg, resolve_graph
 
 
@@ -50,7 +51,6 @@ class AGNNConv(nn.Module):
 
     def attention_spec(self, dtype=torch.float32, features=None):
         """What this layer asks of the fused attention op (``features``: the width of x)."""
-        from ..plan import AttentionSpec
         f = features or 1
         return AttentionSpec(1, f, f, True, False, False, None, False, dtype)
 

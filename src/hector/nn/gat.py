@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import _checks as C
-from ..ops import edge_attention
+from .. import checks as C
+from ..kernels.attention.op import edge_attention
+from ..kernels.attention.spec import AttentionSpec
 from ._common import (check_backend, check_input, check_strategy, load_from_pyg,
                       no_edge_features, resolve_graph)
 
@@ -81,7 +82,6 @@ class GATConv(nn.Module):
 
     def attention_spec(self, dtype=torch.float32, features=None):
         """What this layer asks of the fused attention op (for ``hector.explain``)."""
-        from ..plan import AttentionSpec
         return AttentionSpec(self.heads, 0, self.out_channels, False, True, True,
                              self.negative_slope, self.dropout > 0, dtype)
 

@@ -9,12 +9,10 @@ from typing import Dict
 import torch
 from torch import nn
 
-from .. import _checks as C
-from .. import models
-from ..compile import Program
+from .. import checks as C
+from ..compiler import models
+from ..compiler.program import Program, node_type_bounds
 from ..graph import Graph
-from ..ir.nodes import NODE
-from ..runtime.torch_eval import GraphIndex
 from ._common import check_input, load_from_pyg
 from .rgcn import compiler_options
 
@@ -46,7 +44,7 @@ class HGTConv(nn.Module):
         x_v' = A_{\tau(v)}\, \mathrm{gelu}\Big(\sum_u \alpha_{uv} V_{\tau(u)} x_u W^{msg}_r\Big)
 
     with PyG's gated skip connection when in and out widths agree.  Compiled from
-    :func:`hector.models.hgt`: ``k W^{att}_r`` and ``v W^{msg}_r`` run once per unique
+    :func:`hector.compiler.models.hgt`: ``k W^{att}_r`` and ``v W^{msg}_r`` run once per unique
     (src, relation) pair, then one attention traversal.
 
     Args:
@@ -163,14 +161,10 @@ class HGTConv(nn.Module):
 
     def _type_slices(self, graph: Graph):
         """(node type, first row, end row) of each destination type in the output: Python
-        ints read from the graph once (``GraphIndex`` memoises the host pointers on it)."""
-        ix = GraphIndex.of(graph)
-        key = ("hgt_type_slices", tuple(self.node_types), tuple(sorted(self.dst_node_types)))
-        if key not in ix.memo:
-            ptr = ix.ptr[NODE]
-            ix.memo[key] = tuple((t, ptr[i], ptr[i + 1]) for i, t in enumerate(self.node_types)
-                                 if t in self.dst_node_types)
-        return ix.memo[key]
+        ints (the compiler reads the node-type pointer from the graph once)."""
+        ptr = node_type_bounds(graph)
+        return tuple((t, ptr[i], ptr[i + 1]) for i, t in enumerate(self.node_types)
+                     if t in self.dst_node_types)
 
     def forward(self, x_dict: Dict[str, torch.Tensor], edge_index_dict) -> Dict[str, torch.Tensor]:
         if not isinstance(x_dict, dict):

@@ -7,9 +7,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .. import _checks as C
-from .. import models
-from ..compile import Program
+from .. import checks as C
+from ..compiler import models
+from ..compiler.program import Program
 from ._common import check_input, load_from_pyg
 from .rgcn import compiler_options, glorot_, relational_graph, unsupported
 
@@ -22,7 +22,7 @@ class RGATConv(nn.Module):
         \alpha_{ij} = \mathrm{softmax}_{j \in N(i)} e_{ij}, \quad
         x_i' = \sum_{j \in N(i)} \alpha_{ij} z^r_j
 
-    heads concatenated or averaged, then bias.  Compiled from :func:`hector.models.rgat`:
+    heads concatenated or averaged, then bias.  Compiled from :func:`hector.compiler.models.rgat`:
     the score becomes ``x_j (W_r K)`` (weight-first), computed once per unique (node,
     relation) pair, and score, softmax and aggregation run as one attention traversal.
 

@@ -7,9 +7,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .. import _checks as C
-from .. import models
-from ..compile import Program
+from .. import checks as C
+from ..compiler import models
+from ..compiler.program import Program
 from ..graph import Graph, graph_of
 from ._common import check_input, load_from_pyg
 
@@ -57,7 +57,7 @@ class RGCNConv(nn.Module):
     .. math::
         x_i' = \Theta_{root} x_i + b + \sum_{r} \frac{1}{|N_r(i)|} \sum_{j \in N_r(i)} \Theta_r x_j
 
-    compiled from :func:`hector.models.rgcn`: the per-relation linear runs once per unique
+    compiled from :func:`hector.compiler.models.rgcn`: the per-relation linear runs once per unique
     (src, relation) or (dst, relation) pair, whichever the graph makes cheaper.
 
     Args:

@@ -7,8 +7,9 @@ import math
 import torch
 from torch import nn
 
-from .. import _checks as C
-from ..ops import edge_attention
+from .. import checks as C
+from ..kernels.attention.op import edge_attention
+from ..kernels.attention.spec import AttentionSpec
 from ._common import (check_backend, check_input, check_strategy, load_from_pyg,
                       no_edge_features, resolve_graph)
 
@@ -83,7 +84,6 @@ class TransformerConv(nn.Module):
 
     def attention_spec(self, dtype=torch.float32, features=None):
         """What this layer asks of the fused attention op (for ``hector.explain``)."""
-        from ..plan import AttentionSpec
         c = self.out_channels
         return AttentionSpec(self.heads, c, c, True, False, False, None, self.dropout > 0, dtype)
 

@@ -11,7 +11,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_device_option
+from .. import datasets
+from ..checks import check_device_option
 from . import checkpoint
 from .defaults import MODELS, defaults as model_defaults
 from .models import build
@@ -32,7 +33,6 @@ def _check_positive(name: str, value, kind=int, allow_zero=False) -> None:
 
 def resolve_config(args) -> dict:
     """Validate the options and merge them over the (model, dataset family) defaults."""
-    from .. import datasets
     model, dataset = args.model, args.dataset
     if model not in MODELS:
         raise ValueError(f"--model must be one of {', '.join(MODELS)}, got {model!r}")
@@ -127,7 +127,6 @@ def _train(args, out=None) -> dict:
     """Run one training as ``hector train`` does; print progress and the RESULT line to
     ``out`` (stdout); return the result as a dict."""
     from tqdm import tqdm
-    from .. import datasets
 
     out = out or sys.stdout
     t_start = time.perf_counter()

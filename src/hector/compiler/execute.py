@@ -1,0 +1,137 @@
+"""Runs a :class:`~hector.compiler.plan.Plan` on a backend.
+
+Two ways to differentiate:
+
+* ``autodiff="torch"``: the forward plan runs with torch autograd recording its torch ops
+  (the reference path);
+* ``autodiff="ir"``: :class:`PlanFunction`, a ``torch.autograd.Function`` that runs the
+  forward plan without recording, keeps the forward values the backward plan reads
+  (``saved`` leaves of the backward IR), and in ``backward`` runs the backward plan, which the
+  IR-level autodiff produced and the same passes and lowering compiled.
+
+Backends: ``torch`` evaluates every step with plain torch ops; ``triton`` runs GEMM steps on
+the segment-GEMM kernels and attention steps on the fused attention kernels, and the small
+remaining traversal and weight steps with torch ops.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+from .ir import Value, toposort
+from .plan import Plan, Step
+from .steps_torch import GraphIndex, eval_body, eval_op
+from .steps_triton import run_attention, run_gemm, run_wgrad
+
+
+def triton_step(step: Step) -> bool:
+    """Whether the Triton backend runs ``step`` on a Triton kernel (the rest: torch ops)."""
+    return step.template == "attention" or (
+        step.template == "gemm" and step.body.op in ("linear", "wgrad"))
+
+
+def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str) -> torch.Tensor:
+    if backend == "triton" and triton_step(step):
+        if step.template == "attention":
+            return run_attention(step, args, ix, "triton")
+        if step.body.op == "wgrad":
+            return run_wgrad(step, args[0], args[1], ix)
+        x, w = args
+        return run_gemm(step, x, w, ix, "triton")
+    return eval_body(step.body, args, ix)
+
+
+def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
+             backend: str) -> Dict[Value, torch.Tensor]:
+    env = dict(leaves)
+    for leaf in plan.leaves:
+        if leaf not in env:
+            if leaf.op == "const":
+                env[leaf] = torch.full((ix.rows[leaf.kind],) + leaf.shape, leaf.attr("value"),
+                                       device=ix.graph.device)
+            else:
+                raise ValueError(f"plan leaf {leaf.op}({dict(leaf.attrs)}) has no value")
+    for step in plan.steps:
+        env[step.output] = run_step(step, [env[i] for i in step.inputs], ix, backend)
+    return env
+
+
+class PlanFunction(torch.autograd.Function):
+    """Forward plan in ``forward``, backward plan in ``backward`` (IR-level autodiff).
+
+    ``leaves``: the forward plan's leaf values, in the order of ``tensors``.  The backward
+    plan yields gradients of the node inputs and of the *weight roots*; a root that is not a
+    parameter itself (``W_r @ k``, a basis combination) is a tiny weight expression, whose
+    gradient torch autograd carries on to the parameters.
+    """
+
+    @staticmethod
+    def forward(ctx, compiled, ix, backend, leaves: Tuple[Value, ...], *tensors):
+        env = run_plan(compiled.forward_plan, ix, dict(zip(leaves, tensors)), backend)
+        outs = tuple(env[o] for o in compiled.forward_plan.outputs)
+        ctx.compiled, ctx.ix, ctx.backend, ctx.leaves = compiled, ix, backend, leaves
+        ctx.save_for_backward(*[env[v] for v in compiled.saved_values], *tensors)
+        return outs if len(outs) > 1 else outs[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        compiled = ctx.compiled
+        n_saved = len(compiled.saved_values)
+        saved, tensors = ctx.saved_tensors[:n_saved], ctx.saved_tensors[n_saved:]
+        env = dict(zip(compiled.saved_leaves, saved))
+        outs = compiled.forward_plan.outputs
+        for leaf, g, o in zip(compiled.grad_leaves, grads, outs):
+            env[leaf] = g if g is not None else torch.zeros(
+                (ctx.ix.rows[o.kind],) + o.shape, device=ix_device(ctx.ix))
+        env = run_plan(compiled.backward_plan, ctx.ix, env, ctx.backend)
+        by_target = dict(zip(compiled.grad_targets, (env[o] for o in compiled.backward_plan.outputs)))
+        leaf_tensor = dict(zip(ctx.leaves, tensors))
+        result: Dict[Value, torch.Tensor] = {}
+        roots = []
+        for target, g in by_target.items():
+            if target in leaf_tensor:
+                result[target] = g
+            else:
+                roots.append((target, g))
+        if roots:   # a parameter may be a root itself and feed other roots: sum both
+            for p, g in _chain_weight_roots(roots, leaf_tensor, ctx.ix).items():
+                result[p] = result[p] + g if p in result else g
+        grads_in = [result.get(leaf) if needs else None
+                    for leaf, needs in zip(ctx.leaves, ctx.needs_input_grad[4:])]
+        return (None, None, None, None, *grads_in)
+
+
+def ix_device(ix: GraphIndex) -> torch.device:
+    return ix.graph.device
+
+
+def _chain_weight_roots(roots, leaf_tensor: Dict[Value, torch.Tensor], ix: GraphIndex):
+    """Gradients of parameters from gradients of weight expressions (torch autograd over the
+    tiny weight computation, recomputed here)."""
+    with torch.enable_grad():
+        params = {v: t.detach().requires_grad_() for v, t in leaf_tensor.items()
+                  if v.op == "param"}
+        memo: Dict[Value, torch.Tensor] = dict(params)
+        for v in toposort([r for r, _ in roots]):
+            if v not in memo:
+                memo[v] = eval_op(v, [memo[a] for a in v.args], ix)
+        used = [p for p in params if any(p in toposort([r]) for r, _ in roots)]
+        gs = torch.autograd.grad([memo[r] for r, _ in roots], [params[p] for p in used],
+                                 [g for _, g in roots], allow_unused=True)
+    return {p: g for p, g in zip(used, gs) if g is not None}
+
+
+def execute(compiled, ix: GraphIndex, leaves: Dict[Value, torch.Tensor], backend: str,
+            autodiff: str) -> Sequence[torch.Tensor]:
+    """Run ``compiled`` (a :class:`hector.compiler.program.CompiledPlan`) on the leaf tensors."""
+    plan = compiled.forward_plan
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in leaves.values())
+    if autodiff == "ir" and needs_grad:
+        compiled.ensure_backward()   # lazily: the first forward that records a graph builds it
+    if autodiff == "torch" or not needs_grad or compiled.backward_plan is None:
+        env = run_plan(plan, ix, leaves, backend)
+        return [env[o] for o in plan.outputs]
+    order = tuple(leaves)
+    out = PlanFunction.apply(compiled, ix, backend, order, *[leaves[v] for v in order])
+    return list(out) if isinstance(out, tuple) else [out]

@@ -1,0 +1,213 @@
+"""``hector.explain``: what the compiler did to a layer on a graph, as readable text -- the IR
+before and after each pass, every decision with its reason, the plan, which op each step
+calls on each backend, and the Triton kernels those ops launch: each one's render
+parameters, its file in the kernel cache, its config (the heuristic default, and any choice
+the autotuner has recorded) and its rendered source.  ``configure(parser)`` / ``run(args)``
+back ``hector explain``."""
+from __future__ import annotations
+
+import argparse
+from typing import Callable, List, Union
+
+import torch
+
+from .. import datasets
+from ..device import interpreting, num_sms
+from ..graph import Graph, with_self_loops
+from ..kernels import autotune, registry
+from ..kernels.attention import spec as attention_spec
+from ..kernels.attention.launch import PROGRAMS_PER_SM, choose_strategy, make_plan, score_params
+from ..kernels.attention.spec import AttentionSpec, default_schedule
+from ..kernels.segment_mm import spec as gemm_spec
+from ..kernels.segment_mm.launch import gemm_params
+from ..kernels.segment_mm.spec import GemmSpec
+from . import models
+from .printer import format_ir
+from .program import CompiledModule, Program
+
+_OPS = {"gemm": "hector.kernels.segment_mm.op.segment_mm (Triton segment GEMM; "
+                "torch: per-segment matmul)",
+        "attention": "hector.kernels.attention.op.edge_attention (fused score+softmax+aggregate "
+                     "Triton kernel)",
+        "traversal": "torch index_select / index_add traversal",
+        "weight": "torch (weight-only, once per call)"}
+
+MODELS = ("rgcn", "rgat", "hgt")
+
+
+def _program(module_or_fn, **dims):
+    if isinstance(module_or_fn, Program):
+        return module_or_fn
+    program = getattr(module_or_fn, "program", None)
+    if isinstance(program, Program):
+        return program
+    if isinstance(module_or_fn, CompiledModule):
+        return module_or_fn.program
+    if callable(module_or_fn):
+        return Program(module_or_fn, **dims)
+    raise TypeError("explain needs a hector layer, a hector.compile module, a Program or a DSL "
+                    f"function, got {type(module_or_fn).__name__}")
+
+
+def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torch.float32,
+            backward: bool = True, **dims) -> str:
+    """The compilation of ``module_or_fn`` for ``graph`` as text (nothing is run).
+
+    ``module_or_fn``: a ``hector.nn`` relational layer, a ``hector.compile`` module, or a
+    DSL function (then ``dims`` are its dimensions, as for ``hector.compile``)."""
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
+    if hasattr(module_or_fn, "attention_spec"):
+        return _explain_attention(module_or_fn, graph, dtype, dims.get("features"))
+    program = _program(module_or_fn, **dims)
+    program.check_graph(graph)
+    cp = program.compiled_for(graph, dtype, backward=backward)
+    s = cp.stats
+    out = [f"== hector.explain: {getattr(program.fn, '__name__', 'layer')} "
+           f"(options {program.options}, autodiff={program.autodiff})",
+           f"graph: {s.num_nodes} nodes, {s.num_edges} edges, {s.num_relations} relations, "
+           f"{s.num_node_types} node types; unique (src, rel) rows {s.compact_src_rows}, "
+           f"unique (dst, rel) rows {s.compact_dst_rows}", ""]
+    out.append(format_ir(program.traced.outputs, "captured IR"))
+    for rec in cp.log:
+        if not backward and (rec.name == "autodiff" or rec.name.startswith("backward/")):
+            continue   # built by an earlier training call on this entry; not asked for here
+        out.append("")
+        out.append(f"-- pass {rec.name}")
+        out.extend("  " + str(d) for d in rec.decisions)
+        if rec.before != rec.after and rec.name != "autodiff":
+            out.append(format_ir(rec.after, f"IR after {rec.name}"))
+    kernels = _Kernels()
+    for title, plan in (("forward plan", cp.forward_plan), ("backward plan", cp.backward_plan)):
+        if plan is None or (title == "backward plan" and not backward):
+            continue
+        out += ["", f"== {title} ({len(plan.steps)} kernels)", plan.describe(), "", "ops called:"]
+        for i, step in enumerate(plan.steps):
+            out.append(f"  [{i}] {_OPS[step.template]}")
+            out.extend(f"      {line}" for line in _step_kernels(step, graph, kernels))
+    return "\n".join(out + kernels.sources())
+
+
+def _explain_attention(layer, graph, dtype, features) -> str:
+    """An attention layer (GAT, AGNN, Transformer): the fused op it calls, and for each
+    traversal the schedule DF-GNN's dynamic fusion picks on this graph, and why."""
+    g = with_self_loops(graph) if getattr(layer, "add_self_loops", False) else graph
+    spec = layer.attention_spec(dtype, features)
+    plan = make_plan(g, spec, layer.strategy)
+    terms = [name for name, on in (("scale * <q_v, k_u>", spec.has_qk), ("a_src[u]", spec.has_src),
+                                   ("a_dst[v]", spec.has_dst)) if on]
+    out = [f"== hector.explain: {layer!r} (strategy={layer.strategy!r})",
+           f"graph: {g.num_nodes} nodes, {g.num_edges} edges"
+           + (" (self loops replaced by one per node)" if g is not graph else "")
+           + f"; in-degree max {g.in_degree.max}, mean {g.in_degree.mean:.1f}, cv "
+           f"{g.in_degree.cv:.2f}, {g.in_degree.num_super} super nodes",
+           "",
+           f"fused op: hector.kernels.attention.op.edge_attention, {spec.heads} head(s), score = "
+           f"{' + '.join(terms)}" + (f", leaky_relu({spec.negative_slope})" if spec.has_leaky else "")
+           + f", softmax over incoming edges, aggregate v ({spec.dim_v} per head)"
+           + (", dropout on alpha" if spec.has_dropout else ""), ""]
+    kernels = _Kernels()
+    for side, sched, names in (
+            ("forward + destination-side backward (CSR by destination)", plan.dst,
+             ("attention_fwd", "attention_bwd_dst")),
+            ("source-side backward (CSR by source, no atomics)", plan.src,
+             ("attention_bwd_src",))):
+        out += [f"-- {side}: {sched.strategy}-parallel",
+                f"  why: {sched.reason}",
+                f"  tiles: BLOCK_E={sched.block_e} BLOCK_H={sched.block_h} "
+                f"BLOCK_DK={sched.block_dk} BLOCK_DV={sched.block_dv} num_warps={sched.num_warps}"
+                + (f", chunk={sched.chunk} edges" if sched.strategy == "edge" else ""),
+                "  kernels:"]
+        for name in names:
+            out.extend("    " + line for line in kernels.traversal(name, spec, sched))
+        out.append("")
+    return "\n".join(out + kernels.sources())
+
+
+class _Kernels:
+    """The registry kernels an explanation names: one line each where it is used, and each
+    distinct one's source once at the end."""
+
+    def __init__(self):
+        self._seen = {}    # spec hash -> (name, params)
+
+    def describe(self, name: str, params: dict, configs) -> List[str]:
+        digest = registry.spec_hash(name, **params)
+        if digest in self._seen:
+            return [f"{name} ({digest[:16]}): as above"]
+        self._seen[digest] = (name, params)
+        flags = ", ".join(f"{k}={v}" for k, v in sorted(params.items())) or "no parameters"
+        lines = [f"{name} ({digest[:16]}; {flags})", f"  cache: {registry.materialise(name, **params)}"]
+        if configs:
+            first = autotune.config_dict(configs[0])
+            lines.append(f"  config: {_config_text(first)} (the default; "
+                         + (f"the autotuner times {len(configs)} configs once per shape bucket "
+                            "on CUDA" if len(configs) > 1 else "not tuned") + ")")
+            for key, rec in sorted(autotune.recorded(digest).items()):
+                lines.append(f"  tuned {key.split('/')[2]} on {key.split('/')[3]}: "
+                             f"{_config_text(rec.get('config', {}))}")
+        return lines
+
+    def traversal(self, name: str, spec, sched) -> List[str]:
+        params = score_params(spec, sched.strategy)
+        if name == "attention_bwd_dst":
+            params.update(need_dq=spec.has_qk, need_ddst=spec.has_dst)
+        elif name == "attention_bwd_src":
+            params.update(need_dk=spec.has_qk, need_dv=True, need_dsrc=spec.has_src)
+        return self.describe(name, params, attention_spec.tune_configs(sched))
+
+    def sources(self) -> List[str]:
+        out = []
+        for digest, (name, params) in self._seen.items():
+            out += ["", f"== generated kernel {name} ({digest[:16]})",
+                    registry.source(name, **params).rstrip("\n")]
+        return out
+
+
+def _config_text(config: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items() if v not in (0, "", None))
+
+
+def _step_kernels(step, graph, kernels: _Kernels) -> List[str]:
+    """Lines naming the Triton kernels one plan step launches on the Triton backend."""
+    spec = step.spec[0] if isinstance(step.spec, tuple) else step.spec
+    if step.template == "gemm" and isinstance(spec, GemmSpec) and step.body.op == "linear":
+        return kernels.describe("segment_mm", gemm_params(spec),
+                                gemm_spec.tune_configs(spec, interpreting=interpreting()))
+    if step.template == "attention" and isinstance(spec, AttentionSpec):
+        sms = num_sms(graph.device)
+        strategy, _ = choose_strategy(graph.in_degree, graph.num_edges, sms, spec.heads)
+        sched = default_schedule(spec, strategy, graph.num_edges, graph.in_degree.mean,
+                                 sms * PROGRAMS_PER_SM)
+        return [f"(schedule {strategy}-parallel by the rule on this graph's in-degree; the "
+                "graph a relational step traverses may differ)",
+                *kernels.traversal("attention_fwd", spec, sched)]
+    return []
+
+
+def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Arguments of ``hector explain MODEL --dataset D``."""
+    parser.add_argument("model", choices=MODELS, help="relational layer to compile")
+    parser.add_argument("--dataset", required=True,
+                        help="dataset name (hector.datasets.load), e.g. aifb or synthetic:aifb")
+    parser.add_argument("--root", default=None, help="local folder with the dataset files")
+    parser.add_argument("--in-dim", type=int, default=16)
+    parser.add_argument("--out-dim", type=int, default=16)
+    parser.add_argument("--heads", type=int, default=2)
+    for flag in ("reorder", "compact", "fuse"):
+        parser.add_argument(f"--no-{flag}", action="store_true", help=f"disable the {flag} pass")
+    parser.add_argument("--forward-only", action="store_true", help="skip the backward plan")
+    return parser
+
+
+def run(args) -> int:
+    ds = datasets.load(args.dataset, root=args.root)
+    graph = ds.graph
+    opts = {k: not getattr(args, f"no_{k}") for k in ("reorder", "compact", "fuse")}
+    dims = dict(in_dim=args.in_dim, out_dim=args.out_dim, num_relations=graph.num_relations,
+                num_node_types=graph.num_node_types)
+    if args.model != "rgcn":
+        dims["heads"] = args.heads
+    program = Program(getattr(models, args.model), **opts, **dims)
+    print(explain(program, graph, backward=not args.forward_only))
+    return 0

@@ -1,0 +1,163 @@
+"""Reverse-mode differentiation of the IR (Hector section 3.4).
+
+``differentiate(forward_outputs)`` returns a backward IR made of the same operators: the
+adjoint of a typed linear is a typed linear with the transposed weight (same row segments)
+plus a segment-grouped outer product for the weight (``wgrad``); of a gather, a scatter by the
+same endpoint and vice versa (so a source-side gradient is a traversal grouped by source, no
+atomics in the plan); of the edge softmax, ``alpha * (g - sum_dst(alpha * g))``.  The backward
+IR then runs through canonicalize / reorder / compact / fuse and the same lowering.
+
+Gradient targets are the node inputs and the *weight roots* -- weight-only expressions a row
+operator reads (a parameter, or e.g. ``W_r @ k`` after reordering).  Weight-only expressions
+are tiny and are differentiated by torch autograd at run time (the executor chains the
+gradient of a root to its parameters).
+
+``bind_saved`` decides what the backward reads from the forward: every forward value the
+fused forward plan materialises becomes a ``saved`` leaf; values that fusion kept on chip
+(edge softmax weights inside the attention kernel, say) are recomputed by the backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Dict, List, Sequence, Tuple
+
+from .. import ir as N
+from ..ir import EDGE, NODE, Value, WEIGHT, toposort
+from .common import Decision
+
+NAME = "autodiff"
+
+
+@dataclass(frozen=True)
+class Backward:
+    outputs: Tuple[Value, ...]            # one gradient per target
+    targets: Tuple[Value, ...]            # forward inputs / weight roots
+    grad_leaves: Tuple[Value, ...]        # incoming gradient leaf per forward output
+    decisions: Tuple[Decision, ...] = ()
+    saved_values: Tuple[Value, ...] = ()  # fused-forward values the backward reads
+    saved_leaves: Tuple[Value, ...] = ()  # their leaves in the backward IR
+
+    def with_outputs(self, outputs) -> "Backward":
+        return replace(self, outputs=tuple(outputs))
+
+
+def expand(x: Value, shape) -> Value:
+    return x if x.shape == tuple(shape) else Value("expand", (x,), x.kind, tuple(shape))
+
+
+def _unbroadcast(g: Value, a: Value) -> Value:
+    """``g`` reduced to operand ``a``'s shape (rows) or slices (weights)."""
+    if a.kind == WEIGHT:
+        return N.wsum(g, a)
+    return N.reduce_to(g, a.shape)
+
+
+def _adjoints(v: Value, g: Value) -> List[Tuple[Value, Value]]:
+    """(argument, gradient contribution) pairs of value ``v`` given its gradient ``g``."""
+    op, a = v.op, v.args
+    if op == "linear":
+        x, w = a
+        dx = N.linear(g, N.wT(w), x.heads if len(w.shape) == 2 else None)
+        return [(x, dx), (w, N.wgrad(x, g, w))]
+    if op == "gather":
+        return [(a[0], N.scatter(g, a[0].kind, v.attr("end"), "sum"))]
+    if op == "scatter":
+        back = N.gather if v.attr("reduce") == "sum" else N.gather_mean_grad
+        return [(a[0], back(g, a[0].kind, v.attr("end")))]
+    if op == "edge_softmax":
+        ag = N.binary("mul", v, g)
+        total = N.gather(N.scatter(ag, NODE, "dst", "sum"), EDGE, "dst")
+        return [(a[0], N.binary("mul", v, N.binary("sub", g, total)))]
+    if op == "dot":
+        return [(a[0], N.binary("mul", expand(g, a[1].shape), a[1])),
+                (a[1], N.binary("mul", expand(g, a[0].shape), a[0]))]
+    if op == "add":
+        return [(a[0], _unbroadcast(g, a[0])), (a[1], _unbroadcast(g, a[1]))]
+    if op == "sub":
+        return [(a[0], _unbroadcast(g, a[0])), (a[1], _unbroadcast(N.unary("neg", g), a[1]))]
+    if op == "mul":
+        return [(a[0], _unbroadcast(N.binary("mul", g, a[1]), a[0])),
+                (a[1], _unbroadcast(N.binary("mul", g, a[0]), a[1]))]
+    if op == "neg":
+        return [(a[0], N.unary("neg", g))]
+    if op == "scale":
+        return [(a[0], N.unary("scale", g, factor=v.attr("factor")))]
+    if op == "exp":
+        return [(a[0], N.binary("mul", g, v))]
+    if op == "sigmoid":   # s (1 - s) = s - s s
+        return [(a[0], N.binary("mul", g, N.binary("sub", v, N.binary("mul", v, v))))]
+    if op == "tanh":
+        return [(a[0], N.binary("sub", g, N.binary("mul", g, N.binary("mul", v, v))))]
+    if op == "gelu":
+        return [(a[0], N.binary("mul", g, N.unary("gelu_grad", a[0])))]
+    if op in ("relu", "leaky_relu"):
+        slope = v.attr("slope") if op == "leaky_relu" else 0.0
+        return [(a[0], N.binary("mul", g, N.unary("leaky_relu_grad", a[0], slope=slope)))]
+    if op == "head_mean":
+        return [(a[0], N.unary("scale", expand(g, a[0].shape), factor=1.0 / a[0].heads))]
+    if op == "reshape":
+        return [(a[0], N.reshape(g, a[0].heads))]
+    if op in ("reduce_to",):
+        return [(a[0], expand(g, a[0].shape))]
+    if op in ("expand",):
+        return [(a[0], N.reduce_to(g, a[0].shape))]
+    raise NotImplementedError(f"autodiff: no adjoint for IR op {op!r}")
+
+
+def weight_roots(outputs: Sequence[Value]) -> List[Value]:
+    """Weight-only expressions read by row operators (the weight-side gradient targets)."""
+    roots = []
+    for v in toposort(outputs):
+        if v.kind != WEIGHT:
+            roots.extend(a for a in v.args if a.kind == WEIGHT and a not in roots)
+    return roots
+
+
+def differentiate(outputs: Sequence[Value]) -> Backward:
+    order = toposort(outputs)
+    grad_leaves = tuple(Value("grad_output", (), o.kind, o.shape, (("key", i),))
+                        for i, o in enumerate(outputs))
+    grads: Dict[Value, Value] = {}
+    for o, gl in zip(outputs, grad_leaves):
+        grads[o] = N.binary("add", grads[o], gl) if o in grads else gl
+    roots = set(weight_roots(outputs))
+    for v in reversed(order):
+        if v not in grads or v.op in ("input", "param", "const") or v in roots:
+            continue
+        for arg, contrib in _adjoints(v, grads[v]):
+            if arg.op == "const" or (arg.kind == WEIGHT and arg not in roots):
+                continue
+            grads[arg] = N.binary("add", grads[arg], contrib) if arg in grads else contrib
+    targets = [v for v in order if v.op == "input"] + [r for r in weight_roots(outputs)]
+    targets = [t for t in targets if t in grads]
+    decisions = [Decision(NAME, f"gradient of {t.op} {t.attr('name') or ''}".strip(), True,
+                          "reverse-mode over the IR") for t in targets]
+    return Backward(tuple(grads[t] for t in targets), tuple(targets), grad_leaves,
+                    tuple(decisions))
+
+
+def bind_saved(bwd: Backward, forward: Sequence[Value], materialised: Dict[Value, Value]) -> Backward:
+    """Replace forward values the fused forward plan materialises (``materialised``: unfused
+    value -> the plan value holding it; leaves map to themselves) with ``saved`` leaves."""
+    fwd_set = set(toposort(forward))
+    memo: Dict[Value, Value] = {}
+    saved_values: List[Value] = []
+    saved_leaves: List[Value] = []
+
+    def sub(v: Value) -> Value:
+        if v in memo:
+            return memo[v]
+        if v in fwd_set and v in materialised:
+            key = len(saved_values)
+            saved_values.append(materialised[v])
+            leaf = N.saved(v, key)
+            saved_leaves.append(leaf)
+            memo[v] = leaf
+            return leaf
+        args = tuple(sub(a) for a in v.args)
+        memo[v] = v if args == v.args else Value(v.op, args, v.kind, v.shape, v.attrs)
+        return memo[v]
+
+    outs = tuple(sub(o) for o in bwd.outputs)
+    return replace(bwd, outputs=outs, saved_values=tuple(saved_values),
+                   saved_leaves=tuple(saved_leaves))

@@ -1,0 +1,90 @@
+"""Compact materialization (Hector section 3.3).
+
+An edge-wise value that depends only on its edge's (src, relation) -- say ``x_u W_r`` -- is
+the same on every edge from ``u`` with relation ``r``.  Computing it once per unique
+(src, relation) pair (``graph.compact_src``) and letting edges read it through
+``edge_row`` saves work and memory whenever such pairs are fewer than edges.  The same holds
+on the destination side with ``graph.compact_dst`` (RGAT's ``x_v W_r q``).
+
+``lift(v, end)`` rebuilds ``v`` on compact rows when it can; the pass replaces every
+edge-wise value that contains a typed linear (the work worth saving) and lifts by
+``gather(lift(v), compact -> edge)``.  Bottom-up, so chains compact as a whole: the
+gather of a lifted child lifts back to the child itself.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from .. import ir as N
+from ..ir import CDST, CSRC, EDGE, NODE, Value, WEIGHT, rewrite
+from .common import Decision, GraphStats
+
+NAME = "compact"
+_TARGET = {"src": CSRC, "dst": CDST}
+_LIFTABLE = N.UNARY + ("reshape", "head_mean")
+
+
+def lift(v: Value, end: str) -> Optional[Value]:
+    """``v`` (edge-wise) recomputed on compact ``end`` rows, or None when it depends on more
+    than (end node, relation)."""
+    c = _TARGET[end]
+    if v.kind == WEIGHT:
+        return v
+    if v.kind != EDGE:
+        return None
+    a = v.args
+    if v.op == "gather":
+        if a[0].kind == NODE and v.attr("end") == end and v.attr("norm") is None:
+            return N.gather(a[0], c, end)
+        return a[0] if a[0].kind == c else None
+    if v.op == "linear":
+        x = lift(a[0], end)
+        return None if x is None else N.linear(x, a[1], v.attr("heads"))
+    if v.op in _LIFTABLE:
+        x = lift(a[0], end)
+        return None if x is None else Value(v.op, (x,), c, v.shape, v.attrs)
+    if v.op in N.BINARY or v.op == "dot":
+        xs = [lift(x, end) for x in a]
+        if any(x is None for x in xs):
+            return None
+        return N.dot(*xs) if v.op == "dot" else N.binary(v.op, *xs)
+    return None
+
+
+def _has_linear(v: Value) -> bool:
+    if v.op == "linear":
+        return True
+    return v.kind != WEIGHT and any(_has_linear(a) for a in v.args if a.kind == EDGE)
+
+
+def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
+    decisions: List[Decision] = []
+    if not enabled:
+        return outputs, [Decision(NAME, "all values", False, "disabled (compact=False)")]
+
+    def rule(v: Value):
+        if v.kind != EDGE or v.op == "gather" or not _has_linear(v):
+            return None
+        for end in ("src", "dst"):
+            lifted = lift(v, end)
+            if lifted is None:
+                continue
+            what = f"{v.op} {list(v.shape)} on edges depends only on ({end}, relation)"
+            if stats is None:
+                decisions.append(Decision(NAME, what, False, "no graph statistics to cost it"))
+                return None
+            rows, E = stats.rows(_TARGET[end]), stats.num_edges
+            if rows >= E:
+                decisions.append(Decision(NAME, what, False, f"{rows} unique ({end}, relation) "
+                                          f"rows >= {E} edges: nothing to share"))
+                return None
+            decisions.append(Decision(NAME, what, True, f"computed on {rows} {_TARGET[end]} rows "
+                                      f"instead of {E} edges ({E / max(rows, 1):.2f}x fewer)"))
+            return N.gather(lifted, EDGE, end)
+        return None
+
+    new = rewrite(outputs, rule)
+    if not decisions:
+        decisions.append(Decision(NAME, "all values", False,
+                                  "no edge-wise typed linear depends only on (src|dst, relation)"))
+    return new, decisions

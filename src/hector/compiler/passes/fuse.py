@@ -1,0 +1,208 @@
+"""Fusion: group operators into kernels of the two templates.
+
+1. **attention**: ``scatter_sum_dst(edge_softmax(act(score)) * gather_src(v))`` becomes one
+   ``attention`` operator -- score, online softmax and weighted aggregation in one traversal,
+   the per-edge scores and weights never written to memory.  The score must be a sum of
+   terms the traversal can read: ``scale * <q_dst, k_src> [* p_relation]``, a source-side
+   term and a destination-side term (each from node, compact or edge rows).
+2. **kernels**: every typed linear is a segment-GEMM kernel (a ``wT`` weight folds into its
+   transpose flag); weight-only expressions form weight kernels; every other operator is
+   inlined into its consumer's traversal kernel when it has one consumer that is a traversal,
+   and is materialised otherwise -- each refusal is logged with its reason.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Dict, List, Optional, Tuple
+
+from .. import ir as N
+from ..ir import EDGE, NODE, Value, WEIGHT, rewrite, toposort
+from ..lower import arg, kernel, single_kernel, template_of
+from .common import Decision
+
+NAME = "fuse"
+
+
+def _terms(s: Value) -> List[Value]:
+    return _terms(s.args[0]) + _terms(s.args[1]) if s.op == "add" else [s]
+
+
+def _side(t: Value, end: str) -> Optional[Value]:
+    """The value a term reads from the ``end`` side, or None."""
+    if t.op == "gather" and t.attr("end") == end and t.attr("norm") is None and t.kind == EDGE:
+        return t.args[0]
+    return None
+
+
+def _qk(t: Value):
+    """``[scale(] [mul(] dot(q_dst, k_src) [, p)] [, c)]`` -> (q, k, p, c) or None."""
+    c = 1.0
+    if t.op == "scale":
+        c, t = t.attr("factor"), t.args[0]
+    p = None
+    if t.op == "mul":
+        w = [a for a in t.args if a.kind == WEIGHT]
+        rest = [a for a in t.args if a.kind != WEIGHT]
+        if len(w) != 1 or len(rest) != 1:
+            return None
+        p, t = w[0], rest[0]
+    if t.op != "dot":
+        return None
+    q, k = _side(t.args[0], "dst"), _side(t.args[1], "src")
+    if q is None or k is None:
+        q, k = _side(t.args[1], "dst"), _side(t.args[0], "src")
+    if q is None or k is None or q.kind not in (NODE,) and q.kind != N.CDST:
+        return None
+    return q, k, p, c
+
+
+def match_attention(v: Value) -> Tuple[Optional[Value], str]:
+    """The fused ``attention`` operator equal to ``v``, or (None, why not)."""
+    if not (v.op == "scatter" and v.kind == NODE and v.attr("end") == "dst"
+            and v.attr("reduce") == "sum" and v.args[0].op == "mul"):
+        return None, "not a sum over incoming edges of a product"
+    a, b = v.args[0].args
+    alpha, msg = (a, b) if a.op == "edge_softmax" else (b, a)
+    if alpha.op != "edge_softmax":
+        return None, "no edge softmax in the product"
+    if alpha.heads != msg.heads:
+        return None, f"softmax heads {alpha.heads} != message heads {msg.heads}"
+    s, slope = alpha.args[0], None
+    if s.op == "leaky_relu":
+        s, slope = s.args[0], s.attr("slope")
+    roles: Dict[str, Value] = {"v": _side(msg, "src") or msg}
+    if roles["v"].kind == N.CDST or (roles["v"].kind == NODE and _side(msg, "src") is None):
+        return None, "message is not a source-side value"
+    scale = 1.0
+    for t in _terms(s):
+        qk = _qk(t) if "q" not in roles else None
+        if qk is not None:
+            roles["q"], roles["k"], p, scale = qk
+            if p is not None:
+                roles["p"] = p
+        elif _side(t, "src") is not None and "a_src" not in roles:
+            roles["a_src"] = _side(t, "src")
+        elif _side(t, "dst") is not None and "a_dst" not in roles:
+            roles["a_dst"] = _side(t, "dst")
+        elif t.kind == EDGE and "a_src" not in roles:
+            roles["a_src"] = t      # an edge-wise term: read per edge (edge-sourced lowering)
+        else:
+            return None, f"score term {t.op} is not a q.k, source or destination term"
+    if "q" in roles and roles["q"].kind != NODE:
+        return None, "query depends on the relation (compact dst rows)"
+    order = [r for r in ("v", "q", "k", "a_src", "a_dst", "p") if r in roles]
+    return Value("attention", tuple(roles[r] for r in order), NODE, msg.shape,
+                 (("roles", tuple(order)), ("scale", scale), ("slope", slope))), ""
+
+
+def run(outputs, stats=None, enabled: bool = True, mapping: Optional[Dict[Value, Value]] = None):
+    """``mapping`` (optional) receives unfused value -> the plan value that materialises it
+    (kernel outputs; leaves map to themselves); values kept inside a kernel are absent."""
+    decisions: List[Decision] = []
+    memo: Dict[Value, Value] = {}
+    if not enabled:
+        decisions.append(Decision(NAME, "all operators", False,
+                                  "disabled (fuse=False): one kernel per operator"))
+        out = tuple(rewrite(outputs, lambda v: None if v.op in _LEAF_OPS else single_kernel(v),
+                            memo))
+        if mapping is not None:
+            mapping.update(memo)
+        return out, decisions
+
+    def attention(v: Value):
+        if v.op != "scatter" or v.kind != NODE:
+            return None
+        fused, why = match_attention(v)
+        if fused is not None:
+            decisions.append(Decision(NAME, "score + edge_softmax + aggregate -> attention", True,
+                                      f"one traversal, roles {fused.attr('roles')}"))
+        elif v.args[0].op == "mul" and any(a.op == "edge_softmax" for a in v.args[0].args):
+            decisions.append(Decision(NAME, "edge_softmax aggregation", False, why))
+        return fused
+
+    new_outputs = rewrite(outputs, attention, memo)
+    made: Dict[Value, Value] = {}
+    out = tuple(_group(new_outputs, decisions, made))
+    if mapping is not None:
+        for orig, new in memo.items():
+            if new in made:
+                mapping[orig] = made[new]
+            elif new.op in _LEAF_OPS:
+                mapping[orig] = new
+    return out, decisions
+
+
+_LEAF_OPS = ("input", "param", "saved", "grad_output", "const", "arg", "kernel")
+
+
+def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
+    order = toposort(outputs)
+    consumers = Counter(a for v in order for a in set(v.args))
+    is_output = set(outputs)
+
+    def inline_ok(a: Value, consumer: Value) -> bool:
+        if a.op in _LEAF_OPS or a.kind == WEIGHT:
+            return False
+        if template_of(a) != "traversal" or template_of(consumer) not in ("traversal",):
+            if template_of(a) == "traversal" and consumer.op == "linear":
+                decisions.append(Decision(NAME, f"{a.op} into linear", False,
+                                          "the segment GEMM reads its input rows from memory"))
+            return False
+        if a in is_output or consumers[a] > 1:
+            decisions.append(Decision(NAME, f"{a.op} into {consumer.op}", False,
+                                      f"read by {consumers[a]} operators: materialised once"))
+            return False
+        decisions.append(Decision(NAME, f"{a.op} into {consumer.op}", True,
+                                  "single consumer in the same traversal"))
+        return True
+
+    def build(v: Value, inputs: List[Value]) -> Value:
+        """Body of the kernel rooted at ``v``; external inputs appended to ``inputs``."""
+        args = []
+        for a in v.args:
+            if v.op == "linear" and a.op == "wT" and a.kind == WEIGHT:
+                args.append(N.wT(_placeholder(materialise(a.args[0]), inputs)))
+            elif v.op == "linear" and _gemm_gather(a, v):
+                decisions.append(Decision(NAME, f"gather {a.args[0].kind}->{a.kind} into linear",
+                                          True, "becomes the segment GEMM's gather index"))
+                args.append(Value(a.op, (_placeholder(materialise(a.args[0]), inputs),),
+                                  a.kind, a.shape, a.attrs))
+            elif inline_ok(a, v):
+                args.append(build(a, inputs))
+            else:
+                args.append(_placeholder(materialise(a), inputs))
+        return Value(v.op, tuple(args), v.kind, v.shape, v.attrs)
+
+    def materialise(v: Value) -> Value:
+        if v.op in _LEAF_OPS:
+            return v
+        if v not in made:
+            inputs: List[Value] = []
+            if v.kind == WEIGHT:   # weight expressions stay whole: tiny, once per call
+                body = _weight_body(v, inputs)
+            else:
+                body = build(v, inputs)
+            made[v] = kernel(template_of(v), body, inputs)
+        return made[v]
+
+    def _weight_body(v: Value, inputs: List[Value]) -> Value:
+        if v.op in _LEAF_OPS:
+            return _placeholder(v, inputs)
+        return Value(v.op, tuple(_weight_body(a, inputs) if a.kind == WEIGHT
+                                 else _placeholder(materialise(a), inputs) for a in v.args),
+                     v.kind, v.shape, v.attrs)
+
+    return [materialise(o) for o in outputs]
+
+
+def _gemm_gather(a: Value, linear: Value) -> bool:
+    """A plain gather from node rows feeding a typed linear is the GEMM's gather index
+    (not with per-node-type weights: those already gather rows through ``node_perm``)."""
+    return (a.op == "gather" and a.args[0].kind == NODE and a.attr("norm") is None
+            and linear.args[1].per != "node_type")
+
+
+def _placeholder(v: Value, inputs: List[Value]) -> Value:
+    if v not in inputs:
+        inputs.append(v)
+    return arg(inputs.index(v), v)

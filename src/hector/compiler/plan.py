@@ -1,0 +1,98 @@
+"""The plan: an ordered list of kernel steps of the two templates, what the compiler's
+lowering (``lower``) produces and the executor (``execute``) runs.
+
+* ``gemm``: a typed linear as a segment GEMM (:class:`~hector.kernels.segment_mm.spec.GemmSpec`
+  plus the :class:`RowSegments` saying which rows form which weight's segment and how they are
+  gathered/scattered);
+* ``traversal``: a node/edge traversal (:class:`TraversalSpec`: iteration space, the fused
+  statements, the reductions);
+* ``attention``: the fused score + edge softmax + aggregation traversal
+  (:class:`~hector.kernels.attention.spec.AttentionSpec`, run by
+  ``hector.kernels.attention.op.edge_attention``);
+* ``weight``: a weight-only computation (weight products, basis combinations): tiny, once per
+  call, never per row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from .ir import Value
+
+TEMPLATES = ("gemm", "traversal", "attention", "weight")
+
+
+@dataclass(frozen=True)
+class RowSegments:
+    """How a typed linear's rows meet its weight slices.
+
+    ``rows``: the row kind; ``segments``: what cuts them into slices ('relation' -> the
+    kind's ``rel_ptr``; 'node_type' -> ``node_type_ptr`` with ``node_perm`` as gather and
+    scatter when types are not contiguous id ranges; None -> one segment); ``per_head``: the
+    weight is ``[H, K, N]`` per slice, so rows are laid out head-major and each (head, slice)
+    is its own segment.
+    """
+    rows: str
+    segments: Optional[str]
+    per_head: bool
+    transpose_weight: bool
+    gather: Optional[Tuple[str, str]] = None   # (source row kind, endpoint) folded into the GEMM
+
+
+@dataclass(frozen=True)
+class TraversalSpec:
+    """A traversal kernel's semantics: ``space`` is what one program iterates ('edge' rows,
+    'node' rows via CSR by destination, compact rows), ``statements`` the fused operator
+    chain (one line each, in the order they run), ``reductions`` the scatters it ends with."""
+    space: str
+    statements: Tuple[str, ...]
+    reductions: Tuple[str, ...]
+    schedule: str   # 'edge-parallel' (one lane per row) or 'node-parallel' (one program per CSR row)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kernel of the plan: ``output = body(inputs)``.  ``body`` is an IR expression whose
+    ``arg`` leaves stand for ``inputs`` (so a step is self-contained and hashable)."""
+    name: str
+    template: str
+    body: Value
+    inputs: Tuple[Value, ...]
+    output: Value
+    spec: object = None     # GemmSpec + RowSegments / TraversalSpec / AttentionSpec / None
+    note: str = ""
+
+    def __post_init__(self):
+        if self.template not in TEMPLATES:
+            raise ValueError(f"Step.template must be one of {TEMPLATES}, got {self.template!r}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Steps in execution order; ``outputs`` are the IR values the plan returns, ``leaves``
+    the inputs, weights and saved values it reads."""
+    steps: Tuple[Step, ...]
+    outputs: Tuple[Value, ...]
+    leaves: Tuple[Value, ...]
+
+    def describe(self) -> str:
+        lines = []
+        for i, s in enumerate(self.steps):
+            spec = s.spec
+            if isinstance(spec, tuple):
+                spec = " + ".join(type(p).__name__ + _short(p) for p in spec)
+            elif spec is not None:
+                spec = type(spec).__name__ + _short(spec)
+            lines.append(f"[{i}] {s.template:9s} {s.name}: {spec or ''}")
+            if s.note:
+                lines.append(f"      {s.note}")
+            if isinstance(s.spec, TraversalSpec):
+                lines.extend(f"      | {st}" for st in s.spec.statements)
+        return "\n".join(lines)
+
+
+def _short(spec) -> str:
+    fields = getattr(spec, "__dataclass_fields__", {})
+    parts = [f"{k}={getattr(spec, k)!s}" for k in fields
+             if k not in ("statements", "reductions", "dtype")]
+    return "(" + ", ".join(parts) + ")"

@@ -1,0 +1,219 @@
+"""``hector.compile``: a DSL function -> a ``torch.nn.Module``.
+
+The function is traced once into IR; the first call on a graph runs the pass pipeline with
+that graph's statistics, lowers the forward IR to a plan, and caches it per (row counts,
+dtype): graphs of one shape share decisions.  The backward (IR autodiff, its passes and
+lowering) is built lazily, by the first forward that needs gradients, and memoised on the
+same entry: inference never builds it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from .. import checks as C
+from ..device import BACKENDS, resolve_backend
+from ..graph import Graph
+from .dsl import Traced, trace
+from .execute import execute
+from .ir import NODE, Value
+from .lower import lower
+from .passes.common import GraphStats
+from .pipeline import ForwardStage, PassRecord, backward_pipeline, forward_pipeline
+from .plan import Plan
+from .steps_torch import GraphIndex
+
+AUTODIFF = ("ir", "torch")
+
+
+@dataclass
+class CompiledPlan:
+    """Everything one (graph shape, dtype) needs: plans and the pass log."""
+    stats: GraphStats
+    forward_ir: Tuple[Value, ...]
+    forward_plan: Plan
+    log: List[PassRecord]
+    backward_plan: Optional[Plan] = None
+    saved_values: Tuple[Value, ...] = ()     # forward-plan values kept for the backward
+    saved_leaves: Tuple[Value, ...] = ()     # their ``saved`` leaves in the backward plan
+    grad_leaves: Tuple[Value, ...] = ()      # ``grad_output`` leaves, one per forward output
+    grad_targets: Tuple[Value, ...] = ()     # forward leaf whose gradient each output is
+    extra: Dict[str, object] = field(default_factory=dict)
+    # How to build the backward on demand (None once built, or when there is none to build).
+    build_backward: Optional[Callable[["CompiledPlan"], None]] = field(default=None, repr=False)
+
+    def ensure_backward(self) -> "CompiledPlan":
+        """Lower the backward plan now if it has not been (memoised: once per entry)."""
+        if self.build_backward is not None:
+            build, self.build_backward = self.build_backward, None
+            try:
+                build(self)
+            except BaseException:
+                self.build_backward = build   # a failed build is retried, not forgotten
+                raise
+        return self
+
+
+class Program:
+    """A traced layer plus its per-graph compiled plans (no parameters: ``hector.nn`` layers
+    keep PyG's parameters and pass them in)."""
+
+    def __init__(self, fn: Callable, *, reorder: bool = True, compact: bool = True,
+                 fuse: bool = True, backend: str = "auto", autodiff: str = "ir",
+                 num_relations: int = 1, num_node_types: int = 1, **dims):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if autodiff not in AUTODIFF:
+            raise ValueError(f"autodiff must be one of {AUTODIFF}, got {autodiff!r}")
+        for name in ("reorder", "compact", "fuse"):
+            if not isinstance(locals()[name], bool):
+                raise TypeError(f"{name} must be a bool, got {locals()[name]!r}")
+        C.check_count(num_relations, "num_relations")
+        C.check_count(num_node_types, "num_node_types")
+        self.fn, self.dims = fn, dict(dims)
+        self.options = dict(reorder=reorder, compact=compact, fuse=fuse)
+        self.backend, self.autodiff = backend, autodiff
+        self.num_relations, self.num_node_types = num_relations, num_node_types
+        self.traced: Traced = trace(fn, num_relations=num_relations,
+                                    num_node_types=num_node_types, **dims)
+        self._cache: Dict[tuple, CompiledPlan] = {}
+
+    # -- compilation ----------------------------------------------------------------------
+    def compiled_for(self, graph, dtype: torch.dtype = torch.float32,
+                     backward: bool = True) -> CompiledPlan:
+        """The compiled entry for ``graph``'s shape and ``dtype``; with ``backward`` (and
+        ``autodiff='ir'``) its backward plan is lowered too, once."""
+        stats = GraphStats.of(graph)
+        key = (stats, dtype)
+        if key not in self._cache:
+            self._cache[key] = self._compile(stats, dtype)
+        cp = self._cache[key]
+        return cp.ensure_backward() if backward else cp
+
+    def _compile(self, stats: GraphStats, dtype: torch.dtype) -> CompiledPlan:
+        stage = forward_pipeline(self.traced.outputs, stats, **self.options)
+        cp = CompiledPlan(stats, stage.fused, lower(stage.fused, dtype), stage.log)
+        if self.autodiff == "ir":
+            cp.build_backward = lambda c: self._lower_backward(c, stage, dtype)
+        return cp
+
+    def _lower_backward(self, cp: CompiledPlan, stage: ForwardStage, dtype: torch.dtype) -> None:
+        bwd = backward_pipeline(stage, cp.stats, **self.options)
+        cp.backward_plan = lower(bwd.outputs, dtype)
+        cp.saved_values, cp.saved_leaves = bwd.saved_values, bwd.saved_leaves
+        cp.grad_leaves, cp.grad_targets = bwd.grad_leaves, bwd.targets
+
+    # -- running --------------------------------------------------------------------------
+    def check_graph(self, graph) -> None:
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
+        for name, decl in self.traced.weights.items():
+            per = decl.value.per
+            if per == "relation" and graph.num_relations != self.num_relations:
+                raise ValueError(f"graph has num_relations={graph.num_relations} but weight "
+                                 f"{name!r} was declared for {self.num_relations}")
+            if per == "node_type" and graph.num_node_types != self.num_node_types:
+                raise ValueError(f"graph has num_node_types={graph.num_node_types} but weight "
+                                 f"{name!r} was declared for {self.num_node_types}")
+
+    def leaves(self, graph, inputs: Dict[str, torch.Tensor],
+               weights: Dict[str, torch.Tensor]) -> Dict[Value, torch.Tensor]:
+        """Check every input and weight against its declaration; the leaf map the plans read."""
+        out = {}
+        unknown = set(inputs) - set(self.traced.inputs)
+        if unknown:
+            raise ValueError(f"unknown input(s) {sorted(unknown)}; the layer declares "
+                             f"{sorted(self.traced.inputs)}")
+        for name, v in self.traced.inputs.items():
+            if name not in inputs:
+                raise ValueError(f"missing input {name!r} (shape [num_nodes, {v.dim}])")
+            x = C.check_features(inputs[name], name, graph.num_nodes, "graph.num_nodes",
+                                 graph.device, num_cols=v.dim)
+            out[v] = x.reshape(x.shape[0], 1, v.dim)
+        for name, decl in self.traced.weights.items():
+            if name not in weights:
+                raise ValueError(f"missing weight {name!r} of shape {decl.full_shape}")
+            w = C.check_tensor(weights[name], name)
+            if tuple(w.shape) != decl.full_shape:
+                raise ValueError(f"weight {name!r} must have shape {decl.full_shape}, got "
+                                 f"{tuple(w.shape)}")
+            if w.device != graph.device:
+                raise ValueError(f"weight {name!r} is on {w.device} but the graph is on "
+                                 f"{graph.device}; move one of them with .to(device)")
+            out[decl.value] = w
+        return out
+
+    def __call__(self, graph, inputs: Dict[str, torch.Tensor],
+                 weights: Dict[str, torch.Tensor]) -> List[torch.Tensor]:
+        self.check_graph(graph)
+        leaves = self.leaves(graph, inputs, weights)
+        dtype = next(iter(self.leaves_dtype(leaves)))
+        # fp32 accumulation: half inputs are computed in fp32 and the outputs cast back.
+        work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        leaves = {v: t.to(work) for v, t in leaves.items()}
+        backend = resolve_backend(self.backend, graph.device, work)
+        cp = self.compiled_for(graph, work, backward=False)   # execute lowers it when needed
+        outs = execute(cp, GraphIndex.of(graph), leaves, backend, self.autodiff)
+        return [o.flatten(1).to(dtype) for o in outs]
+
+    @staticmethod
+    def leaves_dtype(leaves):
+        dtypes = {t.dtype for v, t in leaves.items() if v.op == "input"}
+        if len(dtypes) > 1:
+            raise TypeError(f"node inputs have different dtypes {sorted(map(str, dtypes))}")
+        return dtypes or {torch.float32}
+
+
+class CompiledModule(nn.Module):
+    """What ``hector.compile`` returns: the DSL's weights as parameters, ``forward(graph,
+    **inputs)`` returning the layer's output (a tuple when it has several)."""
+
+    def __init__(self, program: Program):
+        super().__init__()
+        self.program = program
+        for name, decl in program.traced.weights.items():
+            self.register_parameter(name, nn.Parameter(torch.empty(decl.full_shape)))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for name, decl in self.program.traced.weights.items():
+            p = getattr(self, name)
+            if decl.init == "zeros":
+                nn.init.zeros_(p)
+            elif decl.init == "ones":
+                nn.init.ones_(p)
+            else:   # glorot over the slice's last two axes, as PyG does
+                fan = p.shape[-2] + p.shape[-1] if p.dim() >= 2 else 2 * p.shape[-1]
+                bound = math.sqrt(6.0 / fan)
+                nn.init.uniform_(p, -bound, bound)
+
+    def forward(self, graph, **inputs):
+        weights = {n: getattr(self, n) for n in self.program.traced.weights}
+        outs = self.program(graph, inputs, weights)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def node_type_bounds(graph: Graph) -> List[int]:
+    """``graph.node_type_ptr`` as Python ints (first row of each node type, then the node
+    count): read from the device once per graph, as the compiler's own index of it is."""
+    return GraphIndex.of(graph).ptr[NODE]
+
+
+def compile(fn: Callable, *, reorder: bool = True, compact: bool = True, fuse: bool = True,
+            backend: str = "auto", autodiff: str = "ir", **dims) -> CompiledModule:
+    """Compile DSL function ``fn(m, **dims)`` into a module.
+
+    Args:
+        reorder, compact, fuse: switch the optimisation passes.
+        backend: 'auto' (Triton on CUDA or under ``TRITON_INTERPRET=1``, else torch),
+            'torch' or 'triton'.
+        autodiff: 'ir' (backward plan from the IR-level autodiff) or 'torch'.
+        dims: the function's dimensions, plus ``num_relations`` / ``num_node_types`` sizing
+            per-relation / per-node-type weights.
+    """
+    return CompiledModule(Program(fn, reorder=reorder, compact=compact, fuse=fuse,
+                                  backend=backend, autodiff=autodiff, **dims))

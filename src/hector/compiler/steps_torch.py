@@ -1,0 +1,331 @@
+"""The torch backend of the compiler: each IR operator as plain PyTorch ops on a graph's index
+arrays.  It is the CPU path, the reference the Triton path is tested against, and (through
+torch autograd) the reference for the IR-level autodiff.  Typed linears never index a weight
+per row: rows come grouped by type (canonical edge order and compact maps are sorted by
+relation; node types through ``node_type_ptr``/``node_perm``), so each slice multiplies one
+contiguous segment."""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .ir import CDST, CSRC, EDGE, NODE, Value, WEIGHT, toposort
+
+
+class GraphIndex:
+    """Row counts, per-row types, movement indices and host-side segment pointers of one
+    graph, built once and memoised on it (the compiler asks for them every call)."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        g = graph
+        self.rows = {NODE: g.num_nodes, EDGE: g.num_edges, CSRC: g.compact_src.num_rows,
+                     CDST: g.compact_dst.num_rows}
+        self._idx: Dict[tuple, torch.Tensor] = {}
+        self._counts: Dict[tuple, torch.Tensor] = {}
+        self.ptr = {EDGE: g.rel_ptr.tolist(), CSRC: g.compact_src.rel_ptr.tolist(),
+                    CDST: g.compact_dst.rel_ptr.tolist(), NODE: g.node_type_ptr.tolist()}
+        self.node_perm = None if g.node_types_contiguous else g.node_perm.long()
+        # Graph-only quantities the runtime derives (host segment pointers, layouts), keyed
+        # by the caller: built on the first call, read on every later one.
+        self.memo: Dict[tuple, object] = {}
+
+    @staticmethod
+    def of(graph) -> "GraphIndex":
+        memo = graph.__dict__.setdefault("_derived", {})
+        if "compiler_index" not in memo:
+            memo["compiler_index"] = GraphIndex(graph)
+        return memo["compiler_index"]
+
+    def relation(self, kind: str) -> torch.Tensor:
+        g = self.graph
+        return {EDGE: g.etype, CSRC: g.compact_src.rel, CDST: g.compact_dst.rel}[kind].long()
+
+    def node_type(self) -> torch.Tensor:
+        return self.graph.node_type.long()
+
+    def move(self, one: str, many: str, end: str) -> torch.Tensor:
+        """For each row of kind ``many``, its row of kind ``one``."""
+        key = (one, many, end)
+        if key not in self._idx:
+            g = self.graph
+            if (one, many) == (NODE, EDGE):
+                t = g.src if end == "src" else g.dst
+            elif (one, many) == (NODE, CSRC):
+                t = g.compact_src.node
+            elif (one, many) == (NODE, CDST):
+                t = g.compact_dst.node
+            elif (one, many) == (CSRC, EDGE):
+                t = g.compact_src.edge_row
+            elif (one, many) == (CDST, EDGE):
+                t = g.compact_dst.edge_row
+            else:
+                raise ValueError(f"no movement between {one} and {many} rows")
+            self._idx[key] = t.long()
+        return self._idx[key]
+
+    def counts(self, one: str, many: str, end: str) -> torch.Tensor:
+        """How many ``many`` rows map to each ``one`` row (at least 1: a mean of nothing is 0)."""
+        key = (one, many, end)
+        if key not in self._counts:
+            idx = self.move(one, many, end)
+            c = torch.bincount(idx, minlength=self.rows[one])[:self.rows[one]]
+            self._counts[key] = c.clamp_(min=1).to(torch.float32)
+        return self._counts[key]
+
+
+def segment_matmul(x: torch.Tensor, w: torch.Tensor, ptr: List[int],
+                   perm: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``out[r] = x[r] @ w[s]`` for rows r of segment s (rows listed through ``perm`` when
+    the segments are not contiguous).  ``x`` is ``[rows, K]`` or ``[rows, H, K]`` with
+    per-head weights ``w[s]: [H, K, N]``."""
+    if perm is not None:
+        out = segment_matmul(x[perm], w, ptr)
+        return torch.empty_like(out).index_copy(0, perm, out)
+    head = x.dim() == 3
+    parts = []
+    for s in range(len(ptr) - 1):
+        a, b = ptr[s], ptr[s + 1]
+        if b > a:
+            xs = x[a:b]
+            parts.append(torch.einsum("rhk,hkn->rhn", xs, w[s]) if head else xs @ w[s])
+    if not parts:
+        shape = (x.shape[0], x.shape[1], w.shape[-1]) if head else (x.shape[0], w.shape[-1])
+        return x.new_zeros(shape) + 0 * w.sum()
+    return torch.cat(parts, 0)
+
+
+def segment_outer(x: torch.Tensor, dy: torch.Tensor, ptr: List[int], slices: int,
+                  perm: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``dW[s] = sum_{r in s} x[r]^T dy[r]`` (the weight gradient of :func:`segment_matmul`)."""
+    if perm is not None:
+        x, dy = x[perm], dy[perm]
+    head = x.dim() == 3
+    out = []
+    for s in range(slices):
+        a, b = ptr[s], ptr[s + 1]
+        xs, ds = x[a:b], dy[a:b]
+        out.append(torch.einsum("rhk,rhn->hkn", xs, ds) if head else xs.t() @ ds)
+    return torch.stack(out)
+
+
+def _slice_index(ix: GraphIndex, w: Value, kind: str) -> Optional[torch.Tensor]:
+    if w.per == "relation":
+        return ix.relation(kind)
+    if w.per == "node_type":
+        return ix.node_type()
+    return None
+
+
+def _operand(t: torch.Tensor, v: Value, rows_kind: str, ix: GraphIndex) -> torch.Tensor:
+    """A weight operand of an elementwise op, broadcast to ``[rows, h, d]`` (a small vector
+    per row, picked by the row's type; never a matrix)."""
+    if v.kind != WEIGHT:
+        return t
+    per_slice = t if v.per is not None else t.unsqueeze(0)
+    shape = (1,) + tuple(v.shape) if len(v.shape) == 2 else (1, 1, v.shape[0])
+    per_slice = per_slice.reshape((per_slice.shape[0],) + shape[1:])
+    idx = _slice_index(ix, v, rows_kind)
+    return per_slice if idx is None else per_slice.index_select(0, idx)
+
+
+def gelu_grad(x: torch.Tensor) -> torch.Tensor:
+    cdf = 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+    return cdf + x * torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def edge_softmax(s: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """Softmax of ``s [E, H, 1]`` over each destination's incoming edges (row max subtracted)."""
+    mx = s.new_full((num_nodes,) + s.shape[1:], float("-inf"))
+    mx = mx.scatter_reduce(0, dst.view(-1, 1, 1).expand_as(s), s.detach(), "amax")
+    e = torch.exp(s - mx.index_select(0, dst))
+    den = s.new_zeros((num_nodes,) + s.shape[1:]).index_add(0, dst, e)
+    return e / den.index_select(0, dst)
+
+
+def eval_op(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
+    """One IR operator on torch tensors (``a``: its evaluated arguments)."""
+    op = v.op
+    if op == "linear":
+        x, w = a
+        rows = x.shape[0]
+        headwise = len(v.args[1].shape) == 3
+        xin = x if headwise else x.flatten(1)
+        per = v.args[1].per
+        if per is None:
+            y = torch.einsum("rhk,hkn->rhn", xin, w) if headwise else xin @ w
+        elif per == "relation":
+            y = segment_matmul(xin, w, ix.ptr[v.kind])
+        else:
+            y = segment_matmul(xin, w, ix.ptr[NODE], ix.node_perm)
+        return y.reshape((rows,) + v.shape)
+    if op == "gather":
+        one, many = v.args[0].kind, v.kind
+        idx = ix.move(one, many, v.attr("end"))
+        out = a[0].index_select(0, idx)
+        if v.attr("norm") == "mean":
+            out = out / ix.counts(one, many, v.attr("end")).index_select(0, idx).view(-1, 1, 1)
+        return out
+    if op == "scatter":
+        one, many = v.kind, v.args[0].kind
+        idx = ix.move(one, many, v.attr("end"))
+        x = a[0]
+        out = x.new_zeros((ix.rows[one],) + tuple(x.shape[1:])).index_add(0, idx, x)
+        if v.attr("reduce") == "mean":
+            out = out / ix.counts(one, many, v.attr("end")).view(-1, 1, 1)
+        return out
+    if op == "edge_softmax":
+        return edge_softmax(a[0], ix.move(NODE, EDGE, "dst"), ix.rows[NODE])
+    if op == "dot":
+        return (a[0] * a[1]).sum(-1, keepdim=True)
+    if op in ("add", "sub", "mul"):
+        if v.kind == WEIGHT:
+            x, y = a
+        else:
+            x, y = (_operand(t, arg, v.kind, ix) for t, arg in zip(a, v.args))
+        return x + y if op == "add" else x - y if op == "sub" else x * y
+    if op == "head_mean":
+        return a[0].mean(1, keepdim=True)
+    if op == "reshape":
+        return a[0].reshape((a[0].shape[0],) + v.shape)
+    if op == "expand":
+        return a[0].expand((a[0].shape[0],) + v.shape)
+    if op == "reduce_to":
+        x = a[0]
+        for axis, n in ((1, v.shape[0]), (2, v.shape[1])):
+            if n == 1 and x.shape[axis] != 1:
+                x = x.sum(axis, keepdim=True)
+        return x
+    return _eval_elementwise_or_weight(v, a, ix)
+
+
+def _eval_elementwise_or_weight(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
+    op = v.op
+    x = a[0] if a else None
+    if op == "neg":
+        return -x
+    if op == "exp":
+        return torch.exp(x)
+    if op == "sigmoid":
+        return torch.sigmoid(x)
+    if op == "tanh":
+        return torch.tanh(x)
+    if op == "gelu":
+        return F.gelu(x)
+    if op == "relu":
+        return torch.relu(x)
+    if op == "leaky_relu":
+        return F.leaky_relu(x, v.attr("slope"))
+    if op == "scale":
+        return x * v.attr("factor")
+    if op == "leaky_relu_grad":
+        return torch.where(x > 0, torch.ones_like(x), torch.full_like(x, v.attr("slope")))
+    if op == "gelu_grad":
+        return gelu_grad(x)
+    if op == "wmul":
+        return torch.matmul(a[0], a[1])
+    if op == "wcombine":
+        comp, basis = a
+        return (comp @ basis.reshape(basis.shape[0], -1)).reshape((comp.shape[0],) + v.shape)
+    if op == "blockdiag":
+        nb = v.args[0].shape[0]
+        eye = torch.eye(nb, dtype=x.dtype, device=x.device)
+        full = torch.einsum("...bkn,bc->...bkcn", x, eye)
+        return full.reshape(full.shape[:-4] + v.shape)
+    if op == "wT":
+        return x.transpose(-1, -2)
+    if op == "wgrad":
+        return _wgrad(v, a[0], a[1], ix)
+    if op == "wsum":
+        return _wsum(v, x, ix)
+    if op == "const":
+        return torch.full((ix.rows[v.kind],) + v.shape, v.attr("value"))
+    raise NotImplementedError(f"torch backend: no rule for IR op {op!r}")
+
+
+def _wgrad(v: Value, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
+    headwise = len(v.shape) == 3
+    rows = x.shape[0]
+    if not headwise:
+        x, dy = x.flatten(1), dy.flatten(1)   # (flatten: fine with 0 rows)
+    kind = v.args[0].kind
+    if v.per is None:
+        return torch.einsum("rhk,rhn->hkn", x, dy) if headwise else x.t() @ dy
+    if v.per == "relation":
+        return segment_outer(x, dy, ix.ptr[kind], len(ix.ptr[kind]) - 1)
+    return segment_outer(x, dy, ix.ptr[NODE], len(ix.ptr[NODE]) - 1, ix.node_perm)
+
+
+def _wsum(v: Value, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
+    kind = v.args[0].kind
+    idx = _slice_index(ix, v, kind)
+    if idx is None:
+        s = dy.sum(0)
+    else:
+        n = len(ix.ptr[kind if v.per == "relation" else NODE]) - 1
+        s = dy.new_zeros((n,) + tuple(dy.shape[1:])).index_add(0, idx, dy)
+    h, d = (1, v.shape[0]) if len(v.shape) == 1 else v.shape
+    lead = s.dim() - 2
+    if h == 1 and s.shape[lead] != 1:
+        s = s.sum(lead, keepdim=True)
+    if d == 1 and s.shape[lead + 1] != 1:
+        s = s.sum(lead + 1, keepdim=True)
+    return s.reshape(s.shape[:lead] + tuple(v.shape))
+
+
+def edge_side(t: torch.Tensor, v: Value, end: str, ix: GraphIndex) -> torch.Tensor:
+    """A node / compact / edge value read per edge from the ``end`` side."""
+    if v.kind == EDGE:
+        return t
+    return t.index_select(0, ix.move(v.kind, EDGE, end))
+
+
+def attention_score(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
+    """The pre-activation score ``scale <q_v, k_u> p_r + a_src + a_dst`` of a fused
+    ``attention`` operator, per edge ``[E, H, 1]``."""
+    roles = dict(zip(v.attr("roles"), zip(v.args, a)))
+    terms = []
+    if "q" in roles:
+        q = edge_side(roles["q"][1], roles["q"][0], "dst", ix)
+        k = edge_side(roles["k"][1], roles["k"][0], "src", ix)
+        qk = (q * k).sum(-1, keepdim=True) * v.attr("scale")
+        if "p" in roles:
+            qk = qk * _operand(roles["p"][1], roles["p"][0], EDGE, ix)
+        terms.append(qk)
+    if "a_src" in roles:
+        terms.append(edge_side(roles["a_src"][1], roles["a_src"][0], "src", ix))
+    if "a_dst" in roles:
+        terms.append(edge_side(roles["a_dst"][1], roles["a_dst"][0], "dst", ix))
+    score = terms[0]
+    for t in terms[1:]:
+        score = score + t
+    return score
+
+
+def attention_torch(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
+    """The fused ``attention`` operator (what fusion makes of score -> edge softmax ->
+    weighted aggregation), evaluated edge by edge."""
+    score = attention_score(v, a, ix)
+    if v.attr("slope") is not None:
+        score = F.leaky_relu(score, v.attr("slope"))
+    dst = ix.move(NODE, EDGE, "dst")
+    alpha = edge_softmax(score, dst, ix.rows[NODE])
+    i = v.attr("roles").index("v")
+    msg = alpha * edge_side(a[i], v.args[i], "src", ix)
+    return msg.new_zeros((ix.rows[NODE],) + tuple(msg.shape[1:])).index_add(0, dst, msg)
+
+
+def eval_body(body: Value, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
+    """Evaluate a kernel body, its ``arg`` leaves bound to ``inputs``."""
+    memo: Dict[Value, torch.Tensor] = {}
+    for b in toposort([body]):
+        if b.op == "arg":
+            memo[b] = inputs[b.attr("index")]
+        elif b.op == "attention":
+            memo[b] = attention_torch(b, [memo[x] for x in b.args], ix)
+        else:
+            memo[b] = eval_op(b, [memo[x] for x in b.args], ix)
+    return memo[body]

@@ -1,0 +1,282 @@
+"""The Triton backend's two kernel templates as the compiler calls them.
+
+* ``gemm`` steps -> :func:`hector.kernels.segment_mm.op.segment_mm` (segment GEMM with
+  gather/scatter);
+* ``attention`` steps -> :func:`hector.kernels.attention.op.edge_attention`.  That op takes
+  per-*node* terms, but relational attention reads compact (src, relation) rows (HGT's ``k
+  W_att_r``, the messages ``m W_msg_r``) or even (dst, relation) rows (RGAT's ``z_v^r q``).  We
+  lower it onto a *derived bipartite graph*: sources are the rows the source-side terms live on
+  (nodes, compact (src, relation) rows, or edges), destinations the real nodes, one derived edge
+  per edge.  Terms are padded to ``S + N`` rows (zeros where a side does not apply).  HGT's
+  per-relation prior ``p_r`` multiplies the q.k term, so it is folded into the keys of each
+  compact row (rows carry their relation).  A destination-side term that depends on the relation
+  (RGAT) cannot be a per-node query, so then sources are the edges themselves and the whole
+  pre-activation score is an edge term ``a_src`` (cost: ``E x H x D`` messages). RGAT's case (no
+  q.k term; ``a_dst`` per (dst, relation)) avoids that: see :func:`_attention_by_dst_relation`.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..device import interpreting
+from ..graph import Graph
+from ..kernels.attention.op import edge_attention
+from ..kernels.segment_mm.launch import launch_wgrad
+from ..kernels.segment_mm.op import segment_mm
+from ..kernels.segment_mm.spec import GemmSpec, default_schedule
+from .ir import CDST, CSRC, EDGE, NODE, Value
+from .plan import RowSegments
+from .steps_torch import GraphIndex, _operand, attention_score, edge_side, edge_softmax
+
+
+def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:
+    """The segment bounds of a GEMM step's rows, as Python ints (read from the graph once)."""
+    if rs.segments == "relation":
+        return ix.ptr[rs.rows if rs.rows in (EDGE, CSRC) else CDST]
+    if rs.segments == "node_type":
+        return ix.ptr[NODE]
+    return [0, rows]
+
+
+def _gemm_layout(ix: GraphIndex, rs, rows: int, heads: int):
+    """(seg_ptr as an int64 *CPU* tensor, node permutation on the device or None) of a GEMM
+    step, memoised on the graph's index.  ``segment_mm`` reads ``seg_ptr`` on the host: a
+    device tensor would cost a device sync per step, every call.  Head-major rows
+    (``heads`` > 0) make each (head, slice) its own segment."""
+    key = ("gemm_layout", rs.rows, rs.segments, rows, heads)
+    if key not in ix.memo:
+        bounds = _host_bounds(ix, rs, rows)
+        perm = ix.node_perm if rs.segments == "node_type" else None
+        if heads:
+            bounds = [h * rows + b for h in range(heads) for b in bounds[:-1]] + [heads * rows]
+            if perm is not None:
+                offs = torch.arange(heads, device=perm.device).view(-1, 1) * rows
+                perm = (offs + perm.view(1, -1)).reshape(-1)
+        ix.memo[key] = (torch.tensor(bounds, dtype=torch.int64), perm)
+    return ix.memo[key]
+
+
+def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str):
+    """A typed-linear step on the segment GEMM template."""
+    _, rs = step.spec
+    gather = None
+    if rs.gather is not None:   # x holds the source rows; the GEMM reads them by index
+        gather = ix.move(rs.gather[0], rs.rows, rs.gather[1])
+    rows = x.shape[0] if gather is None else gather.shape[0]
+    weight = w if rs.segments is not None else w.unsqueeze(0)
+    if rs.per_head:
+        if gather is not None:
+            x, gather = x.index_select(0, gather), None
+        H = x.shape[1]
+        ptr, perm = _gemm_layout(ix, rs, rows, H)
+        xin = x.transpose(0, 1).reshape(H * rows, x.shape[-1])
+        S = weight.shape[0]
+        weight = weight.transpose(0, 1).reshape((H * S,) + tuple(weight.shape[2:]))
+        n_rows = H * rows
+    else:
+        ptr, perm = _gemm_layout(ix, rs, rows, 0)
+        xin, n_rows = x.flatten(1), rows   # (flatten: fine with 0 rows)
+    out = segment_mm(xin.contiguous(), weight.contiguous(), ptr,
+                     gather=perm if gather is None else gather, scatter=perm,
+                     num_out_rows=n_rows if perm is not None else None,
+                     transpose_weight=rs.transpose_weight, backend=backend)
+    if rs.per_head:
+        out = out.view(H, rows, -1).transpose(0, 1)
+    return out.reshape((rows,) + tuple(step.output.shape))
+
+
+def _wgrad_layout(ix: GraphIndex, kind: str, per, rows: int, heads: int):
+    """(segment bounds as a tuple of ints, row permutation on the device or None) of a weight
+    gradient over ``rows`` rows of ``kind``, head-major when ``heads`` > 0; memoised."""
+    key = ("wgrad_layout", kind, per, rows, heads)
+    if key not in ix.memo:
+        seg = "relation" if per == "relation" else "node_type" if per == "node_type" else None
+        rs = RowSegments(rows=kind, segments=seg, per_head=bool(heads), transpose_weight=False)
+        ptr, perm = _gemm_layout(ix, rs, rows, heads)
+        ix.memo[key] = (tuple(ptr.tolist()), perm)
+    return ix.memo[key]
+
+
+def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
+    """A weight-gradient step ``dW[s] = sum_{r in s} x_r^T dy_r`` on the segment GEMM's
+    ``segment_mm_wgrad`` kernel: one launch for all slices (the torch backend loops over
+    them in Python, one small matmul per relation).  Same segments as the forward GEMM:
+    relation pointers of the rows' kind, node-type pointers with ``node_perm`` as gather and
+    scatter, or one segment; per-head weights make each (head, slice) a segment."""
+    v = step.body
+    headwise = len(v.shape) == 3
+    rows = x.shape[0]
+    H = x.shape[1] if headwise else 0
+    bounds, perm = _wgrad_layout(ix, v.args[0].kind, v.per, rows, H)
+    if headwise:
+        xin = x.transpose(0, 1).reshape(H * rows, x.shape[-1])
+        dyin = dy.transpose(0, 1).reshape(H * rows, dy.shape[-1])
+    else:
+        xin, dyin = x.flatten(1), dy.flatten(1)   # (flatten: fine with 0 rows)
+    K, N = xin.shape[1], dyin.shape[1]
+    S = len(bounds) - 1
+    spec = GemmSpec.of(xin, perm, perm, False, N)
+    sched = default_schedule(spec, interpreting=interpreting())
+    like = torch.empty((S, K, N), dtype=x.dtype, device="meta")
+    dw = launch_wgrad(spec, sched, bounds, xin.contiguous(), perm, dyin.contiguous(), perm, like)
+    if headwise:   # [(head, slice), K, N] -> [slice, head, K, N]
+        dw = dw.view(H, S // H, K, N).transpose(0, 1).contiguous()
+    return dw[0] if v.per is None else dw
+
+
+def _derived_graph(ix: GraphIndex, src_kind: str):
+    """The bipartite graph (source rows of ``src_kind``) -> (nodes, offset by S), memoised."""
+    g = ix.graph
+    memo = g.__dict__.setdefault("_derived", {})
+    key = "attention_sources_" + src_kind
+    if key not in memo:
+        S = ix.rows[src_kind]
+        if src_kind == EDGE:
+            rows = torch.arange(g.num_edges, device=g.device)
+        else:
+            rows = ix.move(src_kind, EDGE, "src")
+        ei = torch.stack([rows, g.dst.long() + S])
+        memo[key] = Graph(ei, num_nodes=S + g.num_nodes)
+    return memo[key]
+
+
+def _pad(t: Optional[torch.Tensor], before: int, after: int) -> Optional[torch.Tensor]:
+    if t is None:
+        return None
+    parts = [t.new_zeros((before,) + t.shape[1:]), t, t.new_zeros((after,) + t.shape[1:])]
+    return torch.cat([p for p in parts if p.shape[0]], 0)
+
+
+def _by_dst_relation(roles) -> bool:
+    """RGAT's shape: additive terms only, the destination's per (dst, relation) row, every
+    source-side term per node, per compact (src, relation) row or (when the compact pass
+    found no pair shared by two edges) per edge."""
+    return ("q" not in roles and "a_dst" in roles and roles["a_dst"][0].kind == CDST
+            and all(roles[r][0].kind in (NODE, CSRC, EDGE) for r in ("v", "a_src") if r in roles))
+
+
+def _source_rows(ix: GraphIndex, src_kind: str) -> torch.Tensor:
+    """Each edge's source row of ``src_kind`` (an edge is its own row)."""
+    if src_kind == EDGE:
+        return torch.arange(ix.graph.num_edges, device=ix.graph.device)
+    return ix.move(src_kind, EDGE, "src")
+
+
+def _group_graph(ix: GraphIndex, src_kind: str):
+    """Derived graph (source rows of ``src_kind``) -> (compact (dst, relation) rows), one
+    derived edge per edge; sources and destinations share the id range ``[0, max(S, Sd))``
+    (the kernels read each operand only in its own role).  Memoised on the graph."""
+    g = ix.graph
+    memo = g.__dict__.setdefault("_derived", {})
+    key = "attention_groups_" + src_kind
+    if key not in memo:
+        rows = max(ix.rows[src_kind], ix.rows[CDST])
+        ei = torch.stack([_source_rows(ix, src_kind), ix.move(CDST, EDGE, "dst")])
+        memo[key] = Graph(ei, num_nodes=rows)
+    return memo[key]
+
+
+def _fit(t: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:
+    """``t`` with zero rows appended up to ``rows`` (a copy only when it is short)."""
+    if t is None or t.shape[0] == rows:
+        return t
+    return torch.cat([t, t.new_zeros((rows - t.shape[0],) + t.shape[1:])], 0)
+
+
+def _attention_by_dst_relation(body: Value, roles, ix: GraphIndex, backend: str):
+    """Attention whose destination term depends on the relation, without per-edge messages.
+
+    The fused kernel runs on the derived graph of :func:`_group_graph`: each (dst, relation)
+    row ``g`` is a destination whose ``a_dst`` is its own, and messages stay compact rows read
+    through the derived edges' source ids.  It returns ``o_g``, softmax-weighted over the
+    edges of ``g`` only.  The softmax over all of ``N(v)`` is then
+    ``o_v = sum_g w_g o_g`` with ``w_g = sum_{e in g} alpha_e`` (``alpha``: the softmax over
+    ``N(v)``), computed per edge on ``[E, H]`` scores (no feature axis).  Cost next to the
+    per-edge path: ``[Sd, H, D]`` group outputs instead of two ``[E, H, D]`` copies and an
+    ``[E + N, H, D]`` output."""
+    g = ix.graph
+    kinds = {roles[r][0].kind for r in ("v", "a_src") if r in roles}
+    src_kind = EDGE if EDGE in kinds else CSRC if CSRC in kinds else NODE
+
+    def at_source(role):
+        return _at_source(roles[role], src_kind, ix)
+
+    v = at_source("v")
+    a_src = at_source("a_src")[..., 0] if "a_src" in roles else None
+    a_dst = roles["a_dst"][1][..., 0]
+    if g.num_edges == 0:
+        return v.new_zeros((g.num_nodes,) + tuple(v.shape[1:]))
+    scale, slope = body.attr("scale"), body.attr("slope")
+    grp = ix.move(CDST, EDGE, "dst")
+    score = a_dst.index_select(0, grp)
+    if a_src is not None:
+        score = score + (a_src if src_kind == EDGE else
+                         a_src.index_select(0, ix.move(src_kind, EDGE, "src")))
+    if slope is not None:
+        score = F.leaky_relu(score, slope)
+    alpha = edge_softmax(score.unsqueeze(-1), ix.move(NODE, EDGE, "dst"), g.num_nodes)
+    w = alpha.new_zeros((ix.rows[CDST],) + alpha.shape[1:]).index_add(0, grp, alpha)
+    dg = _group_graph(ix, src_kind)
+    rows = dg.num_nodes
+    o = edge_attention(dg, _fit(v, rows), a_src=_fit(a_src, rows), a_dst=_fit(a_dst, rows),
+                       scale=scale, negative_slope=slope, backend=backend)[:ix.rows[CDST]]
+    node = ix.move(NODE, CDST, "dst")
+    return o.new_zeros((g.num_nodes,) + tuple(o.shape[1:])).index_add(0, node, o * w)
+
+
+def _at_source(role_value, src_kind, ix):
+    """An attention operand on the source side the step runs on: as it is, per edge, or
+    gathered from node rows onto compact (src, relation) rows."""
+    val, t = role_value
+    if val.kind == src_kind:
+        return t
+    if src_kind == EDGE:
+        return edge_side(t, val, "src", ix)
+    return t.index_select(0, ix.move(NODE, CSRC, "src"))
+
+
+def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
+    body: Value = step.body
+    roles = dict(zip(body.attr("roles"), zip(body.args, inputs)))
+    if _by_dst_relation(roles):
+        return _attention_by_dst_relation(body, roles, ix, backend)
+    scale, slope = body.attr("scale"), body.attr("slope")
+    dst_ok = all(roles[r][0].kind == NODE for r in ("q", "a_dst") if r in roles)
+    src_terms = [r for r in ("v", "k", "a_src") if r in roles]
+    kinds = {roles[r][0].kind for r in src_terms}
+    p = roles.get("p")
+    if not dst_ok or EDGE in kinds:
+        src_kind = EDGE
+    elif CSRC in kinds or (p is not None and p[0].per == "relation"):
+        src_kind = CSRC
+    else:
+        src_kind = NODE
+    g = ix.graph
+    N = g.num_nodes
+
+    def at_source(role):
+        return _at_source(roles[role], src_kind, ix)
+
+    v = at_source("v")
+    if src_kind == EDGE and not dst_ok:
+        # The whole score is per edge; fold it into one source-side term.
+        a_src = attention_score(body, inputs, ix)[..., 0]
+        q = k = a_dst = None
+    else:
+        q = roles["q"][1] if "q" in roles else None
+        k = at_source("k") if "k" in roles else None
+        if k is not None and p is not None:   # p_r scales q.k: fold it into the keys
+            k = k * _operand(p[1], p[0], src_kind, ix)
+        a_src = at_source("a_src")[..., 0] if "a_src" in roles else None
+        a_dst = roles["a_dst"][1][..., 0] if "a_dst" in roles else None
+    if src_kind == NODE and p is None:
+        return edge_attention(g, v, q, k, a_src, a_dst, scale=scale, negative_slope=slope,
+                              backend=backend)
+    S = v.shape[0]
+    dg = _derived_graph(ix, src_kind)
+    out = edge_attention(dg, _pad(v, 0, N), _pad(q, S, 0), _pad(k, 0, N), _pad(a_src, 0, N),
+                         _pad(a_dst, S, 0), scale=scale, negative_slope=slope, backend=backend)
+    return out[S:]

@@ -1,0 +1,340 @@
+"""Runtime of the fused edge attention on the Triton path: the strategy choice (DF-GNN's
+dynamic fusion), per-graph chunk tables, kernel launches (registry kernels rendered for the
+spec, edge tile and warps autotuned on CUDA) and the ``autograd.Function``.
+
+Saved for backward: the inputs themselves (references, no copies), the output ``o`` and one
+fp32 log-sum-exp per (row, head) -- never the [E, H] attention weights.  The backward
+recomputes ``alpha = exp(s - lse)`` on the fly (FlashAttention style); the row max is folded
+into ``lse``, so it is not stored separately.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from ...device import DEFAULT_NUM_SMS, num_sms
+from ...graph.structures import CSR
+from .. import autotune
+from .. import registry
+from .reference import dropout_threshold
+from .spec import AttentionSpec, Schedule, default_schedule, next_pow2, tune_configs
+
+#: Programs in flight per SM assumed by the strategy rule and the chunk sizing.
+PROGRAMS_PER_SM = 4
+#: Below this in-degree no row is long enough to straggle, whatever the graph.
+MIN_STRAGGLER_DEGREE = 512
+#: Mean degree from which rows count as long (see ``choose_strategy``).
+LONG_ROW_MEAN_DEGREE = 256
+
+_chunk_tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def choose_strategy(degree, num_edges: int, sms: int = DEFAULT_NUM_SMS,
+                    heads: int = 1) -> Tuple[str, str]:
+    """('node' | 'edge', why) for a traversal over rows with degree statistics ``degree``.
+
+    Node-parallel finishes when its longest row does, so it loses once one row holds more
+    edges than a fair share of the whole traversal: ``E / (SMs * programs per SM)``, the work
+    each in-flight program would get if edges were spread evenly.  Edge-parallel pays for a
+    combine pass and a row loop per chunk, so it is only chosen when the longest row exceeds
+    twice that share and is long in absolute terms (at least MIN_STRAGGLER_DEGREE).
+
+    Long rows on average (mean degree >= LONG_ROW_MEAN_DEGREE) with one head also go
+    edge-parallel.  This is measured, not derived: on the H200 suite (docs/perf-notes.md) the
+    only such graphs, synthetic reddit and proteins, ran 1-12% faster edge-parallel in every
+    one-head case (F=128), while with four heads node-parallel was as fast or up to 11% faster.
+    """
+    lanes = sms * PROGRAMS_PER_SM
+    share = num_edges / lanes if lanes else float(num_edges)
+    facts = (f"max degree {degree.max}, mean {degree.mean:.1f}, cv {degree.cv:.2f}; "
+             f"fair share per program E/({sms} SMs x {PROGRAMS_PER_SM}) = {share:.0f} edges")
+    if degree.max >= MIN_STRAGGLER_DEGREE and degree.max > 2 * share:
+        return "edge", f"edge-parallel: the longest row would straggle ({facts})"
+    if heads == 1 and degree.mean >= LONG_ROW_MEAN_DEGREE:
+        return "edge", (f"edge-parallel: long rows (mean degree >= {LONG_ROW_MEAN_DEGREE}) with "
+                        f"one head, where equal chunks measured faster ({facts})")
+    return "node", f"node-parallel: no row long enough to straggle ({facts})"
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """The schedules of one call: forward + destination-side backward traverse CSR-by-
+    destination (``dst``); the source-side backward traverses CSR-by-source (``src``), whose
+    skew is the out-degree's, so it gets its own choice."""
+    dst: Schedule
+    src: Schedule
+    #: The schedules are the heuristic's (not pinned by the caller): on CUDA each kernel's
+    #: edge tile and warps are then autotuned around them (kernels/autotune.py).
+    tune: bool = False
+
+
+def make_plan(graph, spec: AttentionSpec, strategy: str = "auto",
+              schedule: Optional[Schedule] = None) -> AttentionPlan:
+    """``schedule`` (tests, tuning) overrides both sides; otherwise 'auto' runs the rule."""
+    if schedule is not None:
+        return AttentionPlan(schedule, schedule)
+    sms = num_sms(graph.device)
+    scheds = []
+    for stats in (graph.in_degree, graph.out_degree):
+        if strategy == "auto":
+            chosen, reason = choose_strategy(stats, graph.num_edges, sms, spec.heads)
+        else:
+            chosen, reason = strategy, f"{strategy}-parallel: requested by the caller"
+        scheds.append(default_schedule(spec, chosen, graph.num_edges, stats.mean,
+                                       sms * PROGRAMS_PER_SM, reason=reason))
+    return AttentionPlan(*scheds, tune=True)
+
+
+def chunk_rows(graph, csr, chunk: int) -> torch.Tensor:
+    """``[num_chunks, 2]`` (first row, end row) of each equal edge chunk of ``csr``.
+
+    Chunk ``c`` covers edges ``[c*chunk, (c+1)*chunk)``; it starts at the row containing its
+    first edge and ends after the row containing its last edge.  Rows without edges are given
+    to the chunk before the boundary they sit on, so every row is written exactly once.
+    Cached per (graph, csr, chunk): it depends on the structure only.
+    """
+    table = _chunk_tables.setdefault(graph, {})
+    key = (id(csr), chunk)
+    if key not in table:
+        ptr = csr.ptr.to(torch.int64)
+        n, e = ptr.numel() - 1, int(graph.num_edges)
+        num_chunks = max(1, -(-e // chunk))
+        bounds = (torch.arange(num_chunks + 1, device=ptr.device) * chunk).clamp_(max=e)
+        first = torch.searchsorted(ptr[1:].contiguous(), bounds, right=True)
+        first[0], first[-1] = 0, n
+        # The row holding the next chunk's first edge is cut (so shared) when it starts before.
+        end = first[1:] + (ptr[first[1:]] < bounds[1:]).to(torch.int64)
+        rows = torch.stack([first[:-1], end], dim=1)
+        table[key] = rows.to(graph.index_dtype).contiguous()
+    return table[key]
+
+
+def active_rows(graph, csr) -> Tuple["CSR", Optional[torch.Tensor]]:
+    """The rows of ``csr`` that hold edges, as a compressed CSR, and their ids (None when every
+    row holds edges).
+
+    The edge-parallel schedule hands each run of edgeless rows to one program, which walks it
+    serially: 620K such rows (the derived graph of compiled RGAT on fb15k) cost 125 ms, and
+    ogbn-mag's 1.13M authors, which receive no edges, sit in the middle of the node range.
+    Traversing only rows with edges costs a gather of the row-side inputs and a scatter of the
+    row-side outputs (node-sized, small next to the edges).  Cached per (graph, csr)."""
+    table = _chunk_tables.setdefault(graph, {})
+    key = ("active", id(csr))
+    if key not in table:
+        deg = csr.ptr[1:] - csr.ptr[:-1]
+        nz = (deg > 0).nonzero().squeeze(1)
+        if nz.numel() == deg.numel():
+            table[key] = (csr, None)
+        else:
+            ptr = torch.cat([csr.ptr[nz], csr.ptr[-1:]]).contiguous()
+            table[key] = (CSR(ptr, csr.col, csr.eid), nz)
+    return table[key]
+
+
+def _rows_of(graph, csr, sched: Schedule):
+    """(csr to traverse, ids of its rows or None, number of rows) for one traversal."""
+    if sched.strategy != "edge":
+        return csr, None, csr.ptr.numel() - 1
+    csr, sel = active_rows(graph, csr)
+    return csr, sel, (csr.ptr.numel() - 1)
+
+
+def _pick(t: Optional[torch.Tensor], sel: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Row-side operand restricted to the traversed rows."""
+    return t if t is None or sel is None else t.index_select(0, sel)
+
+
+def _spread(t: Optional[torch.Tensor], sel: Optional[torch.Tensor], n: int):
+    """Row-side result back to all ``n`` rows; rows without edges get exactly 0."""
+    if t is None or sel is None:
+        return t
+    return t.new_zeros((n,) + tuple(t.shape[1:])).index_copy_(0, sel, t)
+
+
+def score_params(spec: AttentionSpec, strategy: str) -> dict:
+    """Render parameters of the traversal kernels (kernels/registry.py): which score terms
+    exist, leaky relu, dropout, and the schedule kind."""
+    return dict(has_qk=spec.has_qk, has_src=spec.has_src, has_dst=spec.has_dst,
+                has_leaky=spec.has_leaky, has_dropout=spec.has_dropout,
+                edge_parallel=strategy == "edge")
+
+
+def _tiles(sched: Schedule) -> dict:
+    """The ``tl.constexpr`` tile sizes and launch options of one traversal launch."""
+    return dict(BLOCK_E=sched.block_e, BLOCK_H=sched.block_h, BLOCK_DK=sched.block_dk,
+                BLOCK_DV=sched.block_dv, num_warps=sched.num_warps)
+
+
+def _launch_traversal(name: str, params: dict, plan: AttentionPlan, sched: Schedule, grid,
+                      args: tuple, shape: tuple, device: torch.device) -> None:
+    """Launch traversal kernel ``name``, its edge tile and warps autotuned around ``sched``
+    when the plan allows it.  Trials may run on the real outputs: these kernels only store
+    (no atomics), so every run leaves the same values."""
+    kernel = registry.kernel(name, **params)
+
+    def run(s: Schedule):
+        kernel[grid](*args, **_tiles(s))
+    if plan.tune:
+        sched = autotune.choose(name, registry.spec_hash(name, **params),
+                                autotune.bucket(*shape), tune_configs(sched), run, device)
+    run(sched)
+
+
+def _traversal(graph, csr, sched: Schedule, heads: int):
+    """(grid, chunk table, number of chunks) of one traversal over the rows of ``csr``."""
+    hb = -(-heads // sched.block_h)
+    if sched.strategy == "edge":
+        rows = chunk_rows(graph, csr, sched.chunk)
+        return (rows.shape[0], hb), rows, rows.shape[0]
+    return (csr.ptr.numel() - 1, hb), csr.ptr, 0
+
+
+def _combine_sum(csr, sched, rows, nchunks, part, out):
+    if nchunks > 1:
+        width = part.shape[-1]
+        block_w = min(1024, next_pow2(width))
+        registry.kernel("combine_sum")[(nchunks - 1, -(-width // block_w))](
+            csr.ptr, rows, part, out, width, sched.chunk, BLOCK_W=block_w)
+
+
+class EdgeAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
+                v, q, k, a_src, a_dst):
+        n, heads, dim_v = v.shape
+        sched = plan.dst
+        csr, sel, n_rows = _rows_of(graph, graph.csr_in, sched)
+        q_r, a_dst_r = _pick(q, sel), _pick(a_dst, sel)      # destination (row) side
+        out = torch.empty(n_rows, heads, dim_v, dtype=v.dtype, device=v.device)
+        lse = torch.empty(n_rows, heads, dtype=torch.float32, device=v.device)
+        grid, rows, nchunks = _traversal(graph, csr, sched, heads)
+        if sched.strategy == "edge":
+            m_part = torch.empty(nchunks, 2, heads, dtype=torch.float32, device=v.device)
+            l_part = torch.empty_like(m_part)
+            acc_part = torch.empty(nchunks, 2, heads, dim_v, dtype=torch.float32, device=v.device)
+        else:
+            m_part = l_part = acc_part = lse
+        if n > 0:
+            args = (csr.ptr, csr.col, csr.eid, rows, _or(q_r, v), _or(k, v), v, _or(a_src, lse),
+                    _or(a_dst_r, lse), out, lse, m_part, l_part, acc_part, *_scalars(params),
+                    graph.num_edges, heads, spec.dim_qk, dim_v, sched.chunk)
+            _launch_traversal("attention_fwd", score_params(spec, sched.strategy), plan, sched,
+                              grid, args, _shape(n_rows, graph.num_edges, spec), v.device)
+            if nchunks > 1:
+                registry.kernel("attention_combine")[(nchunks - 1, grid[1])](
+                    csr.ptr, rows, m_part, l_part, acc_part, out, lse, heads, dim_v,
+                    sched.chunk, BLOCK_H=sched.block_h, BLOCK_DV=sched.block_dv)
+        out, lse = _spread(out, sel, n), _spread(lse, sel, n)
+        ctx.graph, ctx.spec, ctx.plan, ctx.params = graph, spec, plan, params
+        ctx.save_for_backward(v, q, k, a_src, a_dst, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        v, q, k, a_src, a_dst, out, lse = ctx.saved_tensors
+        graph, spec, plan = ctx.graph, ctx.spec, ctx.plan
+        need_v, need_q, need_k, need_src, need_dst = ctx.needs_input_grad[4:9]
+        n, heads, dim_v = v.shape
+        dim_k = spec.dim_qk
+        dout = dout.contiguous()
+        if n == 0 or not any((need_v, need_q, need_k, need_src, need_dst)):
+            empty = [torch.empty_like(t) if need else None for t, need in
+                     ((v, need_v), (q, need_q), (k, need_k), (a_src, need_src), (a_dst, need_dst))]
+            return (None, None, None, None, *empty)
+        dq = dk = dv = da_src = da_dst = None
+        delta = torch.empty(n, heads, dtype=torch.float32, device=v.device)
+        rows_total = n * heads
+        registry.kernel("row_dot")[(-(-rows_total // 16),)](
+            dout, out, delta, rows_total, dim_v, BLOCK_R=16, BLOCK_D=min(next_pow2(dim_v), 128))
+        fp32 = dict(dtype=torch.float32, device=v.device)
+
+        if need_q or need_dst:
+            # Rows are destinations: q, a_dst, dout, lse, delta are read (and dq, d a_dst
+            # written) per row; k, v, a_src per edge through the column ids.
+            sched = plan.dst
+            csr, sel, n_rows = _rows_of(graph, graph.csr_in, sched)
+            lse_r = _pick(lse, sel)
+            tensors = (_or(_pick(q, sel), v), _or(k, v), v, _or(a_src, lse_r),
+                       _or(_pick(a_dst, sel), lse_r), _pick(dout, sel), lse_r, _pick(delta, sel))
+            dq_r = torch.empty(n_rows, heads, dim_k, dtype=q.dtype, device=v.device) if need_q else None
+            dd_r = torch.empty(n_rows, heads, dtype=a_dst.dtype, device=v.device) if need_dst else None
+            grid, rows, nchunks = _traversal(graph, csr, sched, heads)
+            dq_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_q and nchunks else lse
+            dd_part = torch.empty(nchunks, 2, heads, **fp32) if need_dst and nchunks else lse
+            args = (csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dq_r, lse), _or(dd_r, lse),
+                    dq_part, dd_part, *_scalars(ctx.params), graph.num_edges, heads, dim_k,
+                    dim_v, sched.chunk)
+            _launch_traversal("attention_bwd_dst", dict(score_params(spec, sched.strategy),
+                                                        need_dq=need_q, need_ddst=need_dst),
+                              plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
+                              v.device)
+            if need_q:
+                _combine_sum(csr, sched, rows, nchunks, dq_part, dq_r)
+                dq = _spread(dq_r, sel, n)
+            if need_dst:
+                _combine_sum(csr, sched, rows, nchunks, dd_part, dd_r)
+                da_dst = _spread(dd_r, sel, n)
+
+        if need_k or need_v or need_src:
+            # Rows are sources: k, v, a_src are read (and dk, dv, d a_src written) per row;
+            # q, a_dst, dout, lse, delta per edge through the column ids (destinations).
+            sched = plan.src
+            csr, sel, n_rows = _rows_of(graph, graph.csr_out, sched)
+            v_r = _pick(v, sel)
+            tensors = (_or(q, v_r), _or(_pick(k, sel), v_r), v_r, _or(_pick(a_src, sel), lse),
+                       _or(a_dst, lse), dout, lse, delta)
+            new = dict(device=v.device)
+            dk_r = torch.empty(n_rows, heads, dim_k, dtype=k.dtype, **new) if need_k else None
+            dv_r = torch.empty(n_rows, heads, dim_v, dtype=v.dtype, **new) if need_v else None
+            ds_r = torch.empty(n_rows, heads, dtype=a_src.dtype, **new) if need_src else None
+            grid, rows, nchunks = _traversal(graph, csr, sched, heads)
+            dk_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_k and nchunks else lse
+            dv_part = torch.empty(nchunks, 2, heads * dim_v, **fp32) if need_v and nchunks else lse
+            ds_part = torch.empty(nchunks, 2, heads, **fp32) if need_src and nchunks else lse
+            args = (csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dk_r, lse), _or(dv_r, lse),
+                    _or(ds_r, lse), dk_part, dv_part, ds_part, *_scalars(ctx.params),
+                    graph.num_edges, heads, dim_k, dim_v, sched.chunk)
+            _launch_traversal("attention_bwd_src", dict(score_params(spec, sched.strategy),
+                                                        need_dk=need_k, need_dv=need_v,
+                                                        need_dsrc=need_src),
+                              plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
+                              v.device)
+            for flag, part, grad in ((need_k, dk_part, dk_r), (need_v, dv_part, dv_r),
+                                     (need_src, ds_part, ds_r)):
+                if flag:
+                    _combine_sum(csr, sched, rows, nchunks, part, grad)
+            dk, dv, da_src = _spread(dk_r, sel, n), _spread(dv_r, sel, n), _spread(ds_r, sel, n)
+        return None, None, None, None, dv, dq, dk, da_src, da_dst
+
+
+def _shape(rows: int, edges: int, spec: AttentionSpec) -> tuple:
+    """Sizes whose power-of-two bucket keys a traversal's tuning: rows, edges, row width."""
+    return rows, edges, spec.heads * max(spec.dim_qk, spec.dim_v)
+
+
+def _or(t: Optional[torch.Tensor], dummy: torch.Tensor) -> torch.Tensor:
+    # Absent operands are not rendered into the kernel; any pointer fills the slot.
+    return t if t is not None else dummy
+
+
+def _scalars(params: tuple):
+    """(scale, slope, seed, keep threshold, 1/(1-p)) as the kernels take them."""
+    scale, slope, p, seed = params
+    return (float(scale), float(slope if slope is not None else 0.0),
+            int(seed or 0) & 0x7FFFFFFF, dropout_threshold(p) if p > 0 else 0,
+            1.0 / (1.0 - p) if p > 0 else 1.0)
+
+
+def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0,
+                          negative_slope=None, dropout=0.0, seed=None, strategy="auto",
+                          schedule: Optional[Schedule] = None) -> torch.Tensor:
+    """The Triton path of :func:`hector.kernels.attention.op.edge_attention` (inputs already
+    validated)."""
+    spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
+    plan = make_plan(graph, spec, strategy, schedule)
+    tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
+    return EdgeAttentionFunction.apply(graph, spec, plan, (scale, negative_slope, dropout, seed),
+                                       *tensors)

@@ -1,0 +1,119 @@
+"""``edge_attention``: the fused attention op, public entry of this kernel family.  It validates
+its inputs (every check before any kernel runs) and dispatches to a backend: the generated
+Triton kernels (:mod:`.launch`) on CUDA or under ``TRITON_INTERPRET=1``, plain PyTorch
+(:mod:`.reference`) otherwise."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ... import checks as C
+from ...device import choose_backend
+from ...graph import Graph
+from .launch import edge_attention_triton
+from .reference import edge_attention_torch
+
+STRATEGIES = ("auto", "node", "edge")
+
+
+def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
+                   k: Optional[torch.Tensor] = None, a_src: Optional[torch.Tensor] = None,
+                   a_dst: Optional[torch.Tensor] = None, *, scale: float = 1.0,
+                   negative_slope: Optional[float] = None, dropout: float = 0.0,
+                   training: bool = False, seed: Optional[int] = None, strategy: str = "auto",
+                   backend: str = "auto", schedule=None) -> torch.Tensor:
+    r"""Fused graph attention (score, edge softmax, aggregation) over the incoming edges of
+    every node; one op behind GAT, AGNN, TransformerConv and relational attention.
+
+    Per head :math:`h` and edge :math:`u \to v`:
+
+    .. math::
+        s_{uv} = \sigma\big(\text{scale}\,\langle q_v, k_u\rangle + a^{src}_u + a^{dst}_v\big),
+        \quad \alpha_{uv} = \operatorname{softmax}_{u \in N(v)} s_{uv},
+        \quad o_v = \sum_{u \in N(v)} \alpha_{uv}\, m_u
+
+    where each score term is present only when its tensor is given and :math:`\sigma` is
+    ``leaky_relu(., negative_slope)`` (identity when ``negative_slope`` is None).  A node
+    without incoming edges gets 0.
+
+    Args:
+        graph: a :class:`hector.Graph`.
+        v: ``[N, H, Dv]`` messages :math:`m_u`.
+        q, k: ``[N, H, Dk]`` queries (destination side) and keys (source side); both or neither.
+        a_src, a_dst: ``[N, H]`` additive per-node score terms (GAT's attention logits).
+        scale: factor of the q.k term (``1/sqrt(Dk)`` for a transformer).
+        negative_slope: leaky_relu slope applied to the score, or None.
+        dropout: probability of dropping an attention weight (only when ``training``); the
+            mask is a hash of (``seed``, canonical edge id, head), identical on both backends.
+        training: apply dropout.
+        seed: dropout seed (default: drawn from torch's global generator).
+        strategy: 'auto' | 'node' | 'edge' (Triton schedule; see ``launch.choose_strategy``).
+        backend: 'auto' | 'torch' | 'triton'.
+        schedule: a ``hector.kernels.attention.spec.Schedule`` pinning tile sizes and strategy
+            (tests); None: the heuristic's tiles, whose edge tile and warps the autotuner
+            refines on CUDA (once per shape bucket; ``HECTOR_AUTOTUNE=0`` keeps the heuristic).
+    Returns:
+        ``[N, H, Dv]`` in ``v.dtype`` (accumulated in float32).
+    """
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
+    _check_inputs(graph, v, q, k, a_src, a_dst)
+    scale, negative_slope, dropout = _check_scalars(scale, negative_slope, dropout, training, seed)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    backend = choose_backend(backend, v, "v")
+    p = dropout if training else 0.0
+    if p > 0 and seed is None:
+        # Drawn on the CPU generator: reproducible under torch.manual_seed, no device sync.
+        seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item())
+    if backend == "torch":
+        return edge_attention_torch(graph, v, q, k, a_src, a_dst, scale, negative_slope, p, seed)
+    return edge_attention_triton(graph, v, q, k, a_src, a_dst, scale, negative_slope, p, seed,
+                                 strategy, schedule)
+
+
+def _check_inputs(graph, v, q, k, a_src, a_dst) -> None:
+    n, dev = graph.num_nodes, graph.device
+    C.check_features(v, "v", n, "graph.num_nodes", dev)
+    if v.dim() != 3:
+        raise ValueError(f"v must have shape [num_nodes, heads, Dv], got {tuple(v.shape)}")
+    heads = v.shape[1]
+    if heads < 1 or v.shape[2] < 1:
+        raise ValueError(f"v must have at least one head and one feature, got {tuple(v.shape)}")
+    if (q is None) != (k is None):
+        given, missing = ("q", "k") if k is None else ("k", "q")
+        raise ValueError(f"{given} was given without {missing}; the q.k score term needs both")
+    for name, t, ndim in (("q", q, 3), ("k", k, 3), ("a_src", a_src, 2), ("a_dst", a_dst, 2)):
+        if t is None:
+            continue
+        C.check_features(t, name, n, "graph.num_nodes", dev)
+        want = "[num_nodes, heads, Dk]" if ndim == 3 else "[num_nodes, heads]"
+        if t.dim() != ndim or t.shape[1] != heads:
+            raise ValueError(f"{name} must have shape {want} with heads={heads} (from v), "
+                             f"got {tuple(t.shape)}")
+        if t.dtype != v.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but v has {v.dtype}; "
+                            "all feature tensors must share one dtype")
+    if q is not None and (q.shape[2] != k.shape[2] or q.shape[2] < 1):
+        raise ValueError(f"q and k must have the same Dk >= 1, got q {tuple(q.shape)} and "
+                         f"k {tuple(k.shape)}")
+
+
+def _check_scalars(scale, negative_slope, dropout, training, seed):
+    def number(x, name):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise TypeError(f"{name} must be a finite number, got {x!r}")
+        return float(x)
+    scale = number(scale, "scale")
+    if negative_slope is not None:
+        negative_slope = number(negative_slope, "negative_slope")
+    dropout = number(dropout, "dropout")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if not isinstance(training, bool):
+        raise TypeError(f"training must be a bool, got {type(training).__name__}")
+    if seed is not None:
+        C.check_count(seed, "seed")
+    return scale, negative_slope, dropout

@@ -1,0 +1,216 @@
+"""Runtime of the segment GEMM on the Triton path: tile maps, schedule choice (heuristic, pinned
+or autotuned), kernel launches and the ``autograd.Function``.
+
+Backward:
+
+* ``dx`` is the forward template again (:meth:`GemmSpec.grad_input_spec`): ``dy`` rows read
+  through the forward's scatter, ``W_s^T``, rows written through the forward's gather.  When
+  the forward gathered, a row of ``x`` may feed many logical rows (a node feeding each of its
+  edges), so ``dx`` rows are summed with fp32 **atomics** rather than by sorting: a sort would
+  cost an argsort of ``gather`` per call (or a cached CSR-by-source per index), a permuted
+  ``[M, K]`` intermediate and a segmented reduction across segment boundaries, while the
+  atomics add only contention on rows hit at the same moment -- a node's edges are spread over
+  segments and tiles, so collisions are rare.  Their cost is the fp32 read-modify-write
+  traffic: on an H200 (M=2M, K=N=128, bf16) a scattered pass takes ~1.0 ms against ~0.45 ms
+  for a plain store; in fp32 (FMA-bound) it is hidden.  Summation order is then not deterministic (the
+  usual fp32 atomic caveat); callers that need bitwise reproducibility use the torch backend,
+  and the compiler can choose CSR-by-source traversal for a gather-heavy backward instead.
+* ``dW`` is a segment-grouped outer-product GEMM (kernel ``segment_mm_wgrad``): a tile map of
+  long row runs (``wgrad_rows``) so that a few huge segments still fill the GPU; a segment
+  split over several runs sums its partial ``[BLOCK_K, BLOCK_N]`` tiles with atomics (a few
+  hundred adds per weight element at most), one run per segment stores directly.
+
+Nothing per row of the weight is ever built: each program reads ``W[segment]`` in place.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ...device import interpreting, num_sms
+from .. import autotune
+from .. import registry
+from .spec import GemmSchedule, GemmSpec, tune_configs
+
+#: Weight-gradient programs aimed for per SM (long row runs, so a handful are enough).
+WGRAD_PROGRAMS_PER_SM = 4
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=256)
+def tile_map(bounds: Tuple[int, ...], block: int, device: torch.device) -> torch.Tensor:
+    """``[T, 3]`` (segment, first row, end row) of every program: segment ``s`` gets
+    ``ceil(M_s / block)`` consecutive entries and an empty segment none, so a 1-D grid of
+    ``T = sum_s ceil(M_s / block)`` programs covers all rows with no idle program.
+
+    Built with torch ops on the host from ``seg_ptr`` (which the op reads there anyway, for
+    validation) and copied to the device once: cached per (segment layout, block, device),
+    since a layer calls it with the same relation pointers every step.
+    """
+    ptr = torch.tensor(bounds, dtype=torch.int64)
+    counts = (ptr[1:] - ptr[:-1] + block - 1) // block
+    seg = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    first = torch.cumsum(counts, 0) - counts          # first entry of each segment
+    j = torch.arange(seg.numel()) - first[seg]        # tile number inside its segment
+    start = ptr[seg] + j * block
+    end = torch.minimum(start + block, ptr[seg + 1])
+    table = torch.stack([seg, start, end], dim=1)
+    dtype = torch.int32 if bounds[-1] < 2 ** 31 else torch.int64
+    return table.to(device=device, dtype=dtype).contiguous()
+
+
+def _weight_strides(w: torch.Tensor, transpose: bool) -> Tuple[int, int, int]:
+    """(segment, K, N) strides of a weight stored ``[S, K, N]``, or ``[S, N, K]`` if
+    ``transpose``: the kernels then read ``W_s^T`` without a copy."""
+    s, a, b = w.stride()
+    return (s, b, a) if transpose else (s, a, b)
+
+
+def gemm_params(spec: GemmSpec) -> dict:
+    """Render parameters of the segment GEMM kernels for ``spec`` (see kernels/registry.py).
+
+    ``dot_fp32`` upcasts tiles before ``tl.dot``, only under ``TRITON_INTERPRET=1`` for
+    bfloat16, whose interpreted ``tl.dot`` multiplies raw bit patterns (triton-lang/triton
+    #11584); bf16 products are exact in fp32, so results match the GPU's bf16 MMA."""
+    return dict(has_gather=spec.has_gather, has_scatter=spec.has_scatter,
+                dot_fp32=interpreting() and spec.dtype == torch.bfloat16,
+                input_precision=spec.input_precision)
+
+
+def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x: torch.Tensor,
+                weight: torch.Tensor, gather: Optional[torch.Tensor],
+                scatter: Optional[torch.Tensor], num_out_rows: int) -> torch.Tensor:
+    """One forward-template launch; returns ``[M or num_out_rows, N]`` in ``spec.dtype``.
+
+    A scatter accumulates in a zeroed fp32 buffer (fp32 atomics; half-precision atomics would
+    round at every add) that is rounded once at the end."""
+    m, n = bounds[-1], spec.N
+    if spec.has_scatter:
+        out = torch.zeros(num_out_rows, n, dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty(m, n, dtype=spec.dtype, device=x.device)
+    tiles = tile_map(bounds, sched.block_m, x.device)
+    grid = (tiles.shape[0], _cdiv(n, sched.block_n))
+    transpose = spec.transpose_weight
+    if _weight_strides(weight, transpose)[2] != 1 and n > 1:
+        # W_s read across its rows (the dx pass, transpose_weight=True): the B tile would be
+        # column-major, which made fp32 dx 2.9x slower than the forward on an H200.  A
+        # [S, K, N]-contiguous copy costs S*K*N elements, nothing next to the M*K rows.
+        weight = (weight.transpose(1, 2) if transpose else weight).contiguous()
+        transpose = False
+    if grid[0] and grid[1]:
+        kernel = registry.kernel("segment_mm", **gemm_params(spec))
+        kernel[grid](
+            tiles, x, gather if gather is not None else tiles, weight,
+            scatter if scatter is not None else tiles, out, spec.K, n,
+            x.stride(0), x.stride(1), *_weight_strides(weight, transpose),
+            out.stride(0), out.stride(1), **sched.meta)
+    return out.to(spec.dtype)
+
+
+def wgrad_rows(sched: GemmSchedule, m: int, tiles_kn: int, device: torch.device) -> int:
+    """Rows per weight-gradient program: long enough to amortise the atomic merge of partial
+    tiles, short enough that ``~WGRAD_PROGRAMS_PER_SM`` programs per SM exist even when all
+    rows sit in a handful of segments (the forward grid is over rows; this one over
+    ``dW`` tiles, of which there are only ``S * tiles_kn``)."""
+    if sched.wgrad_rows:
+        return sched.wgrad_rows
+    runs = max(1, num_sms(device) * WGRAD_PROGRAMS_PER_SM // max(tiles_kn, 1))
+    return _cdiv(max(_cdiv(m, runs), 1), sched.block_m) * sched.block_m
+
+
+def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...],
+                 x: torch.Tensor, gather: Optional[torch.Tensor], dy: torch.Tensor,
+                 scatter: Optional[torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
+    """``dW`` in the weight's shape and dtype (zero for empty segments)."""
+    meta = sched.wgrad_meta
+    kt, nt = _cdiv(spec.K, meta["BLOCK_K"]), _cdiv(spec.N, meta["BLOCK_N"])
+    rows = wgrad_rows(sched, bounds[-1], kt * nt, x.device)
+    atomic = any(hi - lo > rows for lo, hi in zip(bounds[:-1], bounds[1:]))
+    dw = torch.zeros(weight.shape, device=x.device,
+                     dtype=torch.float32 if atomic else weight.dtype)
+    tiles = tile_map(bounds, rows, x.device)
+    if tiles.shape[0] and kt and nt:
+        kernel = registry.kernel("segment_mm_wgrad", atomic=atomic, **gemm_params(spec))
+        kernel[(tiles.shape[0], kt, nt)](
+            tiles, x, gather if gather is not None else tiles, dy,
+            scatter if scatter is not None else tiles, dw, spec.K, spec.N,
+            x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
+            *_weight_strides(dw, spec.transpose_weight), **meta)
+    return dw.to(weight.dtype)
+
+
+ScheduleChoice = Union[None, str, GemmSchedule]
+
+
+def pick_schedule(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
+                  device: torch.device, run: Callable[[GemmSchedule], object]) -> GemmSchedule:
+    """A pinned schedule, or (``None``; ``"autotune"`` is the same request, kept for callers
+    that spell it out) the autotuner's pick from
+    :func:`hector.kernels.segment_mm.spec.tune_configs` per
+    (rendered kernel, shape bucket of rows, K, N and segment count, device).  Off CUDA, under
+    the interpreter or with ``HECTOR_AUTOTUNE=0`` that is the heuristic, untimed."""
+    if isinstance(choice, GemmSchedule):
+        return choice
+    m = bounds[-1]
+    configs = tune_configs(spec, interpreting=interpreting())
+    return autotune.choose("segment_mm", registry.spec_hash("segment_mm", **gemm_params(spec)),
+                           autotune.bucket(m, spec.K, spec.N, len(bounds) - 1), configs, run,
+                           device)
+
+
+class SegmentMMFunction(torch.autograd.Function):
+    """Saved for backward: the inputs themselves (references, no copies) -- neither the
+    gathered rows ``a_r`` nor anything per row of the weight."""
+
+    @staticmethod
+    def forward(ctx, spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
+                num_out_rows: int, x, weight, gather, scatter):
+        def run(sched):
+            # Allocates a fresh (zeroed, under scatter) output per call, so autotune trials
+            # never add into each other's atomics.
+            return launch_gemm(spec, sched, bounds, x, weight, gather, scatter, num_out_rows)
+        sched = pick_schedule(spec, choice, bounds, x.device, run)
+        out = run(sched)
+        ctx.spec, ctx.choice, ctx.sched, ctx.bounds = spec, choice, sched, bounds
+        ctx.save_for_backward(x, weight, gather, scatter)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        x, weight, gather, scatter = ctx.saved_tensors
+        spec, bounds = ctx.spec, ctx.bounds
+        need_x, need_w = ctx.needs_input_grad[4:6]
+        dx = dw = None
+        if need_x:
+            dspec = spec.grad_input_spec()
+
+            def run(sched):
+                return launch_gemm(dspec, sched, bounds, dout, weight, scatter, gather,
+                                   x.shape[0])
+            sched = pick_schedule(dspec, ctx.choice, bounds, x.device, run)
+            dx = run(sched)
+        if need_w:
+            dw = launch_wgrad(spec, ctx.sched, bounds, x, gather, dout, scatter, weight)
+        return None, None, None, None, dx, dw, None, None
+
+
+def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[int],
+                      gather: Optional[torch.Tensor] = None,
+                      scatter: Optional[torch.Tensor] = None,
+                      num_out_rows: Optional[int] = None, transpose_weight: bool = False,
+                      schedule: ScheduleChoice = None) -> torch.Tensor:
+    """The Triton path of :func:`hector.kernels.segment_mm.op.segment_mm` (inputs already validated;
+    ``bounds`` is ``seg_ptr`` as Python ints)."""
+    bounds = tuple(int(b) for b in bounds)
+    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    spec = GemmSpec.of(x, gather, scatter, transpose_weight, n)
+    gather = gather.contiguous() if gather is not None else None
+    scatter = scatter.contiguous() if scatter is not None else None
+    rows = num_out_rows if scatter is not None else bounds[-1]
+    return SegmentMMFunction.apply(spec, schedule, bounds, rows, x, weight, gather, scatter)

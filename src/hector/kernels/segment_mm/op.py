@@ -1,0 +1,153 @@
+"""``segment_mm``: Hector's gather/scatter segment GEMM as a public op, entry of this kernel
+family.  The typed linear layers of the compiler (per relation, per node type, per
+compact row) all lower to it.  Inputs are validated here (DESIGN.md section 6); the work is done
+by the torch backend (:mod:`hector.kernels.segment_mm.reference`) or the Triton kernels
+(:mod:`hector.kernels.segment_mm.launch`)."""
+from __future__ import annotations
+
+import os
+from typing import Optional, Union
+
+import torch
+
+from ... import checks as C
+from ...device import choose_backend
+from .launch import segment_mm_triton
+from .reference import segment_mm_torch
+from .spec import GemmSchedule
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr: torch.Tensor, *,
+               gather: Optional[torch.Tensor] = None, scatter: Optional[torch.Tensor] = None,
+               num_out_rows: Optional[int] = None, transpose_weight: bool = False,
+               backend: str = "auto",
+               schedule: Union[None, str, GemmSchedule] = None) -> torch.Tensor:
+    r"""Segment GEMM with an optional gather on the input rows and scatter-add on the output
+    rows: a typed linear layer whose weight is picked per segment of rows.
+
+    There are :math:`M` = ``seg_ptr[-1]`` logical rows; row :math:`r` with
+    ``seg_ptr[s] <= r < seg_ptr[s+1]`` uses ``weight[s]``:
+
+    .. math::
+        a_r = x_{g(r)}, \qquad y_r = a_r W_s \;(\text{or } a_r W_s^\top), \qquad
+        \text{out}_{c(r)} \mathrel{+}= y_r
+
+    with :math:`g(r)` = ``gather[r]`` (or :math:`r`) and :math:`c(r)` = ``scatter[r]``;
+    without ``scatter`` row :math:`r` of the output is :math:`y_r`.  Products accumulate in
+    float32 and the output has ``x``'s dtype.  Differentiable in ``x`` and ``weight``.
+
+    Args:
+        x: ``[X, K]`` input rows.
+        weight: ``[S, K, N]`` one weight per segment (``[S, N, K]`` with
+            ``transpose_weight``), same dtype as ``x``.
+        seg_ptr: ``[S + 1]`` int32/int64 non-decreasing segment bounds, ``seg_ptr[0] = 0``
+            (e.g. ``graph.rel_ptr``).  Read on the host once per call (a CPU tensor saves a
+            device sync).
+        gather: ``[M]`` int32/int64 row of ``x`` for each logical row; without it ``M = X``.
+        scatter: ``[M]`` int32/int64 output row of each logical row (summed into).
+        num_out_rows: number of output rows; required with ``scatter``.
+        transpose_weight: use ``weight[s].T`` (weights stored ``[S, N, K]``; the backward
+            of a typed linear).
+        backend: 'auto' | 'torch' | 'triton' ('auto': Triton on CUDA or under
+            ``TRITON_INTERPRET=1``, torch otherwise).
+        schedule: Triton tiling: None (on CUDA the autotuner's pick from a small config
+            list, timed once per shape bucket and kept in the kernel cache; the heuristic
+            under the interpreter or with ``HECTOR_AUTOTUNE=0``), ``"autotune"`` (the same,
+            spelled out) or a pinned :class:`hector.kernels.segment_mm.spec.GemmSchedule`.
+
+    Returns:
+        ``[M, N]``, or ``[num_out_rows, N]`` with ``scatter`` (rows never hit are 0).
+
+    Index ranges of ``gather``/``scatter`` are not checked per call (that needs a pass over
+    the data; the ``Graph`` that produced them checked them once); set ``HECTOR_DEBUG=1`` to
+    check them here.
+    """
+    bounds, num_out_rows = _check(x, weight, seg_ptr, gather, scatter, num_out_rows,
+                                  transpose_weight)
+    backend = choose_backend(backend, x, "x")
+    if not (schedule is None or schedule == "autotune" or isinstance(schedule, GemmSchedule)):
+        raise TypeError("schedule must be None, 'autotune' or a "
+                        f"hector.kernels.segment_mm.spec.GemmSchedule, got {schedule!r}")
+    if backend == "triton":
+        return segment_mm_triton(x, weight, bounds, gather, scatter, num_out_rows,
+                                 transpose_weight, schedule)
+    return segment_mm_torch(x, weight, bounds, gather, scatter, num_out_rows, transpose_weight)
+
+
+def _check_row_index(t: torch.Tensor, name: str, rows: int) -> None:
+    """``gather`` / ``scatter``: a 1-D integer index with one entry per logical row."""
+    C.check_index(t, name, 1)
+    _check_index_dtype(t, name)
+    if t.shape[0] != rows:
+        raise ValueError(f"{name} has {t.shape[0]} entries but seg_ptr[-1] = {rows} "
+                         "logical rows; they must be equal")
+
+
+def _check_index_dtype(t: torch.Tensor, name: str) -> None:
+    if t.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+
+
+def _check(x, weight, seg_ptr, gather, scatter, num_out_rows, transpose_weight):
+    """Validates everything that needs no pass over the data; returns ``seg_ptr`` as ints
+    and ``num_out_rows`` as an int (or None)."""
+    C.check_tensor(x, "x")
+    if x.dtype not in C.FLOAT_DTYPES:
+        raise TypeError(f"x must be a floating tensor ({', '.join(map(str, C.FLOAT_DTYPES))}), "
+                        f"got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"x must have shape [rows, K], got {tuple(x.shape)}")
+    C.check_tensor(weight, "weight")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight has dtype {weight.dtype} but x has {x.dtype}; they must match")
+    if not isinstance(transpose_weight, bool):
+        raise TypeError(f"transpose_weight must be a bool, got {type(transpose_weight).__name__}")
+    layout = "[S, N, K]" if transpose_weight else "[S, K, N]"
+    k_axis = 2 if transpose_weight else 1
+    if weight.dim() != 3 or weight.shape[k_axis] != x.shape[1]:
+        raise ValueError(f"weight must have shape {layout} with K={x.shape[1]} (x.shape[1])"
+                         f"{' (transpose_weight=True)' if transpose_weight else ''}, "
+                         f"got {tuple(weight.shape)}")
+    C.check_same_device([("x", x), ("weight", weight), ("gather", gather),
+                         ("scatter", scatter)])
+    C.check_index(seg_ptr, "seg_ptr", 1)
+    _check_index_dtype(seg_ptr, "seg_ptr")
+    if seg_ptr.device != x.device and seg_ptr.device.type != "cpu":
+        raise ValueError(f"seg_ptr is on {seg_ptr.device} but x is on {x.device}; "
+                         "it must be on x's device or the CPU")
+    num_segments = weight.shape[0]
+    if seg_ptr.shape[0] != num_segments + 1:
+        raise ValueError(f"seg_ptr must have S + 1 = {num_segments + 1} entries (S = "
+                         f"weight.shape[0] = {num_segments}), got {seg_ptr.shape[0]}")
+    bounds = seg_ptr.tolist()      # the one host read of the call
+    if bounds[0] != 0:
+        raise ValueError(f"seg_ptr[0] must be 0, got {bounds[0]}")
+    drops = [i for i in range(num_segments) if bounds[i + 1] < bounds[i]]
+    if drops:
+        i = drops[0]
+        raise ValueError(f"seg_ptr must be non-decreasing, but seg_ptr[{i + 1}]="
+                         f"{bounds[i + 1]} < seg_ptr[{i}]={bounds[i]}")
+    m = bounds[-1]
+    if gather is not None:
+        _check_row_index(gather, "gather", m)
+    elif x.shape[0] != m:
+        raise ValueError(f"without gather, x must have seg_ptr[-1] = {m} rows, got "
+                         f"{x.shape[0]} (pass gather to read rows of x by index)")
+    if scatter is not None:
+        _check_row_index(scatter, "scatter", m)
+        if num_out_rows is None:
+            raise ValueError("num_out_rows is required with scatter (the output row count)")
+        num_out_rows = C.check_count(num_out_rows, "num_out_rows")
+    elif num_out_rows is not None:
+        num_out_rows = C.check_count(num_out_rows, "num_out_rows")
+        if num_out_rows != m:
+            raise ValueError(f"num_out_rows={num_out_rows} without scatter; the output then "
+                             f"has seg_ptr[-1] = {m} rows (pass scatter to sum rows)")
+    if os.environ.get("HECTOR_DEBUG", "0") not in ("", "0"):
+        if gather is not None:
+            C.check_range(gather, "gather", x.shape[0], "x.shape[0]")
+        if scatter is not None:
+            C.check_range(scatter, "scatter", num_out_rows, "num_out_rows")
+    return bounds, num_out_rows

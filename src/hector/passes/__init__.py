@@ -1,5 +1,0 @@
-"""IR -> IR passes, run in order by :func:`hector.passes.pipeline.run_pipeline`."""
-from .common import Decision, GraphStats
-from .pipeline import PassRecord, run_pipeline
-
-__all__ = ["Decision", "GraphStats", "PassRecord", "run_pipeline"]

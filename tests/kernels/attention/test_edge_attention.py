@@ -1,0 +1,365 @@
+"""``hector.kernels.attention.op.edge_attention``: the torch backend against a naive per-row
+loop in float64, the Triton kernels (both schedules) against the torch backend, input
+validation, and the semantics against PyG's GATConv / AGNNConv / TransformerConv."""
+import math
+import os
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from hector import Graph
+from hector.kernels.attention.reference import dropout_keep
+from hector.kernels.attention.op import edge_attention
+from hector.kernels.attention.spec import AttentionSpec, Schedule
+from hector.kernels.attention.spec import next_pow2
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TRITON_OK = DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+needs_triton = pytest.mark.skipif(
+    not TRITON_OK, reason="no CUDA and TRITON_INTERPRET is not set (tests/ops/conftest.py sets "
+                          "it unless TRITON_INTERPRET=0 was given)")
+NAMES = ("v", "q", "k", "a_src", "a_dst")
+
+# Term sets of the layers built on the op: (which tensors, kwargs).
+TERMS = {
+    "gat": (("v", "a_src", "a_dst"), dict(negative_slope=0.2)),
+    "agnn": (("v", "q", "k"), dict(scale=1.7)),
+    "transformer": (("v", "q", "k"), dict(scale=1 / math.sqrt(5))),
+    "all": (("v", "q", "k", "a_src", "a_dst"), dict(scale=0.6, negative_slope=0.1)),
+    "none": (("v",), {}),
+}
+
+
+def make_graph(num_nodes=24, num_random=120, super_degree=40, seed=0, device=DEVICE):
+    """Random edges plus the awkward cases: a super node (degree > the test chunk, so the
+    edge-parallel schedule splits it over several chunks), self loops, duplicate edges and
+    three nodes without incoming edges."""
+    gen = torch.Generator().manual_seed(seed)
+    n_dst = num_nodes - 3                       # the last three nodes receive nothing
+    src = torch.randint(0, num_nodes, (num_random,), generator=gen)
+    dst = torch.randint(0, n_dst, (num_random,), generator=gen)
+    sup_src = torch.randint(0, num_nodes, (super_degree,), generator=gen)
+    loops = torch.arange(0, n_dst, 4)
+    dup_s, dup_d = src[:10], dst[:10]
+    ei = torch.stack([torch.cat([src, sup_src, loops, dup_s]),
+                      torch.cat([dst, torch.full((super_degree,), 5), loops, dup_d])])
+    return Graph(ei, num_nodes=num_nodes).to(device)
+
+
+def make_inputs(graph, heads, terms, dim_k=5, dim_v=6, dtype=torch.float32, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    n = graph.num_nodes
+    shapes = dict(v=(n, heads, dim_v), q=(n, heads, dim_k), k=(n, heads, dim_k),
+                  a_src=(n, heads), a_dst=(n, heads))
+    return {name: torch.randn(shapes[name], generator=gen).to(DEVICE, dtype).requires_grad_()
+            for name in TERMS[terms][0]}
+
+
+def naive(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0, negative_slope=None,
+          dropout=0.0, seed=None):
+    """One destination at a time, straight from the formula."""
+    src, dst = graph.src.long(), graph.dst.long()
+    rows = []
+    for node in range(graph.num_nodes):
+        e = (dst == node).nonzero().flatten()
+        if e.numel() == 0:
+            rows.append(v[0] * 0.0)       # zero, but still part of the autograd graph
+            continue
+        u = src[e]
+        s = torch.zeros(e.numel(), v.shape[1], dtype=v.dtype, device=v.device)
+        if q is not None:
+            s = s + scale * (q[node][None] * k[u]).sum(-1)
+        if a_src is not None:
+            s = s + a_src[u]
+        if a_dst is not None:
+            s = s + a_dst[node][None]
+        if negative_slope is not None:
+            s = torch.where(s > 0, s, negative_slope * s)
+        alpha = torch.softmax(s, dim=0)
+        if dropout > 0:
+            alpha = alpha * dropout_keep(seed, e, v.shape[1], dropout) / (1 - dropout)
+        rows.append((alpha[:, :, None] * v[u]).sum(0))
+    return torch.stack(rows)
+
+
+def outputs_and_grads(fn, inputs, seed=2):
+    out = fn(**inputs)
+    gout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out)
+    grads = torch.autograd.grad(out, list(inputs.values()), gout, allow_unused=True)
+    return [out] + [torch.zeros_like(t) if g is None else g for t, g in zip(inputs.values(), grads)]
+
+
+def assert_close(got, want, rel, what, floor=1e-6):
+    """Max error relative to the largest reference entry (``floor`` when that is tiny: some
+    gradients are exactly 0 in theory, e.g. d a_src when every edge enters one node)."""
+    err = (got.double() - want.double()).abs().max().item() if want.numel() else 0.0
+    size = want.double().abs().max().item() if want.numel() else 0.0
+    assert err <= rel * max(size, floor), f"{what}: max error {err:.3g} vs max |ref| {size:.3g}"
+
+
+# --- (a) torch backend vs the naive loop, float64 -----------------------------------------
+
+@pytest.mark.parametrize("terms", list(TERMS))
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("dropout", [0.0, 0.4])
+def test_torch_backend_matches_naive(terms, heads, dropout):
+    g = make_graph()
+    x = make_inputs(g, heads, terms, dtype=torch.float64)
+    kw = dict(TERMS[terms][1])
+    ref = outputs_and_grads(lambda **t: naive(g, **t, **kw, dropout=dropout, seed=7), x)
+    got = outputs_and_grads(lambda **t: edge_attention(
+        g, **t, **kw, dropout=dropout, training=True, seed=7, backend="torch"), x)
+    for name, a, b in zip(("out",) + tuple(x), got, ref):
+        assert_close(a, b, 1e-10, name)
+    assert got[0][-3:].abs().max() == 0            # rows without incoming edges
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 8), e=st.integers(0, 30), heads=st.integers(1, 3),
+       terms=st.sampled_from(["gat", "transformer", "all", "none"]), data=st.data())
+def test_torch_backend_property(n, e, heads, terms, data):
+    """Random small graphs (any mix of empty rows, loops, duplicates) in float64."""
+    ids = st.lists(st.integers(0, n - 1), min_size=e, max_size=e)
+    ei = torch.tensor([data.draw(ids), data.draw(ids)], dtype=torch.int64).reshape(2, -1)
+    g = Graph(ei, num_nodes=n).to(DEVICE)
+    x = make_inputs(g, heads, terms, dtype=torch.float64, seed=data.draw(st.integers(0, 99)))
+    kw = dict(TERMS[terms][1])
+    ref = outputs_and_grads(lambda **t: naive(g, **t, **kw), x)
+    got = outputs_and_grads(lambda **t: edge_attention(g, **t, **kw, backend="torch"), x)
+    for name, a, b in zip(("out",) + tuple(x), got, ref):
+        assert_close(a, b, 1e-10, name, floor=1.0)
+
+
+def test_dropout_mask_statistics():
+    eid = torch.arange(20000)
+    keep = dropout_keep(3, eid, 4, 0.3)
+    assert abs(keep.float().mean().item() - 0.7) < 0.01
+    assert (keep != dropout_keep(4, eid, 4, 0.3)).any()              # depends on the seed
+    assert (keep[:, 0] != keep[:, 1]).any()                         # and on the head
+    assert torch.equal(keep, dropout_keep(3, eid, 4, 0.3))          # and on nothing else
+
+
+def test_dropout_off_outside_training():
+    g = make_graph()
+    x = make_inputs(g, 2, "gat")
+    a = edge_attention(g, **x, negative_slope=0.2, dropout=0.5, training=False, backend="torch")
+    b = edge_attention(g, **x, negative_slope=0.2, backend="torch")
+    torch.testing.assert_close(a, b)    # not bitwise: index_add is atomic (unordered) on CUDA
+
+
+# --- (b) Triton vs the torch backend --------------------------------------------------------
+
+def edge_schedule(heads, dim_k=5, dim_v=6, chunk=13):
+    # An odd chunk smaller than the super node's degree, so boundaries cut rows anywhere;
+    # two heads per program, so three heads need a second head block with a masked lane.
+    return Schedule("edge", block_e=8, block_h=min(2, next_pow2(heads)), block_dk=next_pow2(dim_k),
+                    block_dv=next_pow2(dim_v), chunk=chunk)
+
+
+def run_triton_vs_torch(terms, heads, strategy, dtype=torch.float32, rel=1e-4, dropout=0.0,
+                        graph=None):
+    g = graph if graph is not None else make_graph()
+    x = make_inputs(g, heads, terms, dtype=dtype)
+    kw = dict(TERMS[terms][1], dropout=dropout, training=dropout > 0, seed=11)
+    sched = edge_schedule(heads) if strategy == "edge" else None
+    ref = outputs_and_grads(lambda **t: edge_attention(g, **t, **kw, backend="torch"), x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)     # numpy overflow chatter
+        got = outputs_and_grads(lambda **t: edge_attention(
+            g, **t, **kw, backend="triton", strategy=strategy, schedule=sched), x)
+    for name, a, b in zip(("out",) + tuple(x), got, ref):
+        assert a.dtype == b.dtype == dtype and a.shape == b.shape, name
+        assert torch.isfinite(a).all(), name
+        assert_close(a, b, rel, f"{name} ({strategy}, {dtype})")
+
+
+@needs_triton
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("terms", ["gat", "agnn", "transformer", "all"])
+def test_triton_fp32(terms, heads, strategy):
+    run_triton_vs_torch(terms, heads, strategy)
+
+
+@needs_triton
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_half(dtype, strategy):
+    run_triton_vs_torch("all", 3, strategy, dtype=dtype, rel=2e-2)
+
+
+@needs_triton
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+def test_triton_dropout_same_mask(strategy):
+    run_triton_vs_torch("all", 3, strategy, dropout=0.3)
+
+
+@needs_triton
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+def test_triton_without_edges(strategy):
+    g = Graph(torch.empty(2, 0, dtype=torch.int64), num_nodes=5).to(DEVICE)
+    run_triton_vs_torch("gat", 2, strategy, graph=g)
+
+
+def graph_with_empty_runs():
+    """Edges enter only nodes 10-19 and 40-49 and leave only 0-29, so the in- and out-CSR
+    both have leading, interior and trailing runs of rows without edges (the derived graphs
+    of compiled RGAT/HGT and ogbn-mag's authors look like this); node 12 exceeds a chunk."""
+    gen = torch.Generator().manual_seed(3)
+    dst = torch.cat([torch.randint(10, 20, (60,), generator=gen),
+                     torch.randint(40, 50, (60,), generator=gen), torch.full((30,), 12)])
+    src = torch.randint(0, 30, (dst.numel(),), generator=gen)
+    return Graph(torch.stack([src, dst]), num_nodes=60).to(DEVICE)
+
+
+@needs_triton
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_triton_runs_of_empty_rows(strategy, dropout):
+    from hector.kernels.attention.launch import active_rows
+    g = graph_with_empty_runs()
+    for csr in (g.csr_in, g.csr_out):    # the edge schedule traverses only rows with edges
+        compressed, sel = active_rows(g, csr)
+        assert sel is not None and compressed.ptr.numel() == sel.numel() + 1
+        assert bool((csr.degrees()[sel] > 0).all())
+    run_triton_vs_torch("all", 3, strategy, dropout=dropout, graph=g)
+
+
+@needs_triton
+def test_triton_auto_and_partial_grads():
+    """'auto' strategy and schedule, no q/k term, and only some inputs requiring grad."""
+    g = make_graph()
+    x = make_inputs(g, 2, "all")
+    x["k"].requires_grad_(False)
+    x["a_dst"].requires_grad_(False)
+    kw = dict(scale=0.5, negative_slope=0.2)
+    ref = edge_attention(g, **x, **kw, backend="torch")
+    got = edge_attention(g, **x, **kw, backend="triton")
+    assert_close(got, ref, 1e-4, "out")
+    need = [x[n] for n in ("v", "q", "a_src")]
+    for a, b, n in zip(torch.autograd.grad(got.sum(), need), torch.autograd.grad(ref.sum(), need),
+                       ("v", "q", "a_src")):
+        assert_close(a, b, 1e-4, n)
+
+
+def test_strategy_rule():
+    from hector.kernels.attention.spec import default_schedule
+    from hector.kernels.attention.launch import choose_strategy
+    from hector.graph.structures import DegreeStats
+    flat = DegreeStats(max=20, mean=10.0, cv=0.3, num_isolated=0, num_super=0, super_threshold=1000)
+    skew = DegreeStats(max=100_000, mean=5.0, cv=40.0, num_isolated=0, num_super=1,
+                       super_threshold=1000)
+    assert choose_strategy(flat, 1_000_000)[0] == "node"
+    strategy, why = choose_strategy(skew, 1_000_000)
+    assert strategy == "edge" and "100000" in why
+    # Long rows everywhere (reddit-like: mean 492, max 21.6K, no straggler): edge-parallel
+    # with one head, node-parallel with four (the measured split).
+    long_rows = DegreeStats(max=21_600, mean=492.0, cv=1.2, num_isolated=0, num_super=8000,
+                            super_threshold=1000)
+    assert choose_strategy(long_rows, 114_600_000, heads=1)[0] == "edge"
+    assert choose_strategy(long_rows, 114_600_000, heads=4)[0] == "node"
+    spec = AttentionSpec.of(torch.empty(1, 8, 8))
+    sched = default_schedule(spec, "edge", 1_000_000, 5.0, 528)
+    assert sched.block_h == 8 and sched.chunk >= sched.block_e
+
+
+# --- (c) bad input --------------------------------------------------------------------------
+
+def bad_cases():
+    n = 24
+    ok = lambda *s: torch.randn(*s)
+    return [
+        (dict(v=ok(n + 1, 2, 4)), ValueError, "v"),
+        (dict(v=ok(n, 8)), ValueError, "v must have shape"),
+        (dict(v=torch.ones(n, 2, 4, dtype=torch.int64)), TypeError, "v must be a floating"),
+        (dict(v=[1.0]), TypeError, "v must be a torch.Tensor"),
+        (dict(q=ok(n, 2, 3)), ValueError, "q was given without k"),
+        (dict(k=ok(n, 2, 3)), ValueError, "k was given without q"),
+        (dict(q=ok(n, 2, 3), k=ok(n, 2, 4)), ValueError, "q and k"),
+        (dict(q=ok(n, 3, 3), k=ok(n, 3, 3)), ValueError, "q must have shape"),
+        (dict(a_src=ok(n, 3)), ValueError, "a_src must have shape"),
+        (dict(a_dst=ok(n - 1, 2)), ValueError, "a_dst"),
+        (dict(a_dst=ok(n, 2).double()), TypeError, "a_dst has dtype"),
+        (dict(a_src=ok(n, 2).to("meta")), ValueError, "a_src is on meta"),
+        (dict(dropout=1.0), ValueError, "dropout"),
+        (dict(dropout=-0.1), ValueError, "dropout"),
+        (dict(dropout="0.1"), TypeError, "dropout"),
+        (dict(scale=float("nan")), TypeError, "scale"),
+        (dict(negative_slope="x"), TypeError, "negative_slope"),
+        (dict(training=1), TypeError, "training"),
+        (dict(seed=-1), ValueError, "seed"),
+        (dict(strategy="fast"), ValueError, "strategy"),
+        (dict(backend="cuda"), ValueError, "backend"),
+        (dict(graph="not a graph"), TypeError, "graph"),
+    ]
+
+
+@pytest.mark.parametrize("change,exc,message", bad_cases())
+def test_bad_input(change, exc, message):
+    g = make_graph(device="cpu")
+    kw = dict(graph=g, v=torch.randn(g.num_nodes, 2, 4), backend="torch")
+    kw.update(change)
+    with pytest.raises(exc, match=message):
+        edge_attention(**kw)
+
+
+def test_triton_backend_refused_without_device(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    g = make_graph(device="cpu")
+    with pytest.raises(ValueError, match="backend='triton'"):
+        edge_attention(g, torch.randn(g.num_nodes, 1, 4), backend="triton")
+    with pytest.raises(TypeError, match="v has dtype torch.float64"):
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        edge_attention(g, torch.randn(g.num_nodes, 1, 4).double(), backend="triton")
+
+
+# --- (d) semantics against PyG --------------------------------------------------------------
+
+def pyg_graph(seed=3):
+    g = make_graph(num_nodes=20, num_random=80, super_degree=25, seed=seed, device="cpu")
+    return g, g.input_edge_index()
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_gat_matches_pyg(backend):
+    from torch_geometric.nn import GATConv
+    torch.manual_seed(0)
+    g, ei = pyg_graph()
+    heads, out_ch = 3, 4
+    conv = GATConv(7, out_ch, heads=heads, add_self_loops=False, bias=False)
+    x = torch.randn(g.num_nodes, 7)
+    want = conv(x, ei)
+    z = conv.lin(x).view(-1, heads, out_ch)
+    a_src = (z * conv.att_src).sum(-1)
+    a_dst = (z * conv.att_dst).sum(-1)
+    g, z, a_src, a_dst = g.to(DEVICE), z.to(DEVICE), a_src.to(DEVICE), a_dst.to(DEVICE)
+    got = edge_attention(g, z, a_src=a_src, a_dst=a_dst, negative_slope=conv.negative_slope,
+                         backend=backend)
+    assert_close(got.reshape(g.num_nodes, -1).cpu(), want, 1e-5, "GAT out")
+
+
+def test_agnn_matches_pyg():
+    from torch_geometric.nn import AGNNConv
+    g, ei = pyg_graph()
+    conv = AGNNConv(add_self_loops=False)
+    with torch.no_grad():
+        conv.beta.fill_(1.7)
+    x = torch.randn(g.num_nodes, 6)
+    xn = F.normalize(x, p=2.0, dim=-1)[:, None]
+    got = edge_attention(g, x[:, None], q=xn * conv.beta, k=xn, backend="torch")
+    assert_close(got[:, 0], conv(x, ei), 1e-5, "AGNN out")
+
+
+def test_transformer_matches_pyg():
+    from torch_geometric.nn import TransformerConv
+    torch.manual_seed(0)
+    g, ei = pyg_graph()
+    heads, ch = 2, 5
+    conv = TransformerConv(6, ch, heads=heads, root_weight=False)
+    x = torch.randn(g.num_nodes, 6)
+    q, k, m = (lin(x).view(-1, heads, ch) for lin in (conv.lin_query, conv.lin_key, conv.lin_value))
+    got = edge_attention(g, m, q=q, k=k, scale=1 / math.sqrt(ch), backend="torch")
+    assert_close(got.reshape(g.num_nodes, -1), conv(x, ei), 1e-5, "Transformer out")

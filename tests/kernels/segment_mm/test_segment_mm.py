@@ -1,0 +1,293 @@
+"""``hector.kernels.segment_mm.op.segment_mm``: the torch backend against a naive float64
+per-row loop, the Triton kernels against the torch backend (forward, dx, dW; every
+gather/scatter/transpose combination, empty segments, segments longer than a tile, K/N off
+multiples of 16, half types), random segment layouts (hypothesis), the tile map, and input
+validation.
+
+Error measure: ``max |got - want| / max |want|`` (relative to the tensor's scale, so rows that
+sum to ~0 do not blow it up).  fp32: 1e-5 (the interpreter's ``tl.dot`` with
+``input_precision="ieee"`` is numpy's fp32 matmul); fp16/bf16: 2e-2.
+"""
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hector.kernels.segment_mm.op import segment_mm
+from hector.kernels.segment_mm.spec import GemmSchedule, GemmSpec, default_schedule, tune_configs
+from hector.kernels.segment_mm.launch import tile_map
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TRITON_OK = DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+needs_triton = pytest.mark.skipif(
+    not TRITON_OK, reason="no CUDA and TRITON_INTERPRET is not set (tests/conftest.py sets "
+                          "it unless TRITON_INTERPRET=0 was given)")
+TOL = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 2e-2, torch.float64: 1e-12}
+# Empty first, middle and last segments, and one (45 rows) longer than the 16-row test tile.
+LENGTHS = (0, 7, 0, 45, 3, 0)
+# Small tiles: several row tiles per segment; wgrad runs of 16 rows split the long segment
+# (atomic merge of partial dW tiles).  WHOLE keeps every segment in one wgrad run (stores).
+TILE = GemmSchedule(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1)
+# Its dW tile (32x32) differs from the forward's.
+WHOLE = GemmSchedule(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1,
+                     wgrad_rows=64, wgrad_block_k=32, wgrad_block_n=32, wgrad_warps=2)
+
+
+def rel_err(got, want):
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    if want.numel() == 0:
+        return 0.0
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def make_case(lengths=LENGTHS, k=17, n=5, gather=True, scatter=True, transpose=False,
+              dtype=torch.float32, seed=0, num_x=23, num_out=11):
+    gen = torch.Generator().manual_seed(seed)
+    s, m = len(lengths), sum(lengths)
+    seg_ptr = torch.zeros(s + 1, dtype=torch.int64)
+    seg_ptr[1:] = torch.tensor(lengths).cumsum(0)
+    rows = num_x if gather else m
+    wshape = (s, n, k) if transpose else (s, k, n)
+    case = dict(x=torch.randn(rows, k, generator=gen), weight=torch.randn(wshape, generator=gen),
+                seg_ptr=seg_ptr.to(DEVICE), transpose_weight=transpose)
+    case["x"] = case["x"].to(DEVICE, dtype).requires_grad_()
+    case["weight"] = case["weight"].to(DEVICE, dtype).requires_grad_()
+    if gather:   # int32 gather and int64 scatter: both index dtypes get exercised
+        case["gather"] = torch.randint(0, rows, (m,), generator=gen, dtype=torch.int32).to(DEVICE)
+    if scatter:
+        case["scatter"] = torch.randint(0, num_out, (m,), generator=gen).to(DEVICE)
+        case["num_out_rows"] = num_out
+    return case
+
+
+def naive(x, weight, seg_ptr, gather=None, scatter=None, num_out_rows=None,
+          transpose_weight=False):
+    """One logical row at a time, straight from the definition, in float64."""
+    bounds = seg_ptr.tolist()
+    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    ys = []
+    for s in range(weight.shape[0]):
+        w = weight[s].T if transpose_weight else weight[s]
+        for r in range(bounds[s], bounds[s + 1]):
+            ys.append(x[int(gather[r]) if gather is not None else r] @ w)
+    if scatter is None:
+        return torch.stack(ys) if ys else x.new_zeros(0, n)
+    out = [x.new_zeros(n) for _ in range(num_out_rows)]
+    for r, y in enumerate(ys):
+        out[int(scatter[r])] = out[int(scatter[r])] + y
+    return torch.stack(out) if out else x.new_zeros(0, n)
+
+
+def run_with_grads(fn, case, dy_seed=5):
+    """Output and (dx, dW) for a fixed random upstream gradient."""
+    out = fn(**case)
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(dy_seed))
+    dy = dy.to(out.device, out.dtype)
+    grads = torch.autograd.grad(out, (case["x"], case["weight"]), dy, allow_unused=True)
+    grads = [g if g is not None else torch.zeros_like(t)
+             for g, t in zip(grads, (case["x"], case["weight"]))]
+    return out, *grads
+
+
+def as_f64(case):
+    out = dict(case)
+    for name in ("x", "weight"):
+        out[name] = case[name].detach().double().requires_grad_()
+    return out
+
+
+FLAGS = [(g, s, t) for g in (False, True) for s in (False, True) for t in (False, True)]
+
+
+@pytest.mark.parametrize("gather,scatter,transpose", FLAGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_torch_backend_matches_naive(gather, scatter, transpose, dtype):
+    case = make_case(gather=gather, scatter=scatter, transpose=transpose, dtype=dtype)
+    got = run_with_grads(lambda **c: segment_mm(**c, backend="torch"), case)
+    want = run_with_grads(naive, as_f64(case))
+    for name, g, w in zip(("out", "dx", "dW"), got, want):
+        assert g.dtype == dtype
+        assert rel_err(g, w) < TOL[dtype], name
+
+
+def check_triton(case, schedule=TILE, tol=None):
+    got = run_with_grads(lambda **c: segment_mm(**c, backend="triton", schedule=schedule), case)
+    want = run_with_grads(lambda **c: segment_mm(**c, backend="torch"), case)
+    tol = tol or TOL[case["x"].dtype]
+    for name, g, w in zip(("out", "dx", "dW"), got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        assert rel_err(g, w) < tol, (name, rel_err(g, w))
+
+
+@needs_triton
+@pytest.mark.parametrize("gather,scatter,transpose", FLAGS)
+@pytest.mark.parametrize("k,n", [(17, 5), (5, 17), (32, 32)])
+def test_triton_matches_torch(gather, scatter, transpose, k, n):
+    check_triton(make_case(k=k, n=n, gather=gather, scatter=scatter, transpose=transpose))
+
+
+@needs_triton
+@pytest.mark.parametrize("gather,scatter", [(False, False), (True, True)])
+def test_triton_wgrad_one_run_per_segment(gather, scatter):
+    # wgrad_rows=64 > every segment: the non-atomic store path of the weight gradient.
+    check_triton(make_case(gather=gather, scatter=scatter), schedule=WHOLE)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("gather,scatter,transpose", [(False, False, False), (True, True, True)])
+def test_triton_half(dtype, gather, scatter, transpose):
+    check_triton(make_case(dtype=dtype, gather=gather, scatter=scatter, transpose=transpose))
+
+
+@needs_triton
+@pytest.mark.parametrize("schedule", [None, "autotune"])
+def test_triton_default_and_autotune_schedules(schedule):
+    check_triton(make_case(k=32, n=17), schedule=schedule)
+
+
+@needs_triton
+def test_triton_strided_inputs_and_expanded_grad():
+    """Non-contiguous x and weight (read through strides) and a stride-0 upstream gradient."""
+    case = make_case(gather=True, scatter=False, k=17, n=5)
+    gen = torch.Generator().manual_seed(3)
+    xt = torch.randn(17, 23, generator=gen).to(DEVICE).requires_grad_()
+    wt = torch.randn(6, 5, 17, generator=gen).to(DEVICE).requires_grad_()
+    case.update(x=xt.T, weight=wt.transpose(1, 2))
+    for backend in ("triton", "torch"):
+        out = segment_mm(**case, backend=backend, schedule=TILE if backend == "triton" else None)
+        grads = torch.autograd.grad(out.sum(), (xt, wt))
+        if backend == "triton":
+            got = (out, *grads)
+    for g, w in zip(got, (out, *grads)):
+        assert rel_err(g, w) < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("lengths", [(0, 0, 0), ()], ids=["M0", "S0"])
+def test_no_rows(backend, lengths):
+    case = make_case(lengths=lengths, gather=True, scatter=True)
+    out, dx, dw = run_with_grads(lambda **c: segment_mm(**c, backend=backend), case)
+    assert out.shape == (11, 5) and not out.any()
+    assert dx.shape == case["x"].shape and not dx.any() and not dw.any()
+    plain = make_case(lengths=lengths, gather=False, scatter=False)
+    assert segment_mm(**plain, backend=backend).shape == (0, 5)
+
+
+@needs_triton
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+       k=st.integers(1, 33), n=st.integers(1, 33), gather=st.booleans(),
+       scatter=st.booleans(), transpose=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_triton_random_layouts(lengths, k, n, gather, scatter, transpose, seed):
+    check_triton(make_case(lengths=tuple(lengths), k=k, n=n, gather=gather, scatter=scatter,
+                           transpose=transpose, seed=seed), tol=2e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.integers(0, 50), min_size=1, max_size=6),
+       block=st.sampled_from([1, 16, 64]))
+def test_tile_map_covers_every_row_once(lengths, block):
+    bounds = (0, *torch.tensor(lengths).cumsum(0).tolist())
+    tiles = tile_map(bounds, block, torch.device("cpu")).long()
+    assert tiles.shape[0] == sum(-(-n // block) for n in lengths)
+    covered = torch.zeros(bounds[-1], dtype=torch.long)
+    for seg, lo, hi in tiles.tolist():
+        assert bounds[seg] <= lo < hi <= bounds[seg + 1] and hi - lo <= block
+        covered[lo:hi] += 1
+    assert bool((covered == 1).all())
+
+
+def test_specs_and_schedules():
+    x = torch.randn(4, 40)
+    spec = GemmSpec.of(x, x.new_zeros(0, dtype=torch.long), None, False, 24)
+    back = spec.grad_input_spec()
+    assert (back.K, back.N, back.has_gather, back.has_scatter, back.transpose_weight) == \
+        (24, 40, False, True, True)
+    assert back.grad_input_spec() == spec
+    for interp in (False, True):
+        sched = default_schedule(spec, interpreting=interp)
+        assert sched.block_n >= 16 and sched.block_k >= 16
+    assert len(set(tune_configs(spec))) == len(tune_configs(spec)) > 0
+    with pytest.raises(ValueError, match="block_k"):
+        GemmSchedule(block_k=8)
+    with pytest.raises(ValueError, match="wgrad_block_n"):
+        GemmSchedule(wgrad_block_n=24)
+    with pytest.raises(ValueError, match="wgrad_warps"):
+        GemmSchedule(wgrad_warps=3)
+    assert GemmSchedule(block_k=32).wgrad_meta["BLOCK_K"] == 32
+    with pytest.raises(ValueError, match="wgrad_rows"):
+        GemmSchedule(block_m=32, wgrad_rows=48)
+
+
+def _bad(**change):
+    case = make_case()
+    # Bad index tensors live where the case does (on CUDA too), so each case trips the check
+    # it is about rather than the device check, which test_bad_devices_and_backends covers.
+    for name in ("gather", "scatter"):
+        t = change.get(name)
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":   # meta: the device tests
+            change[name] = t.to(case["x"].device)
+    case.update(change)
+    return case
+
+
+BAD = [
+    (dict(x=[1.0]), TypeError, "x must be a torch.Tensor"),
+    (dict(x=torch.zeros(23, 17, dtype=torch.int64)), TypeError, "x must be a floating"),
+    (dict(x=torch.zeros(23, 17, 1)), ValueError, r"x must have shape \[rows, K\]"),
+    (dict(weight=torch.zeros(6, 17, 5, dtype=torch.float64)), TypeError, "weight has dtype"),
+    (dict(weight=torch.zeros(6, 16, 5)), ValueError, "weight must have shape"),
+    (dict(weight=torch.zeros(6, 17, 5), transpose_weight=True), ValueError,
+     r"weight must have shape \[S, N, K\]"),
+    (dict(transpose_weight=1), TypeError, "transpose_weight must be a bool"),
+    (dict(seg_ptr=torch.tensor([0, 60.0])), TypeError, "seg_ptr must have an integer dtype"),
+    (dict(seg_ptr=torch.tensor([0, 1, 2], dtype=torch.int16)), TypeError, "seg_ptr must be int32"),
+    (dict(seg_ptr=torch.tensor([0, 60])), ValueError, "seg_ptr must have S [+] 1 = 7"),
+    (dict(seg_ptr=torch.tensor([1, 7, 7, 52, 55, 55, 55])), ValueError, r"seg_ptr\[0\] must be 0"),
+    (dict(seg_ptr=torch.tensor([0, 7, 5, 52, 55, 55, 55])), ValueError, "non-decreasing"),
+    (dict(seg_ptr=torch.tensor([0, 7, 7, 52, 55, 55, 56])), ValueError,
+     r"gather has 55 entries but seg_ptr\[-1\] = 56"),
+    (dict(gather=torch.zeros(55)), TypeError, "gather must have an integer dtype"),
+    (dict(gather=torch.zeros(55, dtype=torch.uint8)), TypeError, "gather must be int32 or int64"),
+    (dict(gather=torch.zeros(54, dtype=torch.long)), ValueError, "gather has 54 entries"),
+    (dict(gather=torch.zeros(55, 1, dtype=torch.long)), ValueError, "gather must have 1 dim"),
+    (dict(gather=None), ValueError, r"without gather, x must have seg_ptr\[-1\] = 55 rows"),
+    (dict(scatter=torch.zeros(56, dtype=torch.long)), ValueError, "scatter has 56 entries"),
+    (dict(scatter=torch.zeros(55, dtype=torch.float32)), TypeError, "scatter must have an integer"),
+    (dict(num_out_rows=None), ValueError, "num_out_rows is required with scatter"),
+    (dict(num_out_rows=-1), ValueError, "num_out_rows must be >= 0"),
+    (dict(num_out_rows=2.0), TypeError, "num_out_rows must be an int"),
+    (dict(scatter=None, num_out_rows=3), ValueError, "num_out_rows=3 without scatter"),
+    (dict(backend="cuda"), ValueError, "backend must be one of"),
+    (dict(schedule="fast"), TypeError, "schedule must be None"),
+]
+
+
+@pytest.mark.parametrize("change,exc,match", BAD, ids=[b[2][:40] for b in BAD])
+def test_bad_input_names_the_argument(change, exc, match):
+    with pytest.raises(exc, match=match):
+        segment_mm(**_bad(**change))
+
+
+def test_bad_devices_and_backends():
+    meta = torch.zeros(6, 17, 5, device="meta")
+    with pytest.raises(ValueError, match="weight is on meta but x is on"):
+        segment_mm(**_bad(weight=meta))
+    with pytest.raises(ValueError, match="gather is on meta"):
+        segment_mm(**_bad(gather=torch.zeros(55, dtype=torch.long, device="meta")))
+    with pytest.raises(TypeError, match="backend='triton' supports"):
+        case = make_case(dtype=torch.float64)
+        if not TRITON_OK:
+            pytest.skip("Triton path unavailable")
+        segment_mm(**case, backend="triton")
+
+
+def test_debug_mode_checks_index_ranges(monkeypatch):
+    monkeypatch.setenv("HECTOR_DEBUG", "1")
+    with pytest.raises(ValueError, match="gather contains id 23, out of range for x.shape"):
+        segment_mm(**_bad(gather=torch.full((55,), 23, device=DEVICE)), backend="torch")
+    with pytest.raises(ValueError, match="scatter contains a negative id"):
+        segment_mm(**_bad(scatter=torch.full((55,), -1, device=DEVICE)), backend="torch")

@@ -1,0 +1,134 @@
+"""hector.kernels.registry: deterministic rendering, the spec hash, the on-disk kernel cache
+(hits, corrupt files, an unwritable folder) and parameter checks.  Every test points
+``HECTOR_CACHE_DIR`` at its own ``tmp_path`` (the ``cache`` fixture, conftest.py)."""
+import os
+
+import pytest
+import torch
+
+from hector.kernels import registry
+
+GEMM = dict(has_gather=True, has_scatter=False, dot_fp32=False, input_precision="ieee")
+SCORE = dict(has_qk=True, has_src=False, has_dst=True, has_leaky=True, has_dropout=False,
+             edge_parallel=False)
+TRITON_OK = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+needs_triton = pytest.mark.skipif(not TRITON_OK, reason="no CUDA and TRITON_INTERPRET unset")
+
+
+def all_params(name):
+    """Every registry kernel's first parameter combination (allowed[0] of each)."""
+    return {k: allowed[0] for k, allowed in registry.entry(name).params.items()}
+
+
+def test_every_kernel_renders_valid_python_deterministically(cache):
+    hashes = {}
+    for name in registry.KERNELS:
+        params = all_params(name)
+        text = registry.source(name, **params)
+        compile(text, name, "exec")   # syntax only: no triton import needed
+        assert registry.entry(name).function in text
+        digest = registry.spec_hash(name, **params)
+        registry.clear_memo()          # recomputed from the template texts, not memoised
+        assert registry.source(name, **params) == text
+        assert registry.spec_hash(name, **params) == digest
+        hashes[name] = digest
+    # The kernel name is hashed: kernels sharing a template still get files of their own.
+    assert len(set(hashes.values())) == len(hashes)
+
+
+def test_params_are_rendered_in_not_constexpr_flags(cache):
+    plain = registry.source("segment_mm", **GEMM)
+    scattered = registry.source("segment_mm", **dict(GEMM, has_scatter=True))
+    assert "tl.atomic_add" in scattered and "tl.atomic_add" not in plain
+    assert "HAS_GATHER" not in plain and "tl.load(gather + offs_m" in plain
+    edge = registry.source("attention_fwd", **dict(SCORE, edge_parallel=True))
+    assert "m_part + slot" in edge and "m_part + slot" not in registry.source("attention_fwd",
+                                                                              **SCORE)
+
+
+def test_different_params_give_different_hashes_and_files(cache):
+    seen = {}
+    for name, params in [("segment_mm", GEMM), ("segment_mm", dict(GEMM, has_gather=False)),
+                         ("segment_mm", dict(GEMM, input_precision="tf32")),
+                         ("segment_mm_wgrad", dict(GEMM, atomic=True)),
+                         ("attention_fwd", SCORE), ("attention_fwd", dict(SCORE, has_src=True))]:
+        digest = registry.spec_hash(name, **params)
+        assert digest not in seen, (name, params, seen.get(digest))
+        seen[digest] = (name, params)
+        assert registry.cache_path(name, **params) == cache / f"{digest}.py"
+    # The versions are part of the key: another Triton gets another file.
+    before = registry.spec_hash("segment_mm", **GEMM)
+    registry.clear_memo()
+    real = registry._versions
+    try:
+        registry._versions = lambda: (real()[0], "0.0-other")
+        assert registry.spec_hash("segment_mm", **GEMM) != before
+    finally:
+        registry._versions = real
+        registry.clear_memo()
+
+
+def test_unknown_kernel_and_bad_parameters_are_named(cache):
+    with pytest.raises(ValueError, match="unknown kernel name 'segment_gemm'.*segment_mm"):
+        registry.source("segment_gemm")
+    with pytest.raises(ValueError, match="'nope'"):
+        registry.kernel("nope")
+    with pytest.raises(TypeError, match="no parameter 'has_bias'"):
+        registry.source("segment_mm", has_bias=True, **GEMM)
+    with pytest.raises(TypeError, match="needs parameter 'has_scatter'"):
+        registry.source("segment_mm", has_gather=True, dot_fp32=False, input_precision="ieee")
+    with pytest.raises(ValueError, match="'input_precision' must be one of"):
+        registry.source("segment_mm", **dict(GEMM, input_precision="tf32x3"))
+    with pytest.raises(ValueError, match="'has_gather' must be one of"):
+        registry.source("segment_mm", **dict(GEMM, has_gather=1))
+
+
+def test_cache_hit_neither_renders_nor_writes(cache):
+    path = registry.materialise("attention_combine")
+    stamp = path.stat().st_mtime_ns
+    text = path.read_text()
+    registry.clear_memo()
+    renders, writes = registry.stats["renders"], registry.stats["writes"]
+    assert registry.materialise("attention_combine") == path
+    assert (registry.stats["renders"], registry.stats["writes"]) == (renders, writes)
+    assert path.stat().st_mtime_ns == stamp and path.read_text() == text
+    assert [p.name for p in cache.iterdir()] == [path.name]   # no temp file left behind
+
+
+@pytest.mark.parametrize("damage", ["truncated", "broken body"])
+def test_corrupt_cache_file_is_regenerated(cache, damage):
+    path = registry.materialise("row_dot")
+    good = path.read_text()
+    if damage == "truncated":          # a partial write: the trailer line is missing
+        path.write_text(good[: len(good) // 2])
+    else:                              # the trailer survived but the code did not
+        path.write_text("def row_dot_kernel(:\n" + good.splitlines(keepends=True)[-1])
+    registry.clear_memo()
+    if damage == "truncated":
+        assert registry.materialise("row_dot") == path and path.read_text() == good
+    if TRITON_OK:
+        fn = registry.kernel("row_dot")
+        assert fn.fn.__name__ == "row_dot_kernel" and path.read_text() == good
+
+
+def test_unwritable_cache_dir_falls_back_to_a_temp_dir(tmp_path, monkeypatch, cache):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HECTOR_CACHE_DIR", str(blocker / "kernels"))
+    registry.clear_memo()
+    with pytest.warns(RuntimeWarning, match="kernel cache .* is unusable"):
+        path = registry.materialise("combine_sum")
+    assert path.exists() and blocker not in path.parents and path.parent != cache
+    assert registry.materialise("combine_sum") == path   # same fallback, one warning
+
+
+@needs_triton
+def test_kernel_loads_from_cache_file_and_runs(cache):
+    fn = registry.kernel("row_dot")
+    assert registry.kernel("row_dot") is fn      # memoised in-process
+    assert fn.fn.__code__.co_filename == str(registry.cache_path("row_dot"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a, b = torch.randn(5, 7, device=device), torch.randn(5, 7, device=device)
+    out = torch.empty(5, device=device)
+    fn[(1,)](a, b, out, 5, 7, BLOCK_R=8, BLOCK_D=8)
+    torch.testing.assert_close(out, (a * b).sum(1))

@@ -1,0 +1,159 @@
+"""Steady-state calls of the relational layers read nothing from tensors on the host but the
+CPU segment pointers the runtime cached per graph (on CUDA every other read would be a device
+sync).  Reads are detected by patching the tensor -> Python conversions and keeping those
+called from hector's own code (Triton's interpreter reads tensors too; that is not ours)."""
+import contextlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hector
+from hector.nn.hgt import HGTConv, _GRAPHS
+from hector.nn.rgat import RGATConv
+from hector.nn.rgcn import RGCNConv
+from hector.compiler.steps_torch import GraphIndex
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
+from helpers import device_for, random_hetero, random_relational  # noqa: E402
+
+SRC = str(Path(hector.__file__).parent)
+READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "nonzero", "cpu",
+         "numpy")
+
+
+@contextlib.contextmanager
+def host_reads():
+    """Yields a list that collects (method, tensor, caller) for every read from hector code."""
+    seen = []
+    saved = {name: torch.Tensor.__dict__.get(name) for name in READS}
+
+    def patch(name):
+        real = getattr(torch.Tensor, name)
+
+        def spy(self, *a, **k):
+            caller = sys._getframe(1).f_code.co_filename
+            if caller.startswith(SRC):
+                seen.append((name, self, f"{caller}:{sys._getframe(1).f_lineno}"))
+            return real(self, *a, **k)
+        setattr(torch.Tensor, name, spy)
+    for name in READS:
+        patch(name)
+    try:
+        yield seen
+    finally:
+        for name, fn in saved.items():
+            if fn is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, fn)
+
+
+def _cached_host_tensors(graph):
+    ix = GraphIndex.of(graph)
+    out = set()
+    for key, value in ix.memo.items():
+        for t in (value if isinstance(value, tuple) else (value,)):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                out.add(id(t))
+    return out
+
+
+def _check_steady_state(call, graph_of):
+    """Two warm-up calls (plans, caches), then one watched call per mode."""
+    for train in (False, True, False, True):
+        call(train)
+    for train in (False, True):
+        with host_reads() as seen:
+            call(train)
+        allowed = set()
+        for g in graph_of():
+            allowed |= _cached_host_tensors(g)
+        bad = [(n, c) for n, t, c in seen if id(t) not in allowed]
+        assert not bad, f"host reads in a steady-state {'training' if train else 'inference'} call: {bad}"
+
+
+def _relational_call(layer, ei, et, x):
+    def call(train):
+        if train:
+            xx = x.clone().requires_grad_()
+            layer(xx, ei, et).square().sum().backward()
+        else:
+            with torch.no_grad():
+                layer(x, ei, et)
+    return call
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("layer_cls", [RGCNConv, RGATConv])
+def test_relational_layers_steady_state_reads_no_device_values(layer_cls, backend):
+    torch.manual_seed(0)
+    ei, et = random_relational()
+    dev = device_for(backend)
+    ei, et = ei.to(dev), et.to(dev)
+    kwargs = dict(heads=2) if layer_cls is RGATConv else {}
+    layer = layer_cls(16, 8, 4, backend=backend, **kwargs).to(dev)
+    call = _relational_call(layer, ei, et, torch.randn(24, 16, device=dev))
+    _check_steady_state(call, lambda: [hector.graph.graph_of(ei, et, num_nodes=24, num_relations=4)])
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_hgt_steady_state_reads_no_device_values(backend):
+    torch.manual_seed(0)
+    counts, eid, meta = random_hetero()
+    del eid[meta[1][-1]]            # an edge type without an entry: still one cached Graph
+    dev = device_for(backend)
+    eid = {k: v.to(dev) for k, v in eid.items()}
+    layer = HGTConv(8, 8, meta, heads=2, backend=backend).to(dev)
+    xs = {t: torch.randn(n, 8, device=dev) for t, n in counts.items()}
+
+    def call(train):
+        if train:
+            xd = {t: x.clone().requires_grad_() for t, x in xs.items()}
+            sum(o.square().sum() for o in layer(xd, eid).values()).backward()
+        else:
+            with torch.no_grad():
+                layer(xs, eid)
+    _GRAPHS.clear()
+    _check_steady_state(call, lambda: [g for _, g in _GRAPHS.values()])
+    assert len(_GRAPHS) == 1        # every call hit the same Graph
+
+
+def test_hgt_single_node_type_needs_no_concatenation(monkeypatch):
+    meta = (["n"], [("n", "r", "n"), ("n", "s", "n")])
+    ei = torch.randint(0, 10, (2, 30), generator=torch.Generator().manual_seed(1))
+    eid = {meta[1][0]: ei[:, :20], meta[1][1]: ei[:, 20:]}
+    layer = HGTConv(8, 8, meta, heads=2, backend="torch")
+    x = torch.randn(10, 8)
+    want = layer({"n": x}, eid)["n"]
+    seen = []
+    real = layer.program.__call__
+    monkeypatch.setattr(layer, "program", lambda g, inputs, w: seen.append(inputs["x"]) or real(g, inputs, w))
+    got = layer({"n": x}, eid)["n"]
+    assert torch.equal(got, want)
+    assert seen[0] is x             # the features themselves, not a copy
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("make", [
+    lambda b: hector.nn.GATConv(16, 8, heads=2, backend=b),
+    lambda b: hector.nn.AGNNConv(backend=b),
+    lambda b: hector.nn.TransformerConv(16, 8, heads=2, backend=b),
+], ids=["gat", "agnn", "transformer"])
+def test_attention_layers_steady_state_reads_no_device_values(make, backend):
+    torch.manual_seed(0)
+    ei, _ = random_relational()
+    dev = device_for(backend)
+    ei = ei.to(dev)
+    layer = make(backend).to(dev)
+    x = torch.randn(24, 16, device=dev)
+
+    def call(train):
+        if train:
+            xx = x.clone().requires_grad_()
+            layer(xx, ei).square().sum().backward()
+        else:
+            with torch.no_grad():
+                layer(x, ei)
+    _check_steady_state(call, lambda: [])
