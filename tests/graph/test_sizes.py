@@ -79,3 +79,16 @@ def test_ids_beyond_int32_on_a_large_gpu():
     assert torch.equal(g.input_edge_index(), ei)
     assert g.in_degree.max == 1 and int(g.csr_in.ptr[-1]) == 3
     assert int(g.csr_in.ptr[n] - g.csr_in.ptr[n - 1]) == 1    # node 2^31 + 9 has its edge
+
+
+def test_pointers_by_binary_search_equal_the_counted_ones(monkeypatch):
+    """The path for more than 2^31 segments (binary search in chunks) gives the same pointers
+    as bincount + cumsum, on a graph small enough to run anywhere."""
+    ei = torch.randint(0, 50, (2, 400), generator=torch.Generator().manual_seed(0))
+    counted = Graph(ei, num_nodes=57)
+    monkeypatch.setattr(build, "SEARCH_SEGMENTS", 10)
+    monkeypatch.setattr(build, "SEARCH_CHUNK", 7)
+    searched = Graph(ei, num_nodes=57)
+    for a, b in ((counted.csr_in.ptr, searched.csr_in.ptr), (counted.csr_out.ptr, searched.csr_out.ptr)):
+        assert torch.equal(a, b)
+    assert counted.in_degree == searched.in_degree

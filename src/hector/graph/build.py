@@ -21,9 +21,25 @@ def counts_to_ptr(counts: torch.Tensor) -> torch.Tensor:
     return ptr
 
 
+#: Past this many segments the pointers are found by binary search in chunks: on the H200
+#: (torch 2.11) bincount + cumsum over 2^31 + 10 segments returned a wrong last pointer (1
+#: instead of 3 edges), and chunks also bound the temporary memory.
+SEARCH_SEGMENTS = INT32_LIMIT
+SEARCH_CHUNK = 2 ** 28
+
+
 def ptr_of(keys: torch.Tensor, n: int) -> torch.Tensor:
     """Segment pointers [n + 1] for keys in [0, n) (sorted or not: only the counts matter)."""
-    return counts_to_ptr(torch.bincount(keys, minlength=n)[:n])
+    if n + 1 <= SEARCH_SEGMENTS:
+        return counts_to_ptr(torch.bincount(keys, minlength=n)[:n])
+    # ptr[i] = number of keys < i: a binary search of each i in the sorted keys.
+    ordered = torch.sort(keys.to(torch.int64)).values
+    ptr = torch.empty(n + 1, dtype=torch.int64, device=keys.device)
+    for start in range(0, n + 1, SEARCH_CHUNK):        # a loop over chunks, not over nodes
+        stop = min(start + SEARCH_CHUNK, n + 1)
+        bounds = torch.arange(start, stop, dtype=torch.int64, device=keys.device)
+        ptr[start:stop] = torch.searchsorted(ordered, bounds)
+    return ptr
 
 
 def take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
