@@ -120,7 +120,7 @@ def _edge_attention_gather(graph, v, q, k, a_src, a_dst, scale, negative_slope, 
     return out.to(v.dtype)
 
 
-# -- the CPU path: one sparse matrix per head -------------------------------------------------
+# -- the CPU path: every head in one block-diagonal sparse matrix --------------------------------
 
 class _Layout:
     """Where the ``E * H`` attention weights live in a block-diagonal CSR matrix of shape
