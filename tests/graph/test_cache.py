@@ -72,3 +72,35 @@ def test_verify_mode_env(monkeypatch):
     first = graph_of(ei)
     ei.data[0, 0] = (ei[0, 0] + 1) % 12
     assert graph_of(ei) is not first
+
+
+@pytest.mark.parametrize("edit", ["numpy", "data"])
+def test_hgt_after_silent_edit_equals_fresh(edit):
+    """HGT builds its hetero Graph through the same verified cache."""
+    torch.manual_seed(0)
+    meta = (["a", "b"], [("a", "r", "b"), ("b", "s", "a")])
+    layer = hector.nn.HGTConv(8, 8, meta, heads=2, backend="torch")
+    xs = {"a": torch.randn(12, 8), "b": torch.randn(12, 8)}
+    ei, write = _edits()[edit](_graph_edges())
+    other = torch.tensor(_graph_edges(seed=1))
+    before = layer(xs, {("a", "r", "b"): ei, ("b", "s", "a"): other})["b"]
+    write(ei, (1, slice(None)), (ei[1] + 5) % 12)
+    got = layer(xs, {("a", "r", "b"): ei, ("b", "s", "a"): other})["b"]
+    fresh = layer(xs, {("a", "r", "b"): ei.clone(), ("b", "s", "a"): other})["b"]
+    assert not torch.allclose(before, fresh)
+    torch.testing.assert_close(got, fresh)
+
+
+@pytest.mark.parametrize("edit", ["numpy", "data"])
+def test_featureless_rgcn_norm_after_silent_edit_equals_fresh(edit):
+    """hector train's one-hot RGCN layer caches its per-(dst, relation) normalisation."""
+    from hector.train.models import FeaturelessRGCN
+    torch.manual_seed(0)
+    layer = FeaturelessRGCN(12, 4, 3, None)
+    ei, write = _edits()[edit](_graph_edges())
+    et = torch.randint(0, 3, (ei.shape[1],), generator=torch.Generator().manual_seed(2))
+    before = layer(ei, et)
+    write(ei, (1, slice(None)), (ei[1] + 5) % 12)
+    got, fresh = layer(ei, et), layer(ei.clone(), et)
+    assert not torch.allclose(before, fresh)
+    torch.testing.assert_close(got, fresh)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import hector
-from hector.nn.hgt import HGTConv, _GRAPHS
+from hector.graph import cache as graph_cache
+from hector.nn.hgt import HGTConv
 from hector.nn.rgat import RGATConv
 from hector.nn.rgcn import RGCNConv
 from hector.compiler.steps_torch import GraphIndex
@@ -115,9 +116,9 @@ def test_hgt_steady_state_reads_no_device_values(backend):
         else:
             with torch.no_grad():
                 layer(xs, eid)
-    _GRAPHS.clear()
-    _check_steady_state(call, lambda: [g for _, g in _GRAPHS.values()])
-    assert len(_GRAPHS) == 1        # every call hit the same Graph
+    graph_cache._cache.clear()
+    _check_steady_state(call, lambda: [g for *_, g in graph_cache._cache.values()])
+    assert len(graph_cache._cache) == 1        # every call hit the same Graph
 
 
 def test_hgt_single_node_type_needs_no_concatenation(monkeypatch):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections import OrderedDict
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
@@ -30,6 +30,7 @@ from .graph import Graph
 _CACHE_SIZE = 8
 _cache: "OrderedDict[tuple, tuple]" = OrderedDict()
 ENV_VERIFY = "HECTOR_GRAPH_CACHE_VERIFY"
+T = TypeVar("T")
 
 
 def _key(t: Optional[torch.Tensor]):
@@ -51,11 +52,11 @@ def _unchanged(tensors: Tuple[torch.Tensor, ...], copies: Tuple[torch.Tensor, ..
     return all(not _verify(t) or torch.equal(t, c) for t, c in zip(tensors, copies))
 
 
-def cached(tensors: Sequence[Optional[torch.Tensor]], extra: tuple,
-           build: Callable[[], Graph]) -> Graph:
-    """The Graph ``build()`` makes from ``tensors`` (None entries allowed) and the hashable
-    ``extra`` (sizes), reused while the tensors live and hold the same values.  Shared by
-    every layer that builds its Graph from raw tensors, so all get the same guarantee."""
+def cached(tensors: Sequence[Optional[torch.Tensor]], extra: tuple, build: Callable[[], T]) -> T:
+    """What ``build()`` makes from ``tensors`` (None entries allowed) and the hashable ``extra``
+    (sizes, a tag), reused while the tensors live and hold the same values: a Graph, or any
+    other structure derived from raw index tensors.  Shared by every layer that derives
+    something from raw tensors, so all get the same guarantee."""
     given = tuple(t for t in tensors if t is not None)
     key = tuple(_key(t) for t in tensors) + tuple(extra)
     hit = _cache.get(key)

@@ -2,8 +2,6 @@ r"""HGT (Hu et al. 2020), PyG ``HGTConv`` semantics, compiled by Hector."""
 from __future__ import annotations
 
 import math
-import weakref
-from collections import OrderedDict
 from typing import Dict
 
 import torch
@@ -13,10 +11,9 @@ from .. import checks as C
 from ..compiler import models
 from ..compiler.program import Program, node_type_bounds
 from ..graph import Graph
+from ..graph.cache import cached
 from ._common import check_input, load_from_pyg
 from .rgcn import compiler_options
-
-_GRAPHS: "OrderedDict[tuple, tuple]" = OrderedDict()
 
 
 class _Lins(nn.Module):
@@ -142,22 +139,16 @@ class HGTConv(nn.Module):
             raise ValueError(f"edge_index_dict has edge types {extra} not in metadata")
         counts = {t: int(x_dict[t].shape[0]) for t in self.node_types}
         given = [edge_index_dict.get(e) for e in self.edge_types]
-        # An edge type without an entry is keyed as None (a fresh empty tensor per call would
-        # make every call a miss and rebuild the Graph).
-        key = tuple(None if t is None else (id(t), t.data_ptr(), t._version, str(t.device))
-                    for t in given) + tuple(counts.items())
-        hit = _GRAPHS.get(key)
-        if hit is not None and all(r() is not None for r in hit[0]):
-            _GRAPHS.move_to_end(key)
-            return hit[1]
         dev = next(iter(x_dict.values())).device
-        ordered = {e: t if t is not None else torch.zeros(2, 0, dtype=torch.long, device=dev)
-                   for e, t in zip(self.edge_types, given)}
-        g = Graph.from_hetero(ordered, counts)
-        _GRAPHS[key] = (tuple(weakref.ref(t) for t in given if t is not None), g)
-        while len(_GRAPHS) > 8:
-            _GRAPHS.popitem(last=False)
-        return g
+
+        def build() -> Graph:
+            ordered = {e: t if t is not None else torch.zeros(2, 0, dtype=torch.long, device=dev)
+                       for e, t in zip(self.edge_types, given)}
+            return Graph.from_hetero(ordered, counts)
+        # The shared build-once cache (verified against the tensors' contents on a hit); an
+        # edge type without an entry is keyed as None, so absent types do not force rebuilds.
+        return cached(given, ("hgt", tuple(map(tuple, self.edge_types))) + tuple(counts.items()),
+                      build)
 
     def _type_slices(self, graph: Graph):
         """(node type, first row, end row) of each destination type in the output: Python

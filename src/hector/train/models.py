@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..graph.cache import cached
 from ..nn import AGNNConv, GATConv, HGTConv, RGATConv, RGCNConv, TransformerConv
 
 
@@ -40,7 +41,6 @@ class FeaturelessRGCN(nn.Module):
             self.register_parameter("comp", None)
         self.root = nn.Parameter(torch.empty(num_nodes, out_channels))
         self.bias = nn.Parameter(torch.zeros(out_channels))
-        self._norm_key = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -51,13 +51,14 @@ class FeaturelessRGCN(nn.Module):
         nn.init.zeros_(self.bias)
 
     def _norm(self, edge_index, edge_type):
-        key = (edge_index.data_ptr(), edge_type.data_ptr(), edge_index.shape[1])
-        if self._norm_key != key:
+        """1 / |N_r(dst)| per edge, built once per edge set through the verified build-once
+        cache (a data-pointer key alone kept a stale result after an in-place edit)."""
+        def build():
             slot = edge_index[1] * self.num_relations + edge_type
             count = torch.bincount(slot, minlength=self.num_nodes * self.num_relations)
-            self._norm_cache = (1.0 / count[slot].clamp(min=1).float()).unsqueeze(1)
-            self._norm_key = key
-        return self._norm_cache
+            return (1.0 / count[slot].clamp(min=1).float()).unsqueeze(1)
+        return cached((edge_index, edge_type),
+                      ("featureless-rgcn-norm", self.num_nodes, self.num_relations), build)
 
     def forward(self, edge_index: torch.Tensor, edge_type: torch.Tensor) -> torch.Tensor:
         R, N, H = self.num_relations, self.num_nodes, self.out_channels
