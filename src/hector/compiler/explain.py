@@ -22,6 +22,7 @@ from ..kernels.segment_mm import spec as gemm_spec
 from ..kernels.segment_mm.launch import gemm_params
 from ..kernels.segment_mm.spec import GemmSpec
 from . import models
+from .ir import Op
 from .printer import format_ir
 from .program import CompiledModule, Program
 
@@ -171,7 +172,7 @@ def _config_text(config: dict) -> str:
 def _step_kernels(step, graph, kernels: _Kernels) -> List[str]:
     """Lines naming the Triton kernels one plan step launches on the Triton backend."""
     spec = step.spec[0] if isinstance(step.spec, tuple) else step.spec
-    if step.template == "gemm" and isinstance(spec, GemmSpec) and step.body.op == "linear":
+    if step.template == "gemm" and isinstance(spec, GemmSpec) and step.body.op == Op.LINEAR:
         return kernels.describe("segment_mm", gemm_params(spec),
                                 gemm_spec.tune_configs(spec, interpreting=interpreting()))
     if step.template == "attention" and isinstance(spec, AttentionSpec):

@@ -14,25 +14,17 @@ import torch
 
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.segment_mm.spec import GemmSpec
-from .ir import CDST, CSRC, EDGE, NODE, Value, WEIGHT, toposort
+from .ir import CDST, CSRC, EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, attention_roles, kernel, toposort
 from .plan import Plan, RowSegments, Step, TraversalSpec
 
-LEAVES = ("input", "param", "saved", "grad_output", "arg")
-
-
-def arg(i: int, like: Value) -> Value:
-    """Placeholder for a kernel's ``i``-th input inside its body."""
-    return Value("arg", (), like.kind, like.shape, (("index", i), ("per", like.per)))
-
-
 def template_of(v: Value) -> str:
-    if v.op == "wgrad":   # segment-grouped outer products: the GEMM template's weight gradient
+    if v.op == Op.WGRAD:   # segment-grouped outer products: the GEMM template's weight gradient
         return "gemm"
     if v.kind == WEIGHT:
         return "weight"
-    if v.op == "linear":
+    if v.op == Op.LINEAR:
         return "gemm"
-    if v.op == "attention":
+    if v.op == Op.ATTENTION:
         return "attention"
     return "traversal"
 
@@ -43,19 +35,14 @@ def single_kernel(v: Value) -> Value:
     return kernel(template_of(v), body, v.args)
 
 
-def kernel(template: str, body: Value, inputs: Sequence[Value]) -> Value:
-    return Value("kernel", tuple(inputs), body.kind, body.shape,
-                 (("body", body), ("per", body.per), ("template", template)))
-
-
 def lower(outputs: Sequence[Value], dtype: torch.dtype = torch.float32) -> Plan:
     steps: List[Step] = []
     leaves: List[Value] = []
     for v in toposort(outputs):
-        if v.op in LEAVES or v.op == "const":
+        if v.op in LEAVES:
             leaves.append(v)
             continue
-        k = v if v.op == "kernel" else single_kernel(v)
+        k = v if v.op == Op.KERNEL else single_kernel(v)
         template, body = k.attr("template"), k.attr("body")
         spec, note = _spec(template, body, dtype)
         steps.append(Step(name=_name(template, body), template=template, body=body,
@@ -64,7 +51,7 @@ def lower(outputs: Sequence[Value], dtype: torch.dtype = torch.float32) -> Plan:
 
 
 def _name(template: str, body: Value) -> str:
-    ops = [b.op for b in toposort([body]) if b.op != "arg"]
+    ops = [b.op for b in toposort([body]) if b.op != Op.ARG]
     return f"{template}_{body.kind}_" + "_".join(dict.fromkeys(ops))
 
 
@@ -79,17 +66,17 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
 
 
 def gemm_spec(body: Value, dtype: torch.dtype):
-    if body.op == "wgrad":
+    if body.op == Op.WGRAD:
         x, dy = body.args
         seg = body.per or "one segment"
         return None, f"weight gradient dW = sum x^T dy over {x.kind} rows, segments by {seg}"
     x, w = body.args
-    transpose = w.op == "wT"
+    transpose = w.op == Op.WT
     wshape = w.args[0].shape if transpose else w.shape
     per_head = len(wshape) == 3
     K = x.dim if per_head else x.heads * x.dim
     N = body.dim if per_head else body.heads * body.dim
-    gathered = x.op == "gather"
+    gathered = x.op == Op.GATHER
     rows = RowSegments(rows=x.kind, segments=w.per, per_head=per_head, transpose_weight=transpose,
                        gather=(x.args[0].kind, x.attr("end")) if gathered else None)
     gs = GemmSpec(has_gather=w.per == "node_type" or gathered, has_scatter=w.per == "node_type",
@@ -101,7 +88,7 @@ def gemm_spec(body: Value, dtype: torch.dtype):
 
 
 def attention_spec(body: Value, dtype: torch.dtype) -> AttentionSpec:
-    roles = dict(zip(body.attr("roles"), body.args))
+    roles = attention_roles(body)
     v = roles["v"]
     return AttentionSpec(heads=v.heads, dim_qk=roles["q"].dim if "q" in roles else 0,
                          dim_v=v.dim, has_qk="q" in roles, has_src="a_src" in roles,
@@ -119,16 +106,16 @@ def _describe(v: Value, names) -> str:
 def traversal_spec(body: Value) -> TraversalSpec:
     names, statements, reductions = {}, [], []
     for i, b in enumerate(toposort([body])):
-        if b.op == "arg":
+        if b.op == Op.ARG:
             names[b] = f"in{b.attr('index')}[{b.kind}]"
             continue
         names[b] = f"t{i}"
         line = _describe(b, names)
         statements.append(line)
-        if b.op == "scatter":
+        if b.op == Op.SCATTER:
             reductions.append(line)
     space = _space(body)
-    sched = "node-parallel" if body.op == "scatter" and body.kind in (NODE, CDST, CSRC) \
+    sched = "node-parallel" if body.op == Op.SCATTER and body.kind in (NODE, CDST, CSRC) \
         else "edge-parallel" if space == EDGE else "row-parallel"
     return TraversalSpec(space=space, statements=tuple(statements),
                          reductions=tuple(reductions), schedule=sched)
@@ -137,5 +124,5 @@ def traversal_spec(body: Value) -> TraversalSpec:
 def _space(body: Value) -> str:
     """The largest row kind a traversal touches: it iterates over that."""
     order = {EDGE: 3, CSRC: 2, CDST: 2, NODE: 1, WEIGHT: 0}
-    kinds = [b.kind for b in toposort([body]) if b.op != "arg" or True]
+    kinds = [b.kind for b in toposort([body]) if b.op != Op.ARG or True]
     return max(kinds, key=lambda k: order.get(k, 0))

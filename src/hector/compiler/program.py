@@ -20,7 +20,7 @@ from ..device import BACKENDS, resolve_backend
 from ..graph import Graph
 from .dsl import Traced, trace
 from .execute import execute
-from .ir import NODE, Value
+from .ir import NODE, Op, Value
 from .lower import lower
 from .passes.common import GraphStats
 from .pipeline import ForwardStage, PassRecord, backward_pipeline, forward_pipeline
@@ -162,7 +162,7 @@ class Program:
 
     @staticmethod
     def leaves_dtype(leaves):
-        dtypes = {t.dtype for v, t in leaves.items() if v.op == "input"}
+        dtypes = {t.dtype for v, t in leaves.items() if v.op == Op.INPUT}
         if len(dtypes) > 1:
             raise TypeError(f"node inputs have different dtypes {sorted(map(str, dtypes))}")
         return dtypes or {torch.float32}
