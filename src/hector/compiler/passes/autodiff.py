@@ -37,9 +37,6 @@ class Backward:
     saved_values: Tuple[Value, ...] = ()  # fused-forward values the backward reads
     saved_leaves: Tuple[Value, ...] = ()  # their leaves in the backward IR
 
-    def with_outputs(self, outputs) -> "Backward":
-        return replace(self, outputs=tuple(outputs))
-
 
 def _unbroadcast(g: Value, a: Value) -> Value:
     """``g`` reduced to operand ``a``'s shape (rows) or slices (weights)."""
