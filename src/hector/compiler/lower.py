@@ -15,7 +15,7 @@ import torch
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.segment_mm.spec import GemmSpec
 from .ir import CDST, CSRC, EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, attention_roles, kernel, toposort
-from .plan import Plan, RowSegments, Step, TraversalSpec
+from .plan import AttentionRows, Plan, RowSegments, Step, TraversalSpec
 
 def template_of(v: Value) -> str:
     if v.op == Op.WGRAD:   # segment-grouped outer products: the GEMM template's weight gradient
@@ -59,7 +59,9 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
     if template == "gemm":
         return gemm_spec(body, dtype)
     if template == "attention":
-        return attention_spec(body, dtype), ""
+        spec, rows = attention_spec(body, dtype)
+        return (spec, rows), f"op graph: {rows.graph}, sources: {rows.source} rows" + (
+            "; score folded into a per-edge source term" if rows.score_on_edges else "")
     if template == "weight":
         return None, "weight-only: computed once per call with torch ops"
     return traversal_spec(body), ""
@@ -87,13 +89,39 @@ def gemm_spec(body: Value, dtype: torch.dtype):
     return (gs, rows), f"segments: {seg}{', head-major (per-head weights)' if per_head else ''}"
 
 
-def attention_spec(body: Value, dtype: torch.dtype) -> AttentionSpec:
+def attention_spec(body: Value, dtype: torch.dtype) -> Tuple[AttentionSpec, AttentionRows]:
+    """The spec of the op call an attention step makes, and the graph it makes it on.
+
+    The op reads per-node terms; relational terms live on compact or edge rows, so the call
+    may run on a derived graph whose sources are those rows (``steps_triton``).  A
+    destination term per (dst, relation) row without q.k (RGAT) runs on the (dst, relation)
+    groups; with a relation-dependent destination otherwise, the score becomes one per-edge
+    source term.  The spec describes the call as launched, so it is what the kernels run."""
     roles = attention_roles(body)
-    v = roles["v"]
-    return AttentionSpec(heads=v.heads, dim_qk=roles["q"].dim if "q" in roles else 0,
-                         dim_v=v.dim, has_qk="q" in roles, has_src="a_src" in roles,
-                         has_dst="a_dst" in roles, negative_slope=body.attr("slope"),
+    v, q, p = roles["v"], roles.get("q"), roles.get("p")
+    source_terms = [roles[r].kind for r in ("v", "k", "a_src") if r in roles]
+    source = EDGE if EDGE in source_terms else CSRC if CSRC in source_terms else NODE
+    if q is None and "a_dst" in roles and roles["a_dst"].kind == CDST \
+            and all(k in (NODE, CSRC, EDGE) for k in source_terms):
+        rows = AttentionRows("groups", source)
+        has_qk, has_src, has_dst = False, "a_src" in roles, True
+    else:
+        dst_per_node = all(roles[r].kind == NODE for r in ("q", "a_dst") if r in roles)
+        if not dst_per_node:
+            source = EDGE
+        elif source == NODE and p is not None and p.per == "relation":
+            source = CSRC   # p_r is folded into each compact row's key
+        on_edges = source == EDGE and not dst_per_node
+        graph = "graph" if source == NODE and p is None else "derived"
+        rows = AttentionRows(graph, source, on_edges)
+        has_qk, has_src = q is not None and not on_edges, "a_src" in roles or on_edges
+        has_dst = "a_dst" in roles and not on_edges
+    slope = body.attr("slope")
+    spec = AttentionSpec(heads=v.heads, dim_qk=q.dim if has_qk else 0, dim_v=v.dim,
+                         has_qk=has_qk, has_src=has_src, has_dst=has_dst,
+                         negative_slope=None if slope is None else float(slope),
                          has_dropout=False, dtype=dtype)
+    return spec, rows
 
 
 def _describe(v: Value, names) -> str:
