@@ -153,3 +153,25 @@ def test_explain_forward_only_after_training_hides_the_backward():
     fwd_only = hector.explain(m, g, backward=False)
     assert "backward plan" not in fwd_only and "pass autodiff" not in fwd_only
     assert "backward plan" in hector.explain(m, g, backward=True)
+
+
+def test_a_failed_backward_build_leaves_the_entry_as_it_was(monkeypatch):
+    from hector.compiler.passes import autodiff
+    g = _graph()
+    m = hcompile(models.rgat, in_dim=8, out_dim=4, heads=2, num_relations=3, backend="torch")
+    x = torch.randn(16, 8)
+    real = autodiff.bind_saved
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("build failed")
+    monkeypatch.setattr(autodiff, "bind_saved", fail)   # after autodiff ran, before lowering
+    with pytest.raises(RuntimeError, match="build failed"):
+        m(g, x=x)
+    (cp,) = m.program._cache.values()
+    assert cp.backward_plan is None
+    assert [r.name for r in cp.log] == ["canonicalize", "reorder", "compact", "fuse"]
+    monkeypatch.setattr(autodiff, "bind_saved", real)
+    m(g, x=x).sum().backward()                           # retried: built once, logged once
+    names = [r.name for r in cp.log]
+    assert cp.backward_plan is not None and names.count("autodiff") == 1
+    assert all(p.grad is not None for p in m.parameters())
