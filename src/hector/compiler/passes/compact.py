@@ -21,7 +21,7 @@ from .common import Decision, GraphStats
 
 NAME = "compact"
 _TARGET = {"src": CSRC, "dst": CDST}
-_LIFTABLE = N.UNARY + ("reshape", "head_mean")
+_LIFTABLE = N.UNARY + (Op.RESHAPE, Op.HEAD_MEAN)
 
 
 def lift(v: Value, end: str) -> Optional[Value]:
