@@ -18,7 +18,7 @@ from hector.kernels.attention.op import edge_attention
 from hector.kernels.attention.spec import AttentionSpec, Schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import random_relational  # noqa: E402
+from helpers import device_for, random_relational  # noqa: E402
 
 
 def gat(m, in_dim, out_dim, heads=2):
@@ -35,7 +35,7 @@ def _graph(node_types=1):
     ei, et = random_relational(num_nodes=14, num_edges=40, num_relations=3)
     nt = torch.arange(14) % node_types
     return Graph(ei, edge_type=et, num_nodes=14, num_relations=3, node_type=nt,
-                 num_node_types=node_types)
+                 num_node_types=node_types).to(device_for("triton"))
 
 
 CASES = {  # model, dims, node types, the op graph lowering must pick (plan.AttentionRows)
@@ -59,8 +59,8 @@ def test_attention_step_launches_lowerings_spec_and_cached_schedules(monkeypatch
     monkeypatch.setattr(launch.EdgeAttentionFunction, "apply", spy)
     torch.manual_seed(0)
     g = _graph(node_types)
-    module = hector.compile(fn, backend="triton", **dims)
-    x = torch.randn(14, dims["in_dim"], requires_grad=True)
+    module = hector.compile(fn, backend="triton", **dims).to(g.device)
+    x = torch.randn(14, dims["in_dim"], device=g.device, requires_grad=True)
     module(g, x=x).square().sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
@@ -116,8 +116,9 @@ def test_attention_node_roles_are_checked():
 
 
 def test_op_rejects_a_spec_or_plan_that_does_not_fit(monkeypatch):
-    g = Graph(torch.tensor([[0, 1, 2], [1, 2, 0]]), num_nodes=3)
-    v, a = torch.randn(3, 2, 4), torch.randn(3, 2)
+    dev = device_for("triton")
+    g = Graph(torch.tensor([[0, 1, 2], [1, 2, 0]]), num_nodes=3).to(dev)
+    v, a = torch.randn(3, 2, 4, device=dev), torch.randn(3, 2, device=dev)
     monkeypatch.setattr(launch.EdgeAttentionFunction, "apply",
                         lambda *args: pytest.fail("a kernel ran before the checks"))
     wrong = AttentionSpec.of(v, a_src=a)                     # says a_src; a_dst is given
