@@ -109,7 +109,7 @@ def test_inference_never_builds_the_backward(monkeypatch, backend):
     m(g, x=x)                                  # grad enabled, nothing requires grad
     assert calls == []
     (cp,) = m.program._cache.values()          # one entry: the forward plan alone
-    assert cp.backward_plan is None and cp.build_backward is not None
+    assert cp.backward_plan is None and cp.differentiable
     assert not any(r.name == "autodiff" or r.name.startswith("backward/") for r in cp.log)
 
 
@@ -129,11 +129,13 @@ def test_backward_is_built_once_by_the_first_forward_that_needs_it(monkeypatch):
         m(g, x=x).sum().backward()
     assert len(calls) == 1 and len(m.program._cache) == 1
     (cp,) = m.program._cache.values()
-    assert cp.backward_plan is not None and cp.build_backward is None
+    assert cp.backward_plan is not None and cp.grad_leaves
     assert torch.equal(out.detach(), ref)
-    # The log keeps pipeline order: autodiff before the forward's fuse, backward passes after.
+    # The log is in the order the passes ran: the forward's passes, then autodiff, then the
+    # backward's, each record once although the backward was asked for three times.
     names = [r.name for r in cp.log]
-    assert names.index("autodiff") < names.index("fuse") < names.index("backward/fuse")
+    assert names.index("fuse") < names.index("autodiff") < names.index("backward/fuse")
+    assert names.count("autodiff") == 1 and names.count("backward/fuse") == 1
     # Gradients equal those of a module whose backward was built by its very first call.
     fresh = hcompile(models.rgat, in_dim=8, out_dim=4, heads=2, num_relations=3, backend="torch")
     fresh.load_state_dict(m.state_dict())
@@ -151,3 +153,25 @@ def test_explain_forward_only_after_training_hides_the_backward():
     fwd_only = hector.explain(m, g, backward=False)
     assert "backward plan" not in fwd_only and "pass autodiff" not in fwd_only
     assert "backward plan" in hector.explain(m, g, backward=True)
+
+
+def test_a_failed_backward_build_leaves_the_entry_as_it_was(monkeypatch):
+    from hector.compiler.passes import autodiff
+    g = _graph()
+    m = hcompile(models.rgat, in_dim=8, out_dim=4, heads=2, num_relations=3, backend="torch")
+    x = torch.randn(16, 8)
+    real = autodiff.bind_saved
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("build failed")
+    monkeypatch.setattr(autodiff, "bind_saved", fail)   # after autodiff ran, before lowering
+    with pytest.raises(RuntimeError, match="build failed"):
+        m(g, x=x)
+    (cp,) = m.program._cache.values()
+    assert cp.backward_plan is None
+    assert [r.name for r in cp.log] == ["canonicalize", "reorder", "compact", "fuse"]
+    monkeypatch.setattr(autodiff, "bind_saved", real)
+    m(g, x=x).sum().backward()                           # retried: built once, logged once
+    names = [r.name for r in cp.log]
+    assert cp.backward_plan is not None and names.count("autodiff") == 1
+    assert all(p.grad is not None for p in m.parameters())

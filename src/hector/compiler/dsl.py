@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
 from . import ir as N
-from .ir import CDST, EDGE, NODE, Value
+from .ir import CDST, EDGE, NODE, Op, Value
 
 INITS = ("glorot", "zeros", "ones")
 
@@ -39,15 +39,15 @@ class Sym:
         return Sym(v, self.model)
 
     def __add__(self, o):
-        return self._wrap(N.binary("add", self.value, self._other(o)))
+        return self._wrap(N.binary(Op.ADD, self.value, self._other(o)))
 
     def __sub__(self, o):
-        return self._wrap(N.binary("sub", self.value, self._other(o)))
+        return self._wrap(N.binary(Op.SUB, self.value, self._other(o)))
 
     def __mul__(self, o):
         if isinstance(o, (int, float)) and not isinstance(o, bool):
-            return self._wrap(N.unary("scale", self.value, factor=float(o)))
-        return self._wrap(N.binary("mul", self.value, self._other(o)))
+            return self._wrap(N.unary(Op.SCALE, self.value, factor=float(o)))
+        return self._wrap(N.binary(Op.MUL, self.value, self._other(o)))
 
     __rmul__ = __mul__
 
@@ -57,7 +57,7 @@ class Sym:
         return self * (1.0 / o)
 
     def __neg__(self):
-        return self._wrap(N.unary("neg", self.value))
+        return self._wrap(N.unary(Op.NEG, self.value))
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -149,22 +149,22 @@ class Model:
         return self._s(N.edge_softmax(self._v(s)))
 
     def leaky_relu(self, x: Sym, negative_slope: float = 0.01) -> Sym:
-        return self._s(N.unary("leaky_relu", self._v(x), slope=float(negative_slope)))
+        return self._s(N.unary(Op.LEAKY_RELU, self._v(x), slope=float(negative_slope)))
 
     def exp(self, x: Sym) -> Sym:
-        return self._s(N.unary("exp", self._v(x)))
+        return self._s(N.unary(Op.EXP, self._v(x)))
 
     def sigmoid(self, x: Sym) -> Sym:
-        return self._s(N.unary("sigmoid", self._v(x)))
+        return self._s(N.unary(Op.SIGMOID, self._v(x)))
 
     def tanh(self, x: Sym) -> Sym:
-        return self._s(N.unary("tanh", self._v(x)))
+        return self._s(N.unary(Op.TANH, self._v(x)))
 
     def gelu(self, x: Sym) -> Sym:
-        return self._s(N.unary("gelu", self._v(x)))
+        return self._s(N.unary(Op.GELU, self._v(x)))
 
     def relu(self, x: Sym) -> Sym:
-        return self._s(N.unary("relu", self._v(x)))
+        return self._s(N.unary(Op.RELU, self._v(x)))
 
     def heads(self, x: Sym, heads: int) -> Sym:
         """Re-split the features of each row into ``heads`` heads (1 = concatenate heads)."""

@@ -19,7 +19,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from .ir import Value, toposort
+from .ir import Op, Value, toposort
 from .plan import Plan, Step
 from .steps_torch import GraphIndex, eval_body, eval_op
 from .steps_triton import run_attention, run_gemm, run_wgrad
@@ -28,14 +28,14 @@ from .steps_triton import run_attention, run_gemm, run_wgrad
 def triton_step(step: Step) -> bool:
     """Whether the Triton backend runs ``step`` on a Triton kernel (the rest: torch ops)."""
     return step.template == "attention" or (
-        step.template == "gemm" and step.body.op in ("linear", "wgrad"))
+        step.template == "gemm" and step.body.op in (Op.LINEAR, Op.WGRAD))
 
 
 def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str) -> torch.Tensor:
     if backend == "triton" and triton_step(step):
         if step.template == "attention":
             return run_attention(step, args, ix, "triton")
-        if step.body.op == "wgrad":
+        if step.body.op == Op.WGRAD:
             return run_wgrad(step, args[0], args[1], ix)
         x, w = args
         return run_gemm(step, x, w, ix, "triton")
@@ -47,7 +47,7 @@ def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
     env = dict(leaves)
     for leaf in plan.leaves:
         if leaf not in env:
-            if leaf.op == "const":
+            if leaf.op == Op.CONST:
                 env[leaf] = torch.full((ix.rows[leaf.kind],) + leaf.shape, leaf.attr("value"),
                                        device=ix.graph.device)
             else:

@@ -12,18 +12,21 @@ from typing import Callable, List, Union
 import torch
 
 from .. import datasets
-from ..device import interpreting, num_sms
+from ..device import interpreting
 from ..graph import Graph, with_self_loops
 from ..kernels import autotune, registry
 from ..kernels.attention import spec as attention_spec
-from ..kernels.attention.launch import PROGRAMS_PER_SM, choose_strategy, make_plan, score_params
-from ..kernels.attention.spec import AttentionSpec, default_schedule
+from ..kernels.attention.launch import make_plan, score_params
+from ..kernels.attention.spec import AttentionSpec
 from ..kernels.segment_mm import spec as gemm_spec
 from ..kernels.segment_mm.launch import gemm_params
 from ..kernels.segment_mm.spec import GemmSpec
 from . import models
+from .ir import Op
 from .printer import format_ir
 from .program import CompiledModule, Program
+from .steps_torch import GraphIndex
+from .steps_triton import attention_launch
 
 _OPS = {"gemm": "hector.kernels.segment_mm.op.segment_mm (Triton segment GEMM; "
                 "torch: per-segment matmul)",
@@ -171,17 +174,21 @@ def _config_text(config: dict) -> str:
 def _step_kernels(step, graph, kernels: _Kernels) -> List[str]:
     """Lines naming the Triton kernels one plan step launches on the Triton backend."""
     spec = step.spec[0] if isinstance(step.spec, tuple) else step.spec
-    if step.template == "gemm" and isinstance(spec, GemmSpec) and step.body.op == "linear":
+    if step.template == "gemm" and isinstance(spec, GemmSpec) and step.body.op == Op.LINEAR:
         return kernels.describe("segment_mm", gemm_params(spec),
                                 gemm_spec.tune_configs(spec, interpreting=interpreting()))
     if step.template == "attention" and isinstance(spec, AttentionSpec):
-        sms = num_sms(graph.device)
-        strategy, _ = choose_strategy(graph.in_degree, graph.num_edges, sms, spec.heads)
-        sched = default_schedule(spec, strategy, graph.num_edges, graph.in_degree.mean,
-                                 sms * PROGRAMS_PER_SM)
-        return [f"(schedule {strategy}-parallel by the rule on this graph's in-degree; the "
-                "graph a relational step traverses may differ)",
-                *kernels.traversal("attention_fwd", spec, sched)]
+        # The very objects run_attention launches (memoised on the graph's index).
+        spec, plan = attention_launch(step, GraphIndex.of(graph))
+        rows = step.spec[1]
+        lines = [f"launch spec: {spec}", f"op graph: {rows}"]
+        for side, sched, names in (("forward + destination-side backward", plan.dst,
+                                    ("attention_fwd", "attention_bwd_dst")),
+                                   ("source-side backward", plan.src, ("attention_bwd_src",))):
+            lines += [f"{side}: {sched}"]
+            for name in names:
+                lines.extend("  " + line for line in kernels.traversal(name, spec, sched))
+        return lines
     return []
 
 

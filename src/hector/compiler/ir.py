@@ -19,7 +19,7 @@ weight's ``shape`` is the shape of one slice (``(K, N)`` for a dense typed linea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 NODE, EDGE, CSRC, CDST, WEIGHT = "node", "edge", "compact_src", "compact_dst", "weight"
 ROW_KINDS = (NODE, EDGE, CSRC, CDST)
@@ -32,11 +32,38 @@ RELATION_ROWS = (EDGE, CSRC, CDST)
 MOVES = {(NODE, EDGE): ("src", "dst"), (NODE, CSRC): ("src",), (NODE, CDST): ("dst",),
          (CSRC, EDGE): ("src",), (CDST, EDGE): ("dst",)}
 
-UNARY = ("neg", "exp", "sigmoid", "tanh", "gelu", "relu", "leaky_relu", "scale",
-         # derivatives used by autodiff: leaky_relu'(x), gelu'(x)
-         "leaky_relu_grad", "gelu_grad")
-BINARY = ("add", "sub", "mul")
-WEIGHT_OPS = ("param", "wmul", "wcombine", "blockdiag", "wT")
+
+
+class Op:
+    """The IR's operator names: every module compares ``Value.op`` with these constants, never
+    with a bare string (the strings are what the printer shows)."""
+    # leaves
+    INPUT, PARAM, CONST = "input", "param", "const"
+    SAVED, GRAD_OUTPUT = "saved", "grad_output"     # leaves of a backward IR
+    ARG = "arg"                                     # a kernel body's i-th input
+    # row operators
+    LINEAR, GATHER, SCATTER = "linear", "gather", "scatter"
+    EDGE_SOFTMAX, DOT, HEAD_MEAN, RESHAPE = "edge_softmax", "dot", "head_mean", "reshape"
+    REDUCE_TO, EXPAND = "reduce_to", "expand"        # broadcasting and its adjoint
+    ADD, SUB, MUL = "add", "sub", "mul"
+    NEG, EXP, SIGMOID, TANH, GELU, RELU = "neg", "exp", "sigmoid", "tanh", "gelu", "relu"
+    LEAKY_RELU, SCALE = "leaky_relu", "scale"
+    LEAKY_RELU_GRAD, GELU_GRAD = "leaky_relu_grad", "gelu_grad"   # derivatives for autodiff
+    # weight operators
+    WMUL, WCOMBINE, BLOCKDIAG, WT, WGRAD, WSUM = ("wmul", "wcombine", "blockdiag", "wT",
+                                                  "wgrad", "wsum")
+    # made by fusion
+    ATTENTION, KERNEL = "attention", "kernel"
+
+
+UNARY = (Op.NEG, Op.EXP, Op.SIGMOID, Op.TANH, Op.GELU, Op.RELU, Op.LEAKY_RELU, Op.SCALE,
+         Op.LEAKY_RELU_GRAD, Op.GELU_GRAD)
+BINARY = (Op.ADD, Op.SUB, Op.MUL)
+WEIGHT_OPS = (Op.PARAM, Op.WMUL, Op.WCOMBINE, Op.BLOCKDIAG, Op.WT)
+#: Values with no computation of their own: passes leave them alone, lowering makes no step.
+LEAVES = (Op.INPUT, Op.PARAM, Op.CONST, Op.SAVED, Op.GRAD_OUTPUT, Op.ARG)
+#: The score terms a fused ``attention`` node can read, in the order its arguments hold them.
+ATTENTION_ROLES = ("v", "q", "k", "a_src", "a_dst", "p")
 
 
 @dataclass(frozen=True)
@@ -94,24 +121,30 @@ def _need(cond: bool, msg: str) -> None:
 
 # -- leaves -------------------------------------------------------------------------------
 def input_(name: str, dim: int, heads: int = 1) -> Value:
-    return Value("input", (), NODE, (heads, dim), _attrs(name=name))
+    return Value(Op.INPUT, (), NODE, (heads, dim), _attrs(name=name))
 
 
 def param(name: str, shape: Tuple[int, ...], per: Optional[str] = None) -> Value:
     _need(per in PER, f"weight {name!r}: per must be one of {PER}, got {per!r}")
     _need(all(isinstance(s, int) and s > 0 for s in shape),
           f"weight {name!r}: shape must be positive ints, got {shape}")
-    return Value("param", (), WEIGHT, tuple(shape), _attrs(name=name, per=per))
+    return Value(Op.PARAM, (), WEIGHT, tuple(shape), _attrs(name=name, per=per))
 
 
 def saved(v: Value, key: int) -> Value:
     """A forward value read by a backward IR (a leaf there: passes do not look inside)."""
-    return Value("saved", (), v.kind, v.shape, _attrs(key=key, per=v.per))
+    return Value(Op.SAVED, (), v.kind, v.shape, _attrs(key=key, per=v.per))
 
 
-def grad_input(v: Value) -> Value:
-    """The incoming gradient of output ``v`` (a leaf of the backward IR)."""
-    return Value("grad_output", (), v.kind, v.shape, _attrs(key=0))
+def grad_input(v: Value, key: int) -> Value:
+    """The incoming gradient of the ``key``-th forward output ``v`` (a leaf of the backward
+    IR)."""
+    return Value(Op.GRAD_OUTPUT, (), v.kind, v.shape, _attrs(key=key))
+
+
+def arg(i: int, like: Value) -> Value:
+    """Placeholder for a kernel's ``i``-th input inside its body."""
+    return Value(Op.ARG, (), like.kind, like.shape, (("index", i), ("per", like.per)))
 
 
 # -- row operators ------------------------------------------------------------------------
@@ -129,41 +162,41 @@ def linear(x: Value, w: Value, heads: Optional[int] = None) -> Value:
     if len(w.shape) == 3:
         _need(w.shape[0] == x.heads and w.shape[1] == x.dim,
               f"linear: per-head weight {w.shape} does not fit input {x.shape}")
-        return Value("linear", (x, w), x.kind, (x.heads, w.shape[2]))
+        return Value(Op.LINEAR, (x, w), x.kind, (x.heads, w.shape[2]))
     _need(len(w.shape) == 2 and w.shape[0] == x.heads * x.dim,
           f"linear: weight {w.shape} does not fit input {x.shape} (K = heads * features)")
     heads = heads or 1
     _need(w.shape[1] % heads == 0, f"linear: output width {w.shape[1]} not divisible by heads {heads}")
-    return Value("linear", (x, w), x.kind, (heads, w.shape[1] // heads), _attrs(heads=heads))
+    return Value(Op.LINEAR, (x, w), x.kind, (heads, w.shape[1] // heads), _attrs(heads=heads))
 
 
 def gather(x: Value, to: str, end: str) -> Value:
     _need((x.kind, to) in MOVES and end in MOVES[(x.kind, to)],
           f"gather: cannot move {x.kind} rows to {to} rows by {end}")
-    return Value("gather", (x,), to, x.shape, _attrs(end=end, norm=None))
+    return Value(Op.GATHER, (x,), to, x.shape, _attrs(end=end, norm=None))
 
 
 def gather_mean_grad(x: Value, to: str, end: str) -> Value:
     """``x[row(e)] / count(row(e))``: the adjoint of a mean scatter."""
-    return Value("gather", (x,), to, x.shape, _attrs(end=end, norm="mean"))
+    return Value(Op.GATHER, (x,), to, x.shape, _attrs(end=end, norm="mean"))
 
 
 def scatter(x: Value, to: str, end: str, reduce: str = "sum") -> Value:
     _need((to, x.kind) in MOVES and end in MOVES[(to, x.kind)],
           f"scatter: cannot move {x.kind} rows to {to} rows by {end}")
     _need(reduce in ("sum", "mean"), f"scatter: reduce must be 'sum' or 'mean', got {reduce!r}")
-    return Value("scatter", (x,), to, x.shape, _attrs(end=end, reduce=reduce))
+    return Value(Op.SCATTER, (x,), to, x.shape, _attrs(end=end, reduce=reduce))
 
 
 def edge_softmax(s: Value) -> Value:
     _need(s.kind == EDGE, f"edge_softmax: scores must be edge-wise, got {s.kind}")
-    return Value("edge_softmax", (s,), EDGE, s.shape)
+    return Value(Op.EDGE_SOFTMAX, (s,), EDGE, s.shape)
 
 
 def dot(a: Value, b: Value) -> Value:
     _need(a.kind == b.kind and a.kind in ROW_KINDS, f"dot: kinds differ ({a.kind}, {b.kind})")
     _need(a.shape == b.shape, f"dot: shapes differ ({a.shape}, {b.shape})")
-    return Value("dot", (a, b), a.kind, (a.heads, 1))
+    return Value(Op.DOT, (a, b), a.kind, (a.heads, 1))
 
 
 def _operand_shape(v: Value) -> Tuple[int, int]:
@@ -205,18 +238,23 @@ def unary(op: str, x: Value, **attrs) -> Value:
 
 
 def head_mean(x: Value) -> Value:
-    return Value("head_mean", (x,), x.kind, (1, x.dim))
+    return Value(Op.HEAD_MEAN, (x,), x.kind, (1, x.dim))
 
 
 def reshape(x: Value, heads: int) -> Value:
     width = x.heads * x.dim
     _need(width % heads == 0, f"reshape: {width} features do not split into {heads} heads")
-    return Value("reshape", (x,), x.kind, (heads, width // heads))
+    return Value(Op.RESHAPE, (x,), x.kind, (heads, width // heads))
+
+
+def expand(x: Value, shape: Tuple[int, int]) -> Value:
+    """Broadcast ``x`` up to ``shape`` (the adjoint of :func:`reduce_to`)."""
+    return x if x.shape == tuple(shape) else Value(Op.EXPAND, (x,), x.kind, tuple(shape))
 
 
 def reduce_to(x: Value, shape: Tuple[int, int]) -> Value:
     """Sum the broadcast axes of ``x`` down to ``shape`` (the adjoint of broadcasting)."""
-    return x if x.shape == tuple(shape) else Value("reduce_to", (x,), x.kind, tuple(shape))
+    return x if x.shape == tuple(shape) else Value(Op.REDUCE_TO, (x,), x.kind, tuple(shape))
 
 
 # -- weight operators (tiny: computed once per call, never per row) -------------------------
@@ -226,7 +264,7 @@ def wmul(a: Value, b: Value) -> Value:
     _need(len(a.shape) == 2 and len(b.shape) == 2 and a.shape[1] == b.shape[0],
           f"wmul: {a.shape} @ {b.shape} does not fit")
     _need(a.per == b.per or None in (a.per, b.per), f"wmul: slicings {a.per} and {b.per} differ")
-    return Value("wmul", (a, b), WEIGHT, (a.shape[0], b.shape[1]), _attrs(per=a.per or b.per))
+    return Value(Op.WMUL, (a, b), WEIGHT, (a.shape[0], b.shape[1]), _attrs(per=a.per or b.per))
 
 
 def wcombine(comp: Value, basis: Value) -> Value:
@@ -234,33 +272,61 @@ def wcombine(comp: Value, basis: Value) -> Value:
     _need(comp.per is not None and len(comp.shape) == 1, "wcombine: comp must be sliced, (B,)")
     _need(basis.per is None and len(basis.shape) >= 2 and basis.shape[0] == comp.shape[0],
           f"wcombine: basis {basis.shape} does not fit comp {comp.shape}")
-    return Value("wcombine", (comp, basis), WEIGHT, basis.shape[1:], _attrs(per=comp.per))
+    return Value(Op.WCOMBINE, (comp, basis), WEIGHT, basis.shape[1:], _attrs(per=comp.per))
 
 
 def blockdiag(w: Value) -> Value:
     """Block-diagonal weight ``(nb, k, n) -> (nb*k, nb*n)`` (RGCN's num_blocks)."""
     _need(len(w.shape) == 3, f"blockdiag: weight must be (blocks, k, n), got {w.shape}")
     nb, k, n = w.shape
-    return Value("blockdiag", (w,), WEIGHT, (nb * k, nb * n), _attrs(per=w.per))
+    return Value(Op.BLOCKDIAG, (w,), WEIGHT, (nb * k, nb * n), _attrs(per=w.per))
 
 
 def wT(w: Value) -> Value:
     shape = w.shape[:-2] + (w.shape[-1], w.shape[-2])
-    return Value("wT", (w,), WEIGHT, shape, _attrs(per=w.per))
+    return Value(Op.WT, (w,), WEIGHT, shape, _attrs(per=w.per))
 
 
 def wgrad(x: Value, dy: Value, w: Value) -> Value:
     """Gradient of a typed linear's weight: segment-grouped outer products ``sum_rows x^T dy``."""
-    return Value("wgrad", (x, dy), WEIGHT, w.shape, _attrs(per=w.per))
+    return Value(Op.WGRAD, (x, dy), WEIGHT, w.shape, _attrs(per=w.per))
 
 
 def wsum(dy: Value, w: Value) -> Value:
     """Gradient of a broadcast weight operand: rows summed per slice (and broadcast axes)."""
-    return Value("wsum", (dy,), WEIGHT, w.shape, _attrs(per=w.per))
+    return Value(Op.WSUM, (dy,), WEIGHT, w.shape, _attrs(per=w.per))
 
 
 def const(kind: str, shape: Tuple[int, ...], value: float) -> Value:
-    return Value("const", (), kind, tuple(shape), _attrs(value=float(value)))
+    return Value(Op.CONST, (), kind, tuple(shape), _attrs(value=float(value)))
+
+
+# -- made by fusion ------------------------------------------------------------------------
+def attention(roles: Dict[str, Value], shape: Tuple[int, int], scale: float,
+              slope: Optional[float]) -> Value:
+    """The fused ``attention`` operator: ``sum over incoming edges of softmax(act(score)) *
+    v_src`` with ``score = scale <q_dst, k_src> [* p] + a_src + a_dst``; ``roles`` maps the
+    terms present (:data:`ATTENTION_ROLES`) to their values.  Read them back with
+    :func:`attention_roles`."""
+    _need("v" in roles and set(roles) <= set(ATTENTION_ROLES),
+          f"attention: roles must include 'v' and be among {ATTENTION_ROLES}, got {sorted(roles)}")
+    _need(("q" in roles) == ("k" in roles), "attention: q and k come together")
+    order = tuple(r for r in ATTENTION_ROLES if r in roles)
+    return Value(Op.ATTENTION, tuple(roles[r] for r in order), NODE, tuple(shape),
+                 (("roles", order), ("scale", scale), ("slope", slope)))
+
+
+def attention_roles(v: Value, items: Optional[Sequence] = None) -> Dict[str, Any]:
+    """Role name -> ``items[i]`` for an ``attention`` node (``items``: its arguments by
+    default, or anything parallel to them, such as the tensors bound to them)."""
+    _need(v.op == Op.ATTENTION, f"attention_roles: not an attention node ({v.op})")
+    return dict(zip(v.attr("roles"), v.args if items is None else items))
+
+
+def kernel(template: str, body: Value, inputs: Sequence[Value]) -> Value:
+    """A fused kernel of ``template`` computing ``body``, whose ``arg`` leaves are ``inputs``."""
+    return Value(Op.KERNEL, tuple(inputs), body.kind, body.shape,
+                 (("body", body), ("per", body.per), ("template", template)))
 
 
 # -- walking ------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ lowering (``lower``) produces and the executor (``execute``) runs.
 * ``traversal``: a node/edge traversal (:class:`TraversalSpec`: iteration space, the fused
   statements, the reductions);
 * ``attention``: the fused score + edge softmax + aggregation traversal
-  (:class:`~hector.kernels.attention.spec.AttentionSpec`, run by
+  (:class:`~hector.kernels.attention.spec.AttentionSpec` of the op call the runtime makes, plus
+  the :class:`AttentionRows` saying which graph that call traverses; run by
   ``hector.kernels.attention.op.edge_attention``);
 * ``weight``: a weight-only computation (weight products, basis combinations): tiny, once per
   call, never per row.
@@ -40,6 +41,22 @@ class RowSegments:
 
 
 @dataclass(frozen=True)
+class AttentionRows:
+    """Which graph a fused attention step's op call traverses, decided by lowering from the
+    row kinds of its operands (the op takes per-node terms; see ``steps_triton``).
+
+    ``graph``: 'graph' (the graph itself: every term per node), 'derived' (sources are rows
+    of ``source`` kind, destinations the nodes), or 'groups' (sources as for 'derived',
+    destinations the (dst, relation) rows: RGAT's relation-dependent destination term);
+    ``source``: 'node', 'compact_src' or 'edge'; ``score_on_edges``: the destination side
+    depends on the relation and there is no grouping, so the whole score is one per-edge
+    source term (no q.k, no destination term in the launched spec)."""
+    graph: str
+    source: str
+    score_on_edges: bool = False
+
+
+@dataclass(frozen=True)
 class TraversalSpec:
     """A traversal kernel's semantics: ``space`` is what one program iterates ('edge' rows,
     'node' rows via CSR by destination, compact rows), ``statements`` the fused operator
@@ -59,7 +76,7 @@ class Step:
     body: Value
     inputs: Tuple[Value, ...]
     output: Value
-    spec: object = None     # GemmSpec + RowSegments / TraversalSpec / AttentionSpec / None
+    spec: object = None     # GemmSpec + RowSegments / TraversalSpec / AttentionSpec + AttentionRows / None
     note: str = ""
 
     def __post_init__(self):

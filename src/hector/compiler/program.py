@@ -1,16 +1,16 @@
 """``hector.compile``: a DSL function -> a ``torch.nn.Module``.
 
-The function is traced once into IR; the first call on a graph runs the pass pipeline with
-that graph's statistics, lowers the forward IR to a plan, and caches it per (row counts,
-dtype): graphs of one shape share decisions.  The backward (IR autodiff, its passes and
+The function is traced once into IR; the first call on a graph runs
+:func:`~hector.compiler.pipeline.compile_forward` with that graph's statistics (passes and
+lowering) and caches the entry per (row counts, dtype): graphs of one shape share decisions.
+The backward (:func:`~hector.compiler.pipeline.compile_backward`: IR autodiff, its passes and
 lowering) is built lazily, by the first forward that needs gradients, and memoised on the
 same entry: inference never builds it.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List
 
 import torch
 from torch import nn
@@ -20,42 +20,12 @@ from ..device import BACKENDS, resolve_backend
 from ..graph import Graph
 from .dsl import Traced, trace
 from .execute import execute
-from .ir import NODE, Value
-from .lower import lower
+from .ir import NODE, Op, Value
 from .passes.common import GraphStats
-from .pipeline import ForwardStage, PassRecord, backward_pipeline, forward_pipeline
-from .plan import Plan
+from .pipeline import CompiledPlan, compile_backward, compile_forward
 from .steps_torch import GraphIndex
 
 AUTODIFF = ("ir", "torch")
-
-
-@dataclass
-class CompiledPlan:
-    """Everything one (graph shape, dtype) needs: plans and the pass log."""
-    stats: GraphStats
-    forward_ir: Tuple[Value, ...]
-    forward_plan: Plan
-    log: List[PassRecord]
-    backward_plan: Optional[Plan] = None
-    saved_values: Tuple[Value, ...] = ()     # forward-plan values kept for the backward
-    saved_leaves: Tuple[Value, ...] = ()     # their ``saved`` leaves in the backward plan
-    grad_leaves: Tuple[Value, ...] = ()      # ``grad_output`` leaves, one per forward output
-    grad_targets: Tuple[Value, ...] = ()     # forward leaf whose gradient each output is
-    extra: Dict[str, object] = field(default_factory=dict)
-    # How to build the backward on demand (None once built, or when there is none to build).
-    build_backward: Optional[Callable[["CompiledPlan"], None]] = field(default=None, repr=False)
-
-    def ensure_backward(self) -> "CompiledPlan":
-        """Lower the backward plan now if it has not been (memoised: once per entry)."""
-        if self.build_backward is not None:
-            build, self.build_backward = self.build_backward, None
-            try:
-                build(self)
-            except BaseException:
-                self.build_backward = build   # a failed build is retried, not forgotten
-                raise
-        return self
 
 
 class Program:
@@ -92,20 +62,11 @@ class Program:
         if key not in self._cache:
             self._cache[key] = self._compile(stats, dtype)
         cp = self._cache[key]
-        return cp.ensure_backward() if backward else cp
+        return compile_backward(cp) if backward else cp
 
     def _compile(self, stats: GraphStats, dtype: torch.dtype) -> CompiledPlan:
-        stage = forward_pipeline(self.traced.outputs, stats, **self.options)
-        cp = CompiledPlan(stats, stage.fused, lower(stage.fused, dtype), stage.log)
-        if self.autodiff == "ir":
-            cp.build_backward = lambda c: self._lower_backward(c, stage, dtype)
-        return cp
-
-    def _lower_backward(self, cp: CompiledPlan, stage: ForwardStage, dtype: torch.dtype) -> None:
-        bwd = backward_pipeline(stage, cp.stats, **self.options)
-        cp.backward_plan = lower(bwd.outputs, dtype)
-        cp.saved_values, cp.saved_leaves = bwd.saved_values, bwd.saved_leaves
-        cp.grad_leaves, cp.grad_targets = bwd.grad_leaves, bwd.targets
+        return compile_forward(self.traced.outputs, stats, dtype, **self.options,
+                               differentiable=self.autodiff == "ir")
 
     # -- running --------------------------------------------------------------------------
     def check_graph(self, graph) -> None:
@@ -162,7 +123,7 @@ class Program:
 
     @staticmethod
     def leaves_dtype(leaves):
-        dtypes = {t.dtype for v, t in leaves.items() if v.op == "input"}
+        dtypes = {t.dtype for v, t in leaves.items() if v.op == Op.INPUT}
         if len(dtypes) > 1:
             raise TypeError(f"node inputs have different dtypes {sorted(map(str, dtypes))}")
         return dtypes or {torch.float32}

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-from .ir import CDST, CSRC, EDGE, NODE, Value, WEIGHT, toposort
+from .ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, attention_roles, toposort
 
 
 class GraphIndex:
@@ -149,7 +149,7 @@ def edge_softmax(s: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Te
 def eval_op(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
     """One IR operator on torch tensors (``a``: its evaluated arguments)."""
     op = v.op
-    if op == "linear":
+    if op == Op.LINEAR:
         x, w = a
         rows = x.shape[0]
         headwise = len(v.args[1].shape) == 3
@@ -162,14 +162,14 @@ def eval_op(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
         else:
             y = segment_matmul(xin, w, ix.ptr[NODE], ix.node_perm)
         return y.reshape((rows,) + v.shape)
-    if op == "gather":
+    if op == Op.GATHER:
         one, many = v.args[0].kind, v.kind
         idx = ix.move(one, many, v.attr("end"))
         out = a[0].index_select(0, idx)
         if v.attr("norm") == "mean":
             out = out / ix.counts(one, many, v.attr("end")).index_select(0, idx).view(-1, 1, 1)
         return out
-    if op == "scatter":
+    if op == Op.SCATTER:
         one, many = v.kind, v.args[0].kind
         idx = ix.move(one, many, v.attr("end"))
         x = a[0]
@@ -177,23 +177,23 @@ def eval_op(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
         if v.attr("reduce") == "mean":
             out = out / ix.counts(one, many, v.attr("end")).view(-1, 1, 1)
         return out
-    if op == "edge_softmax":
+    if op == Op.EDGE_SOFTMAX:
         return edge_softmax(a[0], ix.move(NODE, EDGE, "dst"), ix.rows[NODE])
-    if op == "dot":
+    if op == Op.DOT:
         return (a[0] * a[1]).sum(-1, keepdim=True)
-    if op in ("add", "sub", "mul"):
+    if op in (Op.ADD, Op.SUB, Op.MUL):
         if v.kind == WEIGHT:
             x, y = a
         else:
             x, y = (_operand(t, arg, v.kind, ix) for t, arg in zip(a, v.args))
-        return x + y if op == "add" else x - y if op == "sub" else x * y
-    if op == "head_mean":
+        return x + y if op == Op.ADD else x - y if op == Op.SUB else x * y
+    if op == Op.HEAD_MEAN:
         return a[0].mean(1, keepdim=True)
-    if op == "reshape":
+    if op == Op.RESHAPE:
         return a[0].reshape((a[0].shape[0],) + v.shape)
-    if op == "expand":
+    if op == Op.EXPAND:
         return a[0].expand((a[0].shape[0],) + v.shape)
-    if op == "reduce_to":
+    if op == Op.REDUCE_TO:
         x = a[0]
         for axis, n in ((1, v.shape[0]), (2, v.shape[1])):
             if n == 1 and x.shape[axis] != 1:
@@ -205,43 +205,43 @@ def eval_op(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
 def _eval_elementwise_or_weight(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
     op = v.op
     x = a[0] if a else None
-    if op == "neg":
+    if op == Op.NEG:
         return -x
-    if op == "exp":
+    if op == Op.EXP:
         return torch.exp(x)
-    if op == "sigmoid":
+    if op == Op.SIGMOID:
         return torch.sigmoid(x)
-    if op == "tanh":
+    if op == Op.TANH:
         return torch.tanh(x)
-    if op == "gelu":
+    if op == Op.GELU:
         return F.gelu(x)
-    if op == "relu":
+    if op == Op.RELU:
         return torch.relu(x)
-    if op == "leaky_relu":
+    if op == Op.LEAKY_RELU:
         return F.leaky_relu(x, v.attr("slope"))
-    if op == "scale":
+    if op == Op.SCALE:
         return x * v.attr("factor")
-    if op == "leaky_relu_grad":
+    if op == Op.LEAKY_RELU_GRAD:
         return torch.where(x > 0, torch.ones_like(x), torch.full_like(x, v.attr("slope")))
-    if op == "gelu_grad":
+    if op == Op.GELU_GRAD:
         return gelu_grad(x)
-    if op == "wmul":
+    if op == Op.WMUL:
         return torch.matmul(a[0], a[1])
-    if op == "wcombine":
+    if op == Op.WCOMBINE:
         comp, basis = a
         return (comp @ basis.reshape(basis.shape[0], -1)).reshape((comp.shape[0],) + v.shape)
-    if op == "blockdiag":
+    if op == Op.BLOCKDIAG:
         nb = v.args[0].shape[0]
         eye = torch.eye(nb, dtype=x.dtype, device=x.device)
         full = torch.einsum("...bkn,bc->...bkcn", x, eye)
         return full.reshape(full.shape[:-4] + v.shape)
-    if op == "wT":
+    if op == Op.WT:
         return x.transpose(-1, -2)
-    if op == "wgrad":
+    if op == Op.WGRAD:
         return _wgrad(v, a[0], a[1], ix)
-    if op == "wsum":
+    if op == Op.WSUM:
         return _wsum(v, x, ix)
-    if op == "const":
+    if op == Op.CONST:
         return torch.full((ix.rows[v.kind],) + v.shape, v.attr("value"))
     raise NotImplementedError(f"torch backend: no rule for IR op {op!r}")
 
@@ -286,7 +286,7 @@ def edge_side(t: torch.Tensor, v: Value, end: str, ix: GraphIndex) -> torch.Tens
 def attention_score(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
     """The pre-activation score ``scale <q_v, k_u> p_r + a_src + a_dst`` of a fused
     ``attention`` operator, per edge ``[E, H, 1]``."""
-    roles = dict(zip(v.attr("roles"), zip(v.args, a)))
+    roles = attention_roles(v, tuple(zip(v.args, a)))
     terms = []
     if "q" in roles:
         q = edge_side(roles["q"][1], roles["q"][0], "dst", ix)
@@ -313,8 +313,8 @@ def attention_torch(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Te
         score = F.leaky_relu(score, v.attr("slope"))
     dst = ix.move(NODE, EDGE, "dst")
     alpha = edge_softmax(score, dst, ix.rows[NODE])
-    i = v.attr("roles").index("v")
-    msg = alpha * edge_side(a[i], v.args[i], "src", ix)
+    value, t = attention_roles(v, tuple(zip(v.args, a)))["v"]
+    msg = alpha * edge_side(t, value, "src", ix)
     return msg.new_zeros((ix.rows[NODE],) + tuple(msg.shape[1:])).index_add(0, dst, msg)
 
 
@@ -322,9 +322,9 @@ def eval_body(body: Value, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.
     """Evaluate a kernel body, its ``arg`` leaves bound to ``inputs``."""
     memo: Dict[Value, torch.Tensor] = {}
     for b in toposort([body]):
-        if b.op == "arg":
+        if b.op == Op.ARG:
             memo[b] = inputs[b.attr("index")]
-        elif b.op == "attention":
+        elif b.op == Op.ATTENTION:
             memo[b] = attention_torch(b, [memo[x] for x in b.args], ix)
         else:
             memo[b] = eval_op(b, [memo[x] for x in b.args], ix)

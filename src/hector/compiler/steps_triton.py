@@ -13,22 +13,27 @@
   (RGAT) cannot be a per-node query, so then sources are the edges themselves and the whole
   pre-activation score is an edge term ``a_src`` (cost: ``E x H x D`` messages). RGAT's case (no
   q.k term; ``a_dst`` per (dst, relation)) avoids that: see :func:`_attention_by_dst_relation`.
+Which of these an attention step takes is lowering's choice (``step.spec``'s
+:class:`~hector.compiler.plan.AttentionRows`); the op is called with lowering's spec and the
+schedules :func:`attention_launch` memoises per graph.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from ..device import interpreting
 from ..graph import Graph
+from ..kernels.attention.launch import AttentionPlan, make_plan
 from ..kernels.attention.op import edge_attention
+from ..kernels.attention.spec import AttentionSpec
 from ..kernels.segment_mm.launch import launch_wgrad
 from ..kernels.segment_mm.op import segment_mm
 from ..kernels.segment_mm.spec import GemmSpec, default_schedule
-from .ir import CDST, CSRC, EDGE, NODE, Value
-from .plan import RowSegments
+from .ir import CDST, CSRC, EDGE, NODE, Value, attention_roles
+from .plan import AttentionRows, RowSegments
 from .steps_torch import GraphIndex, _operand, attention_score, edge_side, edge_softmax
 
 
@@ -150,14 +155,6 @@ def _pad(t: Optional[torch.Tensor], before: int, after: int) -> Optional[torch.T
     return torch.cat([p for p in parts if p.shape[0]], 0)
 
 
-def _by_dst_relation(roles) -> bool:
-    """RGAT's shape: additive terms only, the destination's per (dst, relation) row, every
-    source-side term per node, per compact (src, relation) row or (when the compact pass
-    found no pair shared by two edges) per edge."""
-    return ("q" not in roles and "a_dst" in roles and roles["a_dst"][0].kind == CDST
-            and all(roles[r][0].kind in (NODE, CSRC, EDGE) for r in ("v", "a_src") if r in roles))
-
-
 def _source_rows(ix: GraphIndex, src_kind: str) -> torch.Tensor:
     """Each edge's source row of ``src_kind`` (an edge is its own row)."""
     if src_kind == EDGE:
@@ -186,7 +183,28 @@ def _fit(t: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:
     return torch.cat([t, t.new_zeros((rows - t.shape[0],) + t.shape[1:])], 0)
 
 
-def _attention_by_dst_relation(body: Value, roles, ix: GraphIndex, backend: str):
+def attention_graph(rows: AttentionRows, ix: GraphIndex) -> Graph:
+    """The graph an attention step's op call traverses (see :class:`AttentionRows`)."""
+    if rows.graph == "groups":
+        return _group_graph(ix, rows.source)
+    if rows.graph == "derived":
+        return _derived_graph(ix, rows.source)
+    return ix.graph
+
+
+def attention_launch(step, ix: GraphIndex) -> Tuple[AttentionSpec, AttentionPlan]:
+    """(spec, schedules) of an attention step's op call on this graph: the spec lowering
+    built, and the schedules chosen for the graph the call traverses, once per (graph, spec)
+    and memoised on the graph's index.  :func:`run_attention` launches exactly these, and
+    ``hector.explain`` prints them."""
+    spec, rows = step.spec
+    key = ("attention_plan", spec, rows)
+    if key not in ix.memo:
+        ix.memo[key] = make_plan(attention_graph(rows, ix), spec)
+    return spec, ix.memo[key]
+
+
+def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
     """Attention whose destination term depends on the relation, without per-edge messages.
 
     The fused kernel runs on the derived graph of :func:`_group_graph`: each (dst, relation)
@@ -197,9 +215,9 @@ def _attention_by_dst_relation(body: Value, roles, ix: GraphIndex, backend: str)
     ``N(v)``), computed per edge on ``[E, H]`` scores (no feature axis).  Cost next to the
     per-edge path: ``[Sd, H, D]`` group outputs instead of two ``[E, H, D]`` copies and an
     ``[E + N, H, D]`` output."""
+    body: Value = step.body
     g = ix.graph
-    kinds = {roles[r][0].kind for r in ("v", "a_src") if r in roles}
-    src_kind = EDGE if EDGE in kinds else CSRC if CSRC in kinds else NODE
+    src_kind = step.spec[1].source
 
     def at_source(role):
         return _at_source(roles[role], src_kind, ix)
@@ -219,10 +237,12 @@ def _attention_by_dst_relation(body: Value, roles, ix: GraphIndex, backend: str)
         score = F.leaky_relu(score, slope)
     alpha = edge_softmax(score.unsqueeze(-1), ix.move(NODE, EDGE, "dst"), g.num_nodes)
     w = alpha.new_zeros((ix.rows[CDST],) + alpha.shape[1:]).index_add(0, grp, alpha)
-    dg = _group_graph(ix, src_kind)
+    spec, plan = attention_launch(step, ix)
+    dg = attention_graph(step.spec[1], ix)
     rows = dg.num_nodes
     o = edge_attention(dg, _fit(v, rows), a_src=_fit(a_src, rows), a_dst=_fit(a_dst, rows),
-                       scale=scale, negative_slope=slope, backend=backend)[:ix.rows[CDST]]
+                       scale=scale, negative_slope=slope, backend=backend,
+                       spec=spec, plan=plan)[:ix.rows[CDST]]
     node = ix.move(NODE, CDST, "dst")
     return o.new_zeros((g.num_nodes,) + tuple(o.shape[1:])).index_add(0, node, o * w)
 
@@ -239,29 +259,21 @@ def _at_source(role_value, src_kind, ix):
 
 
 def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
+    """An attention step: the op called on the graph lowering chose (``step.spec``), with the
+    spec and schedules of :func:`attention_launch`."""
     body: Value = step.body
-    roles = dict(zip(body.attr("roles"), zip(body.args, inputs)))
-    if _by_dst_relation(roles):
-        return _attention_by_dst_relation(body, roles, ix, backend)
+    rows: AttentionRows = step.spec[1]
+    roles = attention_roles(body, tuple(zip(body.args, inputs)))
+    if rows.graph == "groups":
+        return _attention_by_dst_relation(step, roles, ix, backend)
     scale, slope = body.attr("scale"), body.attr("slope")
-    dst_ok = all(roles[r][0].kind == NODE for r in ("q", "a_dst") if r in roles)
-    src_terms = [r for r in ("v", "k", "a_src") if r in roles]
-    kinds = {roles[r][0].kind for r in src_terms}
-    p = roles.get("p")
-    if not dst_ok or EDGE in kinds:
-        src_kind = EDGE
-    elif CSRC in kinds or (p is not None and p[0].per == "relation"):
-        src_kind = CSRC
-    else:
-        src_kind = NODE
-    g = ix.graph
-    N = g.num_nodes
+    src_kind, p = rows.source, roles.get("p")
 
     def at_source(role):
         return _at_source(roles[role], src_kind, ix)
 
     v = at_source("v")
-    if src_kind == EDGE and not dst_ok:
+    if rows.score_on_edges:
         # The whole score is per edge; fold it into one source-side term.
         a_src = attention_score(body, inputs, ix)[..., 0]
         q = k = a_dst = None
@@ -272,11 +284,13 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
             k = k * _operand(p[1], p[0], src_kind, ix)
         a_src = at_source("a_src")[..., 0] if "a_src" in roles else None
         a_dst = roles["a_dst"][1][..., 0] if "a_dst" in roles else None
-    if src_kind == NODE and p is None:
+    spec, plan = attention_launch(step, ix)
+    g = attention_graph(rows, ix)
+    if rows.graph == "graph":
         return edge_attention(g, v, q, k, a_src, a_dst, scale=scale, negative_slope=slope,
-                              backend=backend)
-    S = v.shape[0]
-    dg = _derived_graph(ix, src_kind)
-    out = edge_attention(dg, _pad(v, 0, N), _pad(q, S, 0), _pad(k, 0, N), _pad(a_src, 0, N),
-                         _pad(a_dst, S, 0), scale=scale, negative_slope=slope, backend=backend)
+                              backend=backend, spec=spec, plan=plan)
+    S, N = v.shape[0], ix.graph.num_nodes
+    out = edge_attention(g, _pad(v, 0, N), _pad(q, S, 0), _pad(k, 0, N), _pad(a_src, 0, N),
+                         _pad(a_dst, S, 0), scale=scale, negative_slope=slope, backend=backend,
+                         spec=spec, plan=plan)
     return out[S:]

@@ -6,9 +6,7 @@ import os
 from typing import Sequence
 
 from . import ir as N
-from .ir import Value, toposort
-
-_LEAVES = ("input", "param", "saved", "grad_output", "const", "arg")
+from .ir import LEAVES, Op, Value, toposort
 
 
 def debug_enabled() -> bool:
@@ -18,29 +16,29 @@ def debug_enabled() -> bool:
 def _infer(v: Value) -> Value:
     a = v.args
     op = v.op
-    if op == "linear":
+    if op == Op.LINEAR:
         return N.linear(a[0], a[1], v.attr("heads"))
-    if op == "gather":
+    if op == Op.GATHER:
         return N.gather(a[0], v.kind, v.attr("end"))
-    if op == "scatter":
+    if op == Op.SCATTER:
         return N.scatter(a[0], v.kind, v.attr("end"), v.attr("reduce"))
-    if op == "edge_softmax":
+    if op == Op.EDGE_SOFTMAX:
         return N.edge_softmax(a[0])
-    if op == "dot":
+    if op == Op.DOT:
         return N.dot(*a)
     if op in N.BINARY:
         return N.binary(op, *a)
-    if op == "head_mean":
+    if op == Op.HEAD_MEAN:
         return N.head_mean(a[0])
-    if op == "reshape":
+    if op == Op.RESHAPE:
         return N.reshape(a[0], v.heads)
-    if op == "wmul":
+    if op == Op.WMUL:
         return N.wmul(*a)
-    if op == "wcombine":
+    if op == Op.WCOMBINE:
         return N.wcombine(*a)
-    if op == "blockdiag":
+    if op == Op.BLOCKDIAG:
         return N.blockdiag(a[0])
-    if op == "wT":
+    if op == Op.WT:
         return N.wT(a[0])
     return v   # unary ops, reductions, kernels: kind/shape carried through, checked below
 
@@ -52,7 +50,7 @@ class IRError(ValueError):
 def verify(outputs: Sequence[Value], where: str = "") -> None:
     """Raise :class:`IRError` naming the first value whose kind or shape is inconsistent."""
     for v in toposort(outputs):
-        if v.op in _LEAVES:
+        if v.op in LEAVES:
             continue
         if v.op in N.UNARY and (v.kind != v.args[0].kind or v.shape != v.args[0].shape):
             raise IRError(f"{where}: {v.op} changes kind/shape {v.args[0].kind}{v.args[0].shape}"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Sequence, Tuple
 
 from .. import ir as N
-from ..ir import EDGE, NODE, Value, WEIGHT, toposort
+from ..ir import EDGE, LEAVES, NODE, Op, Value, WEIGHT, toposort
 from .common import Decision
 
 NAME = "autodiff"
@@ -37,13 +37,6 @@ class Backward:
     saved_values: Tuple[Value, ...] = ()  # fused-forward values the backward reads
     saved_leaves: Tuple[Value, ...] = ()  # their leaves in the backward IR
 
-    def with_outputs(self, outputs) -> "Backward":
-        return replace(self, outputs=tuple(outputs))
-
-
-def expand(x: Value, shape) -> Value:
-    return x if x.shape == tuple(shape) else Value("expand", (x,), x.kind, tuple(shape))
-
 
 def _unbroadcast(g: Value, a: Value) -> Value:
     """``g`` reduced to operand ``a``'s shape (rows) or slices (weights)."""
@@ -55,51 +48,51 @@ def _unbroadcast(g: Value, a: Value) -> Value:
 def _adjoints(v: Value, g: Value) -> List[Tuple[Value, Value]]:
     """(argument, gradient contribution) pairs of value ``v`` given its gradient ``g``."""
     op, a = v.op, v.args
-    if op == "linear":
+    if op == Op.LINEAR:
         x, w = a
         dx = N.linear(g, N.wT(w), x.heads if len(w.shape) == 2 else None)
         return [(x, dx), (w, N.wgrad(x, g, w))]
-    if op == "gather":
+    if op == Op.GATHER:
         return [(a[0], N.scatter(g, a[0].kind, v.attr("end"), "sum"))]
-    if op == "scatter":
+    if op == Op.SCATTER:
         back = N.gather if v.attr("reduce") == "sum" else N.gather_mean_grad
         return [(a[0], back(g, a[0].kind, v.attr("end")))]
-    if op == "edge_softmax":
-        ag = N.binary("mul", v, g)
+    if op == Op.EDGE_SOFTMAX:
+        ag = N.binary(Op.MUL, v, g)
         total = N.gather(N.scatter(ag, NODE, "dst", "sum"), EDGE, "dst")
-        return [(a[0], N.binary("mul", v, N.binary("sub", g, total)))]
-    if op == "dot":
-        return [(a[0], N.binary("mul", expand(g, a[1].shape), a[1])),
-                (a[1], N.binary("mul", expand(g, a[0].shape), a[0]))]
-    if op == "add":
+        return [(a[0], N.binary(Op.MUL, v, N.binary(Op.SUB, g, total)))]
+    if op == Op.DOT:
+        return [(a[0], N.binary(Op.MUL, N.expand(g, a[1].shape), a[1])),
+                (a[1], N.binary(Op.MUL, N.expand(g, a[0].shape), a[0]))]
+    if op == Op.ADD:
         return [(a[0], _unbroadcast(g, a[0])), (a[1], _unbroadcast(g, a[1]))]
-    if op == "sub":
-        return [(a[0], _unbroadcast(g, a[0])), (a[1], _unbroadcast(N.unary("neg", g), a[1]))]
-    if op == "mul":
-        return [(a[0], _unbroadcast(N.binary("mul", g, a[1]), a[0])),
-                (a[1], _unbroadcast(N.binary("mul", g, a[0]), a[1]))]
-    if op == "neg":
-        return [(a[0], N.unary("neg", g))]
-    if op == "scale":
-        return [(a[0], N.unary("scale", g, factor=v.attr("factor")))]
-    if op == "exp":
-        return [(a[0], N.binary("mul", g, v))]
-    if op == "sigmoid":   # s (1 - s) = s - s s
-        return [(a[0], N.binary("mul", g, N.binary("sub", v, N.binary("mul", v, v))))]
-    if op == "tanh":
-        return [(a[0], N.binary("sub", g, N.binary("mul", g, N.binary("mul", v, v))))]
-    if op == "gelu":
-        return [(a[0], N.binary("mul", g, N.unary("gelu_grad", a[0])))]
-    if op in ("relu", "leaky_relu"):
-        slope = v.attr("slope") if op == "leaky_relu" else 0.0
-        return [(a[0], N.binary("mul", g, N.unary("leaky_relu_grad", a[0], slope=slope)))]
-    if op == "head_mean":
-        return [(a[0], N.unary("scale", expand(g, a[0].shape), factor=1.0 / a[0].heads))]
-    if op == "reshape":
+    if op == Op.SUB:
+        return [(a[0], _unbroadcast(g, a[0])), (a[1], _unbroadcast(N.unary(Op.NEG, g), a[1]))]
+    if op == Op.MUL:
+        return [(a[0], _unbroadcast(N.binary(Op.MUL, g, a[1]), a[0])),
+                (a[1], _unbroadcast(N.binary(Op.MUL, g, a[0]), a[1]))]
+    if op == Op.NEG:
+        return [(a[0], N.unary(Op.NEG, g))]
+    if op == Op.SCALE:
+        return [(a[0], N.unary(Op.SCALE, g, factor=v.attr("factor")))]
+    if op == Op.EXP:
+        return [(a[0], N.binary(Op.MUL, g, v))]
+    if op == Op.SIGMOID:   # s (1 - s) = s - s s
+        return [(a[0], N.binary(Op.MUL, g, N.binary(Op.SUB, v, N.binary(Op.MUL, v, v))))]
+    if op == Op.TANH:
+        return [(a[0], N.binary(Op.SUB, g, N.binary(Op.MUL, g, N.binary(Op.MUL, v, v))))]
+    if op == Op.GELU:
+        return [(a[0], N.binary(Op.MUL, g, N.unary(Op.GELU_GRAD, a[0])))]
+    if op in (Op.RELU, Op.LEAKY_RELU):
+        slope = v.attr("slope") if op == Op.LEAKY_RELU else 0.0
+        return [(a[0], N.binary(Op.MUL, g, N.unary(Op.LEAKY_RELU_GRAD, a[0], slope=slope)))]
+    if op == Op.HEAD_MEAN:
+        return [(a[0], N.unary(Op.SCALE, N.expand(g, a[0].shape), factor=1.0 / a[0].heads))]
+    if op == Op.RESHAPE:
         return [(a[0], N.reshape(g, a[0].heads))]
-    if op in ("reduce_to",):
-        return [(a[0], expand(g, a[0].shape))]
-    if op in ("expand",):
+    if op in (Op.REDUCE_TO,):
+        return [(a[0], N.expand(g, a[0].shape))]
+    if op in (Op.EXPAND,):
         return [(a[0], N.reduce_to(g, a[0].shape))]
     raise NotImplementedError(f"autodiff: no adjoint for IR op {op!r}")
 
@@ -115,20 +108,19 @@ def weight_roots(outputs: Sequence[Value]) -> List[Value]:
 
 def differentiate(outputs: Sequence[Value]) -> Backward:
     order = toposort(outputs)
-    grad_leaves = tuple(Value("grad_output", (), o.kind, o.shape, (("key", i),))
-                        for i, o in enumerate(outputs))
+    grad_leaves = tuple(N.grad_input(o, i) for i, o in enumerate(outputs))
     grads: Dict[Value, Value] = {}
     for o, gl in zip(outputs, grad_leaves):
-        grads[o] = N.binary("add", grads[o], gl) if o in grads else gl
+        grads[o] = N.binary(Op.ADD, grads[o], gl) if o in grads else gl
     roots = set(weight_roots(outputs))
     for v in reversed(order):
-        if v not in grads or v.op in ("input", "param", "const") or v in roots:
+        if v not in grads or v.op in LEAVES or v in roots:
             continue
         for arg, contrib in _adjoints(v, grads[v]):
-            if arg.op == "const" or (arg.kind == WEIGHT and arg not in roots):
+            if arg.op == Op.CONST or (arg.kind == WEIGHT and arg not in roots):
                 continue
-            grads[arg] = N.binary("add", grads[arg], contrib) if arg in grads else contrib
-    targets = [v for v in order if v.op == "input"] + [r for r in weight_roots(outputs)]
+            grads[arg] = N.binary(Op.ADD, grads[arg], contrib) if arg in grads else contrib
+    targets = [v for v in order if v.op == Op.INPUT] + [r for r in weight_roots(outputs)]
     targets = [t for t in targets if t in grads]
     decisions = [Decision(NAME, f"gradient of {t.op} {t.attr('name') or ''}".strip(), True,
                           "reverse-mode over the IR") for t in targets]

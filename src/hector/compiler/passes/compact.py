@@ -16,12 +16,12 @@ from __future__ import annotations
 from typing import List, Optional
 
 from .. import ir as N
-from ..ir import CDST, CSRC, EDGE, NODE, Value, WEIGHT, rewrite
+from ..ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, rewrite
 from .common import Decision, GraphStats
 
 NAME = "compact"
 _TARGET = {"src": CSRC, "dst": CDST}
-_LIFTABLE = N.UNARY + ("reshape", "head_mean")
+_LIFTABLE = N.UNARY + (Op.RESHAPE, Op.HEAD_MEAN)
 
 
 def lift(v: Value, end: str) -> Optional[Value]:
@@ -33,26 +33,26 @@ def lift(v: Value, end: str) -> Optional[Value]:
     if v.kind != EDGE:
         return None
     a = v.args
-    if v.op == "gather":
+    if v.op == Op.GATHER:
         if a[0].kind == NODE and v.attr("end") == end and v.attr("norm") is None:
             return N.gather(a[0], c, end)
         return a[0] if a[0].kind == c else None
-    if v.op == "linear":
+    if v.op == Op.LINEAR:
         x = lift(a[0], end)
         return None if x is None else N.linear(x, a[1], v.attr("heads"))
     if v.op in _LIFTABLE:
         x = lift(a[0], end)
         return None if x is None else Value(v.op, (x,), c, v.shape, v.attrs)
-    if v.op in N.BINARY or v.op == "dot":
+    if v.op in N.BINARY or v.op == Op.DOT:
         xs = [lift(x, end) for x in a]
         if any(x is None for x in xs):
             return None
-        return N.dot(*xs) if v.op == "dot" else N.binary(v.op, *xs)
+        return N.dot(*xs) if v.op == Op.DOT else N.binary(v.op, *xs)
     return None
 
 
 def _has_linear(v: Value) -> bool:
-    if v.op == "linear":
+    if v.op == Op.LINEAR:
         return True
     return v.kind != WEIGHT and any(_has_linear(a) for a in v.args if a.kind == EDGE)
 
@@ -63,7 +63,7 @@ def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
         return outputs, [Decision(NAME, "all values", False, "disabled (compact=False)")]
 
     def rule(v: Value):
-        if v.kind != EDGE or v.op == "gather" or not _has_linear(v):
+        if v.kind != EDGE or v.op == Op.GATHER or not _has_linear(v):
             return None
         for end in ("src", "dst"):
             lifted = lift(v, end)

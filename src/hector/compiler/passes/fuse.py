@@ -16,20 +16,20 @@ from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
 from .. import ir as N
-from ..ir import EDGE, NODE, Value, WEIGHT, rewrite, toposort
-from ..lower import arg, kernel, single_kernel, template_of
+from ..ir import EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, kernel, rewrite, toposort
+from ..lower import single_kernel, template_of
 from .common import Decision
 
 NAME = "fuse"
 
 
 def _terms(s: Value) -> List[Value]:
-    return _terms(s.args[0]) + _terms(s.args[1]) if s.op == "add" else [s]
+    return _terms(s.args[0]) + _terms(s.args[1]) if s.op == Op.ADD else [s]
 
 
 def _side(t: Value, end: str) -> Optional[Value]:
     """The value a term reads from the ``end`` side, or None."""
-    if t.op == "gather" and t.attr("end") == end and t.attr("norm") is None and t.kind == EDGE:
+    if t.op == Op.GATHER and t.attr("end") == end and t.attr("norm") is None and t.kind == EDGE:
         return t.args[0]
     return None
 
@@ -37,16 +37,16 @@ def _side(t: Value, end: str) -> Optional[Value]:
 def _qk(t: Value):
     """``[scale(] [mul(] dot(q_dst, k_src) [, p)] [, c)]`` -> (q, k, p, c) or None."""
     c = 1.0
-    if t.op == "scale":
+    if t.op == Op.SCALE:
         c, t = t.attr("factor"), t.args[0]
     p = None
-    if t.op == "mul":
+    if t.op == Op.MUL:
         w = [a for a in t.args if a.kind == WEIGHT]
         rest = [a for a in t.args if a.kind != WEIGHT]
         if len(w) != 1 or len(rest) != 1:
             return None
         p, t = w[0], rest[0]
-    if t.op != "dot":
+    if t.op != Op.DOT:
         return None
     q, k = _side(t.args[0], "dst"), _side(t.args[1], "src")
     if q is None or k is None:
@@ -58,17 +58,17 @@ def _qk(t: Value):
 
 def match_attention(v: Value) -> Tuple[Optional[Value], str]:
     """The fused ``attention`` operator equal to ``v``, or (None, why not)."""
-    if not (v.op == "scatter" and v.kind == NODE and v.attr("end") == "dst"
-            and v.attr("reduce") == "sum" and v.args[0].op == "mul"):
+    if not (v.op == Op.SCATTER and v.kind == NODE and v.attr("end") == "dst"
+            and v.attr("reduce") == "sum" and v.args[0].op == Op.MUL):
         return None, "not a sum over incoming edges of a product"
     a, b = v.args[0].args
-    alpha, msg = (a, b) if a.op == "edge_softmax" else (b, a)
-    if alpha.op != "edge_softmax":
+    alpha, msg = (a, b) if a.op == Op.EDGE_SOFTMAX else (b, a)
+    if alpha.op != Op.EDGE_SOFTMAX:
         return None, "no edge softmax in the product"
     if alpha.heads != msg.heads:
         return None, f"softmax heads {alpha.heads} != message heads {msg.heads}"
     s, slope = alpha.args[0], None
-    if s.op == "leaky_relu":
+    if s.op == Op.LEAKY_RELU:
         s, slope = s.args[0], s.attr("slope")
     roles: Dict[str, Value] = {"v": _side(msg, "src") or msg}
     if roles["v"].kind == N.CDST or (roles["v"].kind == NODE and _side(msg, "src") is None):
@@ -90,9 +90,7 @@ def match_attention(v: Value) -> Tuple[Optional[Value], str]:
             return None, f"score term {t.op} is not a q.k, source or destination term"
     if "q" in roles and roles["q"].kind != NODE:
         return None, "query depends on the relation (compact dst rows)"
-    order = [r for r in ("v", "q", "k", "a_src", "a_dst", "p") if r in roles]
-    return Value("attention", tuple(roles[r] for r in order), NODE, msg.shape,
-                 (("roles", tuple(order)), ("scale", scale), ("slope", slope))), ""
+    return N.attention(roles, msg.shape, scale, slope), ""
 
 
 def run(outputs, stats=None, enabled: bool = True, mapping: Optional[Dict[Value, Value]] = None):
@@ -103,20 +101,20 @@ def run(outputs, stats=None, enabled: bool = True, mapping: Optional[Dict[Value,
     if not enabled:
         decisions.append(Decision(NAME, "all operators", False,
                                   "disabled (fuse=False): one kernel per operator"))
-        out = tuple(rewrite(outputs, lambda v: None if v.op in _LEAF_OPS else single_kernel(v),
+        out = tuple(rewrite(outputs, lambda v: None if v.op in _OPAQUE else single_kernel(v),
                             memo))
         if mapping is not None:
             mapping.update(memo)
         return out, decisions
 
     def attention(v: Value):
-        if v.op != "scatter" or v.kind != NODE:
+        if v.op != Op.SCATTER or v.kind != NODE:
             return None
         fused, why = match_attention(v)
         if fused is not None:
             decisions.append(Decision(NAME, "score + edge_softmax + aggregate -> attention", True,
-                                      f"one traversal, roles {fused.attr('roles')}"))
-        elif v.args[0].op == "mul" and any(a.op == "edge_softmax" for a in v.args[0].args):
+                                      f"one traversal, roles {tuple(N.attention_roles(fused))}"))
+        elif v.args[0].op == Op.MUL and any(a.op == Op.EDGE_SOFTMAX for a in v.args[0].args):
             decisions.append(Decision(NAME, "edge_softmax aggregation", False, why))
         return fused
 
@@ -127,12 +125,13 @@ def run(outputs, stats=None, enabled: bool = True, mapping: Optional[Dict[Value,
         for orig, new in memo.items():
             if new in made:
                 mapping[orig] = made[new]
-            elif new.op in _LEAF_OPS:
+            elif new.op in _OPAQUE:
                 mapping[orig] = new
     return out, decisions
 
 
-_LEAF_OPS = ("input", "param", "saved", "grad_output", "const", "arg", "kernel")
+#: What grouping never looks inside: leaves, and kernels already formed.
+_OPAQUE = LEAVES + (Op.KERNEL,)
 
 
 def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
@@ -141,10 +140,10 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
     is_output = set(outputs)
 
     def inline_ok(a: Value, consumer: Value) -> bool:
-        if a.op in _LEAF_OPS or a.kind == WEIGHT:
+        if a.op in _OPAQUE or a.kind == WEIGHT:
             return False
         if template_of(a) != "traversal" or template_of(consumer) not in ("traversal",):
-            if template_of(a) == "traversal" and consumer.op == "linear":
+            if template_of(a) == "traversal" and consumer.op == Op.LINEAR:
                 decisions.append(Decision(NAME, f"{a.op} into linear", False,
                                           "the segment GEMM reads its input rows from memory"))
             return False
@@ -160,9 +159,9 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
         """Body of the kernel rooted at ``v``; external inputs appended to ``inputs``."""
         args = []
         for a in v.args:
-            if v.op == "linear" and a.op == "wT" and a.kind == WEIGHT:
+            if v.op == Op.LINEAR and a.op == Op.WT and a.kind == WEIGHT:
                 args.append(N.wT(_placeholder(materialise(a.args[0]), inputs)))
-            elif v.op == "linear" and _gemm_gather(a, v):
+            elif v.op == Op.LINEAR and _gemm_gather(a, v):
                 decisions.append(Decision(NAME, f"gather {a.args[0].kind}->{a.kind} into linear",
                                           True, "becomes the segment GEMM's gather index"))
                 args.append(Value(a.op, (_placeholder(materialise(a.args[0]), inputs),),
@@ -174,7 +173,7 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
         return Value(v.op, tuple(args), v.kind, v.shape, v.attrs)
 
     def materialise(v: Value) -> Value:
-        if v.op in _LEAF_OPS:
+        if v.op in _OPAQUE:
             return v
         if v not in made:
             inputs: List[Value] = []
@@ -186,7 +185,7 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
         return made[v]
 
     def _weight_body(v: Value, inputs: List[Value]) -> Value:
-        if v.op in _LEAF_OPS:
+        if v.op in _OPAQUE:
             return _placeholder(v, inputs)
         return Value(v.op, tuple(_weight_body(a, inputs) if a.kind == WEIGHT
                                  else _placeholder(materialise(a), inputs) for a in v.args),
@@ -198,7 +197,7 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
 def _gemm_gather(a: Value, linear: Value) -> bool:
     """A plain gather from node rows feeding a typed linear is the GEMM's gather index
     (not with per-node-type weights: those already gather rows through ``node_perm``)."""
-    return (a.op == "gather" and a.args[0].kind == NODE and a.attr("norm") is None
+    return (a.op == Op.GATHER and a.args[0].kind == NODE and a.attr("norm") is None
             and linear.args[1].per != "node_type")
 
 

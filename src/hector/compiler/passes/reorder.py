@@ -15,7 +15,7 @@ from collections import Counter
 from typing import List, Optional
 
 from .. import ir as N
-from ..ir import CDST, EDGE, Value, WEIGHT, rewrite, toposort
+from ..ir import CDST, EDGE, Op, Value, WEIGHT, rewrite, toposort
 from .common import Decision, GraphStats
 from .compact import lift
 
@@ -27,7 +27,7 @@ def _flat(v: Value) -> int:
 
 
 def _dense(w: Value) -> bool:
-    return w.kind == WEIGHT and len(w.shape) == 2 and w.op != "wT"
+    return w.kind == WEIGHT and len(w.shape) == 2 and w.op != Op.WT
 
 
 def _src_compactable(v: Value) -> bool:
@@ -43,7 +43,7 @@ def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
     uses = Counter(a for v in toposort(outputs) for a in v.args)
 
     def weight_first(v: Value):
-        if v.op != "linear" or v.args[0].op != "linear":
+        if v.op != Op.LINEAR or v.args[0].op != Op.LINEAR:
             return None
         x, B = v.args
         if not _dense(B) or not _dense(x.args[1]):
@@ -65,7 +65,7 @@ def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
         return N.linear(inner_x, N.wmul(A, B), v.attr("heads"))
 
     def across_aggregation(v: Value):
-        if v.op != "scatter" or v.args[0].op != "linear" or v.args[0].kind != EDGE:
+        if v.op != Op.SCATTER or v.args[0].op != Op.LINEAR or v.args[0].kind != EDGE:
             return None
         lin = v.args[0]
         g, W = lin.args
@@ -99,6 +99,6 @@ def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
 
 
 def _wname(w: Value) -> str:
-    if w.op == "param":
+    if w.op == Op.PARAM:
         return w.attr("name")
     return f"{w.op}({', '.join(_wname(a) for a in w.args)})"

@@ -330,11 +330,16 @@ def _scalars(params: tuple):
 
 def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0,
                           negative_slope=None, dropout=0.0, seed=None, strategy="auto",
-                          schedule: Optional[Schedule] = None) -> torch.Tensor:
+                          schedule: Optional[Schedule] = None, *,
+                          spec: Optional[AttentionSpec] = None,
+                          plan: Optional[AttentionPlan] = None) -> torch.Tensor:
     """The Triton path of :func:`hector.kernels.attention.op.edge_attention` (inputs already
-    validated)."""
-    spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
-    plan = make_plan(graph, spec, strategy, schedule)
+    validated).  ``spec`` / ``plan``: decided by the caller (the compiler), launched as given;
+    otherwise derived from the tensors and planned here."""
+    if spec is None:
+        spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
+    if plan is None:
+        plan = make_plan(graph, spec, strategy, schedule)
     tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
     return EdgeAttentionFunction.apply(graph, spec, plan, (scale, negative_slope, dropout, seed),
                                        *tensors)

@@ -12,8 +12,9 @@ import torch
 from ... import checks as C
 from ...device import choose_backend
 from ...graph import Graph
-from .launch import edge_attention_triton
+from .launch import AttentionPlan, edge_attention_triton
 from .reference import edge_attention_torch
+from .spec import AttentionSpec
 
 STRATEGIES = ("auto", "node", "edge")
 
@@ -23,7 +24,8 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
                    a_dst: Optional[torch.Tensor] = None, *, scale: float = 1.0,
                    negative_slope: Optional[float] = None, dropout: float = 0.0,
                    training: bool = False, seed: Optional[int] = None, strategy: str = "auto",
-                   backend: str = "auto", schedule=None) -> torch.Tensor:
+                   backend: str = "auto", schedule=None, spec: Optional[AttentionSpec] = None,
+                   plan: Optional[AttentionPlan] = None) -> torch.Tensor:
     r"""Fused graph attention (score, edge softmax, aggregation) over the incoming edges of
     every node; one op behind GAT, AGNN, TransformerConv and relational attention.
 
@@ -54,6 +56,11 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
         schedule: a ``hector.kernels.attention.spec.Schedule`` pinning tile sizes and strategy
             (tests); None: the heuristic's tiles, whose edge tile and warps the autotuner
             refines on CUDA (once per shape bucket; ``HECTOR_AUTOTUNE=0`` keeps the heuristic).
+        spec, plan: the :class:`~.spec.AttentionSpec` of this call and the
+            :class:`~.launch.AttentionPlan` (schedules) for ``graph``, when the caller decided
+            them already (the compiler's lowering and its per-graph cache): the Triton path
+            launches these objects instead of deriving its own.  ``spec`` must describe the
+            given tensors; ``plan`` excludes ``schedule`` and must have been made for ``graph``.
     Returns:
         ``[N, H, Dv]`` in ``v.dtype`` (accumulated in float32).
     """
@@ -65,13 +72,30 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     backend = choose_backend(backend, v, "v")
     p = dropout if training else 0.0
+    _check_decided(spec, plan, schedule, v, q, a_src, a_dst, negative_slope, p)
     if p > 0 and seed is None:
         # Drawn on the CPU generator: reproducible under torch.manual_seed, no device sync.
         seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item())
     if backend == "torch":
         return edge_attention_torch(graph, v, q, k, a_src, a_dst, scale, negative_slope, p, seed)
     return edge_attention_triton(graph, v, q, k, a_src, a_dst, scale, negative_slope, p, seed,
-                                 strategy, schedule)
+                                 strategy, schedule, spec=spec, plan=plan)
+
+
+def _check_decided(spec, plan, schedule, v, q, a_src, a_dst, negative_slope, p) -> None:
+    """A caller-made spec must be the one these inputs give (else the kernels would be
+    rendered for other score terms or shapes); a plan replaces ``schedule``."""
+    if spec is not None:
+        if not isinstance(spec, AttentionSpec):
+            raise TypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
+        want = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=p > 0)
+        if spec != want:
+            raise ValueError(f"spec {spec} does not describe the given tensors ({want})")
+    if plan is not None:
+        if not isinstance(plan, AttentionPlan):
+            raise TypeError(f"plan must be an AttentionPlan, got {type(plan).__name__}")
+        if schedule is not None:
+            raise ValueError("plan and schedule were both given; pass one of them")
 
 
 def _check_inputs(graph, v, q, k, a_src, a_dst) -> None:
