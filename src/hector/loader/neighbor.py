@@ -125,6 +125,13 @@ class NeighborLoader:
         return _check_fanout(f, name)
 
     def _input_nodes(self, input_nodes) -> torch.Tensor:
+        ids = self._seed_ids(input_nodes)
+        # A seed twice would be one destination node sampled twice (twice the fan-out).
+        if ids.unique().numel() != ids.numel():
+            raise ValueError("input_nodes has duplicate ids; give each seed once")
+        return ids
+
+    def _seed_ids(self, input_nodes) -> torch.Tensor:
         g = self.graph
         if input_nodes is None:
             return torch.arange(g.num_nodes, device=g.device)
