@@ -75,8 +75,10 @@ class NeighborLoader:
         input_nodes: the seeds: global ids (``None``: every node), a node-type name (every
             node of that type) or ``(type name, ids within the type)``.
         batch_size, shuffle, drop_last: as in ``torch.utils.data.DataLoader``.
-        seed: seeds the sampler and the shuffle (``torch.Generator`` on the graph's device),
-            so two loaders with the same seed yield the same batches.
+        seed: seeds the shuffle and the sampler (``torch.Generator`` s on the graph's
+            device), so two loaders with the same seed yield the same batches.  The shuffle
+            generator is the same for every part (so parts stay disjoint every epoch), the
+            sampler's differs per part.
         num_parts, part: iterate over part ``part`` of ``num_parts`` equal shares of the
             (shuffled) seeds, every part with the same number of batches (for data-parallel
             training: rank ``part`` of ``num_parts``); the remainder seeds are left out.
@@ -104,8 +106,11 @@ class NeighborLoader:
         self.fanouts = [self._fanout(f, i) for i, f in enumerate(_as_list(num_neighbors))]
         self.seeds = self._input_nodes(input_nodes)
         self.index = SamplingIndex.of(graph)
+        seed = seed if seed is not None else int(torch.seed() % 2 ** 31)
+        self.shuffle_generator = torch.Generator(device=graph.device)
+        self.shuffle_generator.manual_seed(seed)
         self.generator = torch.Generator(device=graph.device)
-        self.generator.manual_seed(seed if seed is not None else int(torch.seed() % 2 ** 63))
+        self.generator.manual_seed(seed + 7919 * part)
         self.node_type_ptr = graph.node_type_ptr.tolist()
 
     # -- argument parsing -----------------------------------------------------------------
@@ -157,7 +162,7 @@ class NeighborLoader:
     def _part_seeds(self) -> torch.Tensor:
         seeds = self.seeds
         if self.shuffle:
-            seeds = seeds[torch.randperm(seeds.numel(), generator=self.generator,
+            seeds = seeds[torch.randperm(seeds.numel(), generator=self.shuffle_generator,
                                          device=seeds.device)]
         share = seeds.numel() // self.num_parts if self.num_parts > 1 else seeds.numel()
         return seeds[self.part * share:(self.part + 1) * share]

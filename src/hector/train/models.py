@@ -70,6 +70,23 @@ class FeaturelessRGCN(nn.Module):
         out = torch.zeros(N, H, dtype=msg.dtype, device=msg.device).index_add_(0, dst, msg)
         return out + self.root + self.bias
 
+    def forward_block(self, block, n_id: torch.Tensor) -> torch.Tensor:
+        """The layer on a block of ``hector.loader`` whose source nodes have global ids
+        ``n_id``: the rows of its destination nodes (the first sources: one node type)."""
+        R, H = self.num_relations, self.out_channels
+        ei, et = block.input_edge_index(), block.input_edge_type()
+        n_dst = block.num_dst_nodes
+        if self.comp is not None:     # only the rows of the block's sources are needed
+            basis = self.weight[:, n_id]                                   # [B, n_src, H]
+            w = (self.comp @ basis.reshape(self.num_bases, -1)).view(R, -1, H)
+        else:
+            w = self.weight[:, n_id]
+        slot = ei[1] * R + et
+        count = torch.bincount(slot, minlength=n_dst * R)
+        msg = w[et, ei[0]] * (1.0 / count[slot].clamp(min=1).to(w.dtype)).unsqueeze(1)
+        out = torch.zeros(n_dst, H, dtype=msg.dtype, device=msg.device).index_add_(0, ei[1], msg)
+        return out + self.root[n_id[:n_dst]] + self.bias
+
 
 class Net(nn.Module):
     """A two-layer node classifier; see :func:`build`."""
@@ -136,7 +153,12 @@ class Net(nn.Module):
     def _drop(self, x):
         return F.dropout(x, p=self.dropout, training=self.training) if self.dropout else x
 
-    def forward(self, x, edge_index, edge_type=None):
+    def forward(self, x, edge_index, edge_type=None, n_id=None):
+        """Logits of every node (full graph), or with ``edge_index`` a list of blocks from
+        ``hector.loader`` (``x``: features of the first block's sources, None when
+        featureless; ``n_id``: their global ids), logits of the last block's destinations."""
+        if isinstance(edge_index, list):
+            return self._forward_blocks(x, edge_index, n_id)
         m = self.model
         if edge_type is None:
             edge_type = torch.zeros(edge_index.shape[1], dtype=torch.long,
@@ -176,6 +198,40 @@ class Net(nn.Module):
             h = F.elu(self.conv1(self._drop(x), edge_index))
             return self.conv2(self._drop(h), edge_index)
         raise AssertionError(m)
+
+    def _forward_blocks(self, x, blocks, n_id):
+        m, (b1, b2) = self.model, blocks
+        if self.embed is not None:
+            x = self.embed.weight[n_id]
+        if m in ("rgcn", "rgat") and (self.featureless if m == "rgcn" else self.rgcn_input):
+            h = self.conv1.forward_block(b1, n_id)
+        elif m in ("rgcn", "rgat"):
+            h = self.conv1(self._drop(x), b1)
+        if m == "rgcn":
+            return self.conv2(self._drop(F.relu(h)), b2)
+        if m == "rgat":
+            return self.conv2(self._drop(F.elu(h)), b2)
+        if m == "hgt":
+            if self.rgcn_input:
+                h = F.relu(self.conv1.forward_block(b1, n_id))
+            else:
+                h = F.relu(self.lin_in(self._drop(x)))
+                h = F.relu(self._hgt_block(self.conv1, h, b1))
+            h = self._hgt_block(self.conv2, self._drop(h), b2)
+            return self.lin_out(self._drop(F.relu(h)))
+        if m == "agnn":
+            h = F.relu(self.lin_in(self._drop(x)))
+            return self.lin_out(self._drop(self.conv2(self.conv1(h, b1), b2)))
+        # gat, transformer
+        h = F.elu(self.conv1(self._drop(x), b1))
+        return self.conv2(self._drop(h), b2)
+
+    def _hgt_block(self, conv, h, block):
+        """HGTConv on a block of the one-node-type graph: its relations as the layer's
+        ``edge_index_dict``, then the destination rows (the first sources)."""
+        ei, et = block.input_edge_index(), block.input_edge_type()
+        eid = {e: ei[:, et == r] for r, e in enumerate(self._meta[1])}
+        return conv({"n": h}, eid)["n"][:block.num_dst_nodes]
 
 
 def build(model: str, data, cfg: dict, backend: str = "torch") -> Net:
