@@ -76,14 +76,15 @@ class FeaturelessRGCN(nn.Module):
         R, H = self.num_relations, self.out_channels
         ei, et = block.input_edge_index(), block.input_edge_type()
         n_dst = block.num_dst_nodes
-        if self.comp is not None:     # only the rows of the block's sources are needed
-            basis = self.weight[:, n_id]                                   # [B, n_src, H]
-            w = (self.comp @ basis.reshape(self.num_bases, -1)).view(R, -1, H)
+        src = n_id[ei[0]]
+        # Only the weight rows the block's edges read (one per edge, not per node).
+        if self.comp is not None:
+            w = torch.einsum("eb,ebh->eh", self.comp[et], self.weight[:, src].transpose(0, 1))
         else:
-            w = self.weight[:, n_id]
+            w = self.weight[et, src]
         slot = ei[1] * R + et
         count = torch.bincount(slot, minlength=n_dst * R)
-        msg = w[et, ei[0]] * (1.0 / count[slot].clamp(min=1).to(w.dtype)).unsqueeze(1)
+        msg = w * (1.0 / count[slot].clamp(min=1).to(w.dtype)).unsqueeze(1)
         out = torch.zeros(n_dst, H, dtype=msg.dtype, device=msg.device).index_add_(0, ei[1], msg)
         return out + self.root[n_id[:n_dst]] + self.bias
 
