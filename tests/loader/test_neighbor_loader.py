@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hector import Graph
-from hector.loader import NeighborLoader, SamplingIndex, sample_hop
+from hector.loader import NeighborLoader, SamplingIndex, sample_hop, sampler
 
 
 def random_graph(num_nodes=60, num_edges=400, num_relations=3, seed=0):
@@ -147,9 +147,13 @@ def test_deterministic_for_a_seed_and_different_for_another():
         u.shape == v.shape and torch.equal(u, v) for u, v in zip(flat(a), flat(c)))
 
 
-def test_sampling_is_uniform():
+@pytest.mark.parametrize("packed_keys", [True, False])
+def test_sampling_is_uniform(packed_keys, monkeypatch):
     """One node with 10 incoming edges, fan-out 3, drawn 6000 times in one call: each edge
-    is kept with probability 3/10 (binomial sd ~ 35, tolerance 5 sd)."""
+    is kept with probability 3/10 (binomial sd ~ 35, tolerance 5 sd).  Both ways of ranking:
+    (group, random key) packed in one int64, and the permutation for too many groups."""
+    if not packed_keys:
+        monkeypatch.setattr(sampler, "_KEY_GROUPS", 0)
     graph = Graph(torch.stack([torch.arange(1, 11), torch.zeros(10, dtype=torch.long)]))
     index = SamplingIndex.of(graph)
     gen = torch.Generator().manual_seed(0)

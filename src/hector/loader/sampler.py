@@ -1,11 +1,13 @@
 """One hop of uniform neighbour sampling without replacement, vectorised over the CSR by
 destination: no Python loop over nodes or edges, everything on the graph's device.
 
-For the destination nodes of a hop, every incoming edge is a candidate.  A random permutation
-of the candidates, stably sorted by group (destination, or (destination, relation) when
-fan-outs are per relation), lists each group's candidates in a uniformly random order; a
-candidate is kept when its rank in that order is below its group's fan-out.  That is a
-uniform sample without replacement of ``min(degree, fanout)`` edges per group.
+For the destination nodes of a hop, every incoming edge is a candidate.  Sorting the
+candidates by (group, random 31-bit key) -- group: the destination, or (destination,
+relation) when fan-outs are per relation -- lists each group's candidates in a uniformly
+random order; a candidate is kept when its rank in that order is below its group's fan-out.
+That is a uniform sample without replacement of ``min(degree, fanout)`` edges per group (two
+equal keys, probability ~2^-31 per pair, are ordered arbitrarily).  One int64 sort; half the
+time of a random permutation followed by a stable sort.
 """
 from __future__ import annotations
 
@@ -13,6 +15,10 @@ from dataclasses import dataclass
 from typing import Tuple, Union
 
 import torch
+
+
+_KEY_RANGE = 2 ** 31            # random keys in [0, 2^31)
+_KEY_GROUPS = 2 ** 32           # group * 2^31 + key stays below 2^63
 
 
 @dataclass
@@ -57,9 +63,15 @@ def sample_hop(index: SamplingIndex, dst: torch.Tensor, fanout: Union[int, torch
         return index.col[pos], seg, rel
     group = seg * index.num_relations + rel if per_relation else seg
     limit = fanout[rel] if per_relation else torch.full_like(rel, fanout)
-    perm = torch.randperm(total, generator=generator, device=dst.device)
-    order = torch.sort(group[perm], stable=True)
-    cand, g = perm[order.indices], order.values
+    if dst.numel() * index.num_relations < _KEY_GROUPS:
+        key = group * _KEY_RANGE + torch.randint(0, _KEY_RANGE, (total,), generator=generator,
+                                                 device=dst.device)
+        cand = torch.sort(key).indices
+        g = group[cand]
+    else:   # too many groups to pack with a key into int64: permute, then sort stably
+        perm = torch.randperm(total, generator=generator, device=dst.device)
+        order = torch.sort(group[perm], stable=True)
+        cand, g = perm[order.indices], order.values
     # Rank of each candidate inside its group: its index minus the index where the group
     # starts (a running maximum of the group-start marks).
     i = torch.arange(total, device=dst.device)
