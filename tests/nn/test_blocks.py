@@ -6,7 +6,8 @@ outputs and the gradients of the features and of every parameter.
 Our layers take a block four ways, each checked: one x (destinations first) + the block;
 ``(x_src, x_src[:n_dst])`` + the block; ``(x_src, x_dst)`` with ``x_dst`` a separate tensor
 (the union graph); and ``(x_src, x_dst)`` with PyG's ``[2, E]`` bipartite edge_index.
-Tiny graphs: the Triton backend runs under the interpreter on the CPU.
+Tiny graphs: the Triton backend runs under the interpreter on the CPU, on the GPU where
+there is one (``helpers.device_for``).
 """
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 
 pyg = pytest.importorskip("torch_geometric.nn")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compiler"))
-from helpers import random_hetero, random_relational, rel_err  # noqa: E402
+from helpers import device_for, random_hetero, random_relational, rel_err  # noqa: E402
 
 from hector import Graph                                          # noqa: E402
 from hector.loader import NeighborLoader                          # noqa: E402
@@ -48,12 +49,15 @@ def _block(num_relations=1, layer=0, seed=0):
 
 
 def _compare(ref, ours, run_ref, run_ours, x):
-    """``run_*(module, x_leaf) -> out``; outputs, x gradients, parameter gradients."""
+    """``run_*(module, x_leaf) -> out``; outputs, x gradients, parameter gradients (on the
+    device of ``ours``' parameters)."""
+    device = next(ours.parameters()).device
+    x = x.to(device)
     x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
     out_ref, out = run_ref(ref, x_ref), run_ours(ours, x_ours)
     assert out.shape == out_ref.shape
     assert rel_err(out.detach(), out_ref.detach()) < TOL
-    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(device)
     names = [n for n, p in ref.named_parameters() if p.requires_grad]
     g_ref = torch.autograd.grad((out_ref * w).sum(), [x_ref] + [dict(ref.named_parameters())[n]
                                                                 for n in names], allow_unused=True)
@@ -100,12 +104,12 @@ def _attention(kind, f_in):
 @pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("kind", ["gat", "agnn", "transformer"])
 def test_attention_layers_on_blocks(kind, way, backend):
-    block = _block(layer=0)
+    block = _block(layer=0).to(device_for(backend))
     n_src, n_dst = block.num_nodes, block.num_dst_nodes
     assert n_dst < n_src and block.num_edges > n_dst      # a real bipartite block
     x = torch.randn(n_src, 5, generator=torch.Generator().manual_seed(2))
     ref, cls = _attention(kind, 5)
-    _perturb(ref)
+    _perturb(ref.to(block.device))
     ours = cls.from_pyg(ref, backend=backend)
     ei = block.input_edge_index()
 
@@ -120,7 +124,7 @@ def test_attention_layers_on_blocks(kind, way, backend):
 @pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("kind", ["rgcn", "rgat"])
 def test_relational_layers_on_blocks(kind, way, backend):
-    block = _block(num_relations=3, layer=1)
+    block = _block(num_relations=3, layer=1).to(device_for(backend))
     n_src, n_dst = block.num_nodes, block.num_dst_nodes
     x = torch.randn(n_src, 6, generator=torch.Generator().manual_seed(2))
     torch.manual_seed(0)
@@ -128,7 +132,7 @@ def test_relational_layers_on_blocks(kind, way, backend):
         ref, cls = pyg.RGCNConv(6, 4, 3), RGCNConv
     else:
         ref, cls = pyg.RGATConv(6, 4, 3, heads=2), RGATConv
-    _perturb(ref)
+    _perturb(ref.to(block.device))
     ours = cls.from_pyg(ref, backend=backend)
     ei, et = block.input_edge_index(), block.input_edge_type()
 
@@ -162,11 +166,12 @@ def _per_type(block, metadata):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_hgt_on_hetero_blocks(backend):
     graph, block, metadata = _hetero_block()
+    block = block.to(device_for(backend))
     types = metadata[0]
     ptr = block.node_type_ptr.tolist()
     assert block.dst_index is not None and len({t for t in block.node_type.tolist()}) > 1
     torch.manual_seed(0)
-    ref = _perturb(pyg.HGTConv(8, 8, metadata, heads=2))
+    ref = _perturb(pyg.HGTConv(8, 8, metadata, heads=2).to(block.device))
     ours = HGTConv.from_pyg(ref, backend=backend)
     x = torch.randn(block.num_nodes, 8, generator=torch.Generator().manual_seed(2))
     eid = _per_type(block, metadata)
