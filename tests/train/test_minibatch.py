@@ -138,6 +138,7 @@ def test_hector_train_batch_size_runs(model):
     (["--batch-size", "8", "--fanout", "5"], "--fanout"),
     (["--batch-size", "8", "--fanout", "a,b"], "--fanout"),
     (["--devices", "0"], "--devices"),
+    (["--batch-size", "8", "--resume", "nowhere.pt"], "--resume"),
 ])
 def test_bad_minibatch_options_name_the_option(argv, option):
     with pytest.raises(ValueError, match=option):

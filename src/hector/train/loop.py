@@ -188,6 +188,9 @@ def _train(args, out=None) -> dict:
     start_epoch, best = 1, dict(val_acc=-1.0, val_loss=math.inf, epoch=0, state=None)
     bad_epochs, loss_floor = 0, math.inf
     resume = getattr(args, "resume", None)
+    if resume and loader is not None:
+        raise ValueError("--resume with --batch-size is not supported yet (the loader's "
+                         "generators are not checkpointed)")
     if resume:
         ck = torch.load(resume, map_location=device, weights_only=True)
         for k in ("model", "dataset"):
@@ -200,9 +203,6 @@ def _train(args, out=None) -> dict:
         best = dict(ck["best"])
         bad_epochs, loss_floor = int(ck["bad_epochs"]), float(ck["loss_floor"])
         torch.set_rng_state(ck["rng"].cpu())
-        if loader is not None:
-            raise ValueError("--resume with --batch-size is not supported yet (the loader's "
-                             "generators are not checkpointed)")
         print(f"resumed from {resume} at epoch {ck['epoch']}", file=out)
     ckpt_path = getattr(args, "checkpoint", None) if ctx.main else None
 
