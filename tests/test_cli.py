@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from hector.cli import main
 
@@ -77,3 +78,42 @@ def test_console_script_runs():
     assert out.returncode == 0 and "info" in out.stdout
     out = subprocess.run([sys.executable, "-m", "hector.cli"], capture_output=True, text=True)
     assert out.returncode == 2
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda", "cuda:0", "tpu", "nonsense"])
+def test_device_errors_are_one_line(device, capsys, monkeypatch):
+    """train and info: a bad or absent device is one error line (exit 2), not a traceback."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv in (["train", "--model", "gat", "--dataset", "synthetic:cora", "--device", device],
+                 ["info", "synthetic:cora", "--scale", "0.01", "--device", device]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert "--device" in err and (
+            "CUDA is not available" in err if device.startswith("cuda")
+            else "must be cpu or cuda[:N]" in err), err
+    if device == "gpu":
+        assert "'gpu' is spelled cuda" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["info", "cora"],
+    ["train", "--model", "gat", "--dataset", "cora"],
+    ["explain", "rgat", "--dataset", "aifb"],
+])
+def test_no_network_without_root_is_one_line(argv, tmp_path, monkeypatch, capsys):
+    """Issue 15 item 9: without --root and without network, one short line that names the URL
+    and --root, and a non-zero exit; no traceback."""
+    import urllib.error
+    import urllib.request
+
+    def offline(url, *a, **k):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    monkeypatch.setenv("HECTOR_DATA", str(tmp_path))      # an empty cache: a download is due
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert len(err.splitlines()) == 1 and len(err) < 500, err
+    assert "download failed" in err and "https://" in err and "--root" in err
+    assert "Name or service not known" in err

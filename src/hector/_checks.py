@@ -21,6 +21,14 @@ def check_tensor(value, name: str) -> torch.Tensor:
     return value
 
 
+def check_not_meta(value: torch.Tensor, name: str) -> torch.Tensor:
+    """Meta tensors carry a shape but no data: nothing can be computed from them."""
+    if value.is_meta:
+        raise ValueError(f"{name} is on the meta device (a shape without data); pass a tensor "
+                         "holding values (cpu or cuda)")
+    return value
+
+
 def check_index(value, name: str, ndim: int) -> torch.Tensor:
     """An integer tensor of ``ndim`` dimensions (node ids, edge types, node types)."""
     check_tensor(value, name)
@@ -35,6 +43,8 @@ def check_index(value, name: str, ndim: int) -> torch.Tensor:
 
 def check_edge_index(value, name: str = "edge_index") -> torch.Tensor:
     check_index(value, name, 2)
+    # other index tensors (edge_type, ...) are then checked to be on edge_index's device
+    check_not_meta(value, name)
     if value.shape[0] != 2:
         raise ValueError(f"{name} must have shape [2, num_edges], got {tuple(value.shape)}")
     return value
@@ -51,6 +61,67 @@ def check_count(value, name: str, allow_none: bool = False) -> Optional[int]:
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
     return value
+
+
+def check_size(value, name: str, allow_none: bool = False) -> Optional[int]:
+    """A layer size (channels, heads, bases, blocks): a Python int >= 1.  PyG's lazy size -1
+    is refused by name: hector layers need the width when they are built."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__} ({value!r})")
+    if value == -1 and name.endswith("in_channels"):
+        raise ValueError(f"{name}=-1 (PyG's lazy size, inferred at the first call) is not "
+                         f"supported; pass the input feature width as {name}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def check_node_input(x, name: str, width: Optional[int], dtype: Optional[torch.dtype]
+                     ) -> torch.Tensor:
+    """A layer's node features: a floating ``[num_nodes, width]`` tensor with data, of the
+    layer's parameter dtype.  A mismatch would otherwise surface inside a matmul (or, for the
+    compiled layers, silently compute in the wider dtype), so one rule for every layer: x's
+    dtype must equal the parameters' (``dtype``; None when the layer has no parameters)."""
+    check_tensor(x, name)
+    check_not_meta(x, name)
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a floating tensor ({', '.join(map(str, FLOAT_DTYPES))}), "
+                        f"got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must have shape [num_nodes, {width or 'features'}], "
+                         f"got {tuple(x.shape)}")
+    if width is not None and x.shape[1] != width:
+        raise ValueError(f"{name} has {x.shape[1]} features per node but the layer was built "
+                         f"for in_channels={width} (shape {tuple(x.shape)})")
+    if x.shape[1] == 0:
+        raise ValueError(f"{name} has no features (shape {tuple(x.shape)}); it needs at least one "
+                         "column")
+    if dtype is not None and x.dtype != dtype:
+        raise TypeError(f"{name} has dtype {x.dtype} but the layer's parameters are {dtype}; "
+                        f"convert one of them (x.to({dtype}) or layer.to({x.dtype}))")
+    return x
+
+
+def check_device_option(value, option: str = "--device") -> torch.device:
+    """A command-line device: cpu or cuda[:N], and CUDA present when asked for.  ValueError
+    naming the option otherwise (torch's own errors are multi-line tracebacks)."""
+    hint = " ('gpu' is spelled cuda)" if str(value).lower().startswith("gpu") else ""
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{option} must be cpu or cuda[:N], got {value!r}{hint}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{option} must be cpu or cuda[:N], got {value!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{option} {value}: CUDA is not available on this machine "
+                             f"(use {option} cpu)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"{option} {value}: this machine has {torch.cuda.device_count()} "
+                             "CUDA device(s)")
+    return device
 
 
 def check_same_length(a: torch.Tensor, a_name: str, length: int, length_name: str) -> None:

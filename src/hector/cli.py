@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+from .datasets.download import DownloadError
+
 
 def _configure_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", help="a loader name (aifb, cora, fb15k-237, ...), or "
@@ -22,17 +24,17 @@ def _configure_info(p: argparse.ArgumentParser) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> int:
-    import torch
     from . import datasets
+    from ._checks import check_device_option
     from .graph import Graph
 
+    device = check_device_option(args.device)   # before the load: fail fast, in one line
     kwargs = {"seed": args.seed}
     if args.scale is not None:
         kwargs["scale"] = args.scale
     t0 = time.perf_counter()
     data = datasets.load(args.dataset, root=args.root, **kwargs)
     t_load = time.perf_counter() - t0
-    device = torch.device(args.device)
     data = data.to(device)
     _sync(device)
     t0 = time.perf_counter()
@@ -162,6 +164,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         # Bad input is the user's to fix: one clear line, no traceback.
         print(f"hector {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except DownloadError as err:
+        # No network or a failing server: one line naming the URL and the --root way out.
+        print(f"hector {args.command}: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -15,6 +15,15 @@ def tiny(**kw):
     return BenchConfig(**base)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def short_timing():
+    """A noisy shared CPU would otherwise time each measurement for its full budget."""
+    from hector.bench import timing
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(timing, "CPU_MAX_S", 0.5)
+        yield
+
+
 @pytest.fixture(scope="module")
 def result():
     return run_bench(tiny())
@@ -59,10 +68,19 @@ def test_files(tmp_path):
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_no_pyg_still_checks():
-    res = run_bench(tiny(layers="gat", no_pyg=True))
-    assert [r["peer"] for r in res["rows"]] == ["hector"]
-    assert res["rows"][0]["check"] == "ok" and res["rows"][0]["speedup_inference"] is None
+def test_no_pyg_times_hector_alone_without_importing_pyg(monkeypatch):
+    import sys
+    for name in [m for m in sys.modules if m == "torch_geometric" or
+                 m.startswith("torch_geometric.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torch_geometric", None)     # any import now fails
+    res = run_bench(tiny(layers="rgcn,gat", no_pyg=True))
+    assert [r["peer"] for r in res["rows"]] == ["hector", "hector unopt", "hector"]
+    for r in res["rows"]:
+        assert r["check"] == "no ref" and r["speedup_inference"] is None
+        assert r["inference_ms"] > 0 and r["training_ms"] > 0
+    assert res["meta"]["torch_geometric"] is None
+    assert any("--no-pyg" in n for n in res["notes"])
 
 
 @pytest.mark.parametrize("kw, option", [
@@ -76,6 +94,8 @@ def test_no_pyg_still_checks():
     (dict(features=8, heads=3), "--heads"),
     (dict(repeats=0), "--repeats"),
     (dict(scale=0.0), "--scale"),
+    (dict(threads=0), "--threads"),
+    (dict(device="gpu"), "--device"),
 ])
 def test_bad_options(kw, option):
     with pytest.raises(ValueError, match=option):

@@ -70,8 +70,10 @@ def test_interrupted_download_leaves_no_file(source, tmp_path, monkeypatch):
 
     monkeypatch.setattr(urllib.request, "urlopen", lambda url, **kw: Broken())
     dest = tmp_path / "out" / "data.bin"
-    with pytest.raises(ConnectionResetError):
+    with pytest.raises(download.DownloadError, match=r"example\.invalid/data\.bin \(connection "
+                       r"dropped\).*--root PATH") as info:
         download.fetch("https://example.invalid/data.bin", dest)
+    assert isinstance(info.value.__cause__, ConnectionResetError)
     assert not dest.exists() and not _leftovers(dest.parent)
 
 
@@ -217,3 +219,60 @@ def test_github_zip_download(data_dir, tmp_path, monkeypatch):
     assert sidecar.exists()  # unknown hash: recorded on first use
     # The archive is gone after extraction; its trust-on-first-use record stays.
     assert sorted(os.listdir(sidecar.parents[1])) == ["git_web_ml", "git_web_ml.zip.sha256"]
+
+
+# ---------------------------------------------------------------- extraction caps ----------
+
+def _bomb(path, members=1, size=8 << 20):
+    """A small tar.gz of zeros: ~8 KiB per 8 MiB member, unpacking ~1000x."""
+    with tarfile.open(path, "w:gz") as tar:
+        for i in range(members):
+            info = tarfile.TarInfo(f"d/zeros{i}.bin")
+            info.size = size
+            tar.addfile(info, io.BytesIO(bytes(size)))
+    return path
+
+
+def test_extract_refuses_decompression_bomb(tmp_path):
+    bomb = _bomb(tmp_path / "bomb.tar.gz")
+    assert bomb.stat().st_size < 64 << 10
+    with pytest.raises(ValueError, match=r"bomb\.tar\.gz unpacks to more than 200x"):
+        download.extract(bomb, tmp_path / "out")
+    assert not any(p.is_file() for p in (tmp_path / "out").rglob("*"))  # partial file removed
+    # The ratio is a knob: allowed explicitly, the same archive unpacks.
+    files = download.extract(bomb, tmp_path / "ok", max_ratio=10_000)
+    assert [f.stat().st_size for f in files] == [8 << 20]
+
+
+def test_extract_caps_bytes_and_members(tmp_path, monkeypatch):
+    small = _bomb(tmp_path / "small.tar.gz", members=5, size=1000)
+    with pytest.raises(ValueError, match=r"declares 5,000 unpacked bytes, over the cap of 4,000"):
+        download.extract(small, tmp_path / "a", max_bytes=4000)
+    with pytest.raises(ValueError, match=r"more than 3 members"):
+        download.extract(small, tmp_path / "b", max_members=3)
+    monkeypatch.setenv("HECTOR_MAX_EXTRACT_MEMBERS", "4")
+    with pytest.raises(ValueError, match=r"more than 4 members"):
+        download.extract(small, tmp_path / "c")
+    monkeypatch.setenv("HECTOR_MAX_EXTRACT_MEMBERS", "0")
+    with pytest.raises(ValueError, match=r"HECTOR_MAX_EXTRACT_MEMBERS must be a positive"):
+        download.extract(small, tmp_path / "d")
+    monkeypatch.delenv("HECTOR_MAX_EXTRACT_MEMBERS")
+    zpath = tmp_path / "z.zip"
+    with zipfile.ZipFile(zpath, "w", zipfile.ZIP_DEFLATED) as zf:
+        for i in range(3):
+            zf.writestr(f"f{i}.txt", b"x" * 3000)
+    with pytest.raises(ValueError, match=r"z\.zip declares 9,000 unpacked bytes"):
+        download.extract(zpath, tmp_path / "e", max_bytes=8000)
+    assert len(download.extract(zpath, tmp_path / "f", max_bytes=9000)) == 3
+
+
+def test_extract_counts_bytes_not_headers(tmp_path, monkeypatch):
+    """A header that under-declares is caught while streaming: pretend every member declares
+    0 bytes, as a lying zip central directory would."""
+    zpath = tmp_path / "z.zip"
+    with zipfile.ZipFile(zpath, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("big.txt", b"y" * 5000)
+    monkeypatch.setattr(download._Limits, "declared", lambda self, total: None)
+    with pytest.raises(ValueError, match=r"z\.zip unpacks to more than 4,000 bytes"):
+        download.extract(zpath, tmp_path / "out", max_bytes=4000)
+    assert not (tmp_path / "out" / "big.txt").exists()

@@ -7,15 +7,16 @@ import re
 import shutil
 import sys
 import types
-from collections import Counter, defaultdict
+from collections import Counter
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 import torch
 
 import hector.datasets as D
 from hector.datasets import edgelist, kg, npz, planetoid, rdf
+
+from dataset_files import write_npz as _write_npz, write_planetoid as _write_planetoid
 
 
 def _degree(ds):
@@ -247,26 +248,6 @@ def test_labels_naming_unknown_node(tmp_path):
 
 # ---------------------------------------------------------------- Planetoid ----------------
 
-def _write_planetoid(folder, name="citeseer", nan=False):
-    """A small Planetoid set: 510 allx rows (2 train), test nodes 512, 510, 514 (511 and 513
-    isolated, as in CiteSeer); big enough for PyG's fixed 500 validation nodes."""
-    folder.mkdir(exist_ok=True)
-    rng = np.random.default_rng(0)
-    feats = (rng.random((513, 3)) > 0.5).astype(np.float32)
-    if nan:
-        feats[1, 1] = np.nan
-    onehot = np.eye(2, dtype=np.int32)[rng.integers(0, 2, 513)]
-    graph = defaultdict(list, {0: [1, 510, 510], 1: [0, 2], 2: [1, 2], 510: [0, 0, 514],
-                               514: [510], 6: []})
-    parts = {"x": sp.csr_matrix(feats[:2]), "allx": sp.csr_matrix(feats[:510]),
-             "tx": sp.csr_matrix(feats[510:]), "y": onehot[:2], "ally": onehot[:510],
-             "ty": onehot[510:], "graph": graph}
-    for part, obj in parts.items():
-        (folder / f"ind.{name}.{part}").write_bytes(pickle.dumps(obj, protocol=2))
-    (folder / f"ind.{name}.test.index").write_text("512\n510\n514\n")
-    return folder
-
-
 def test_planetoid_citeseer_isolated_nodes_match_pyg(tmp_path):
     from torch_geometric.io import read_planetoid_data
     folder = _write_planetoid(tmp_path / "c")
@@ -305,17 +286,6 @@ def test_planetoid_corrupt_and_nan(tmp_path):
 
 
 # ---------------------------------------------------------------- npz, CSV, KG -------------
-
-def _write_npz(path, attr_data=None):
-    adj = sp.csr_matrix(np.array([[0, 1, 0], [1, 0, 1], [0, 0, 0]], dtype=np.float32))
-    attr = sp.csr_matrix(np.array([[1, 0], [0, 2], [3, 0]], dtype=np.float32))
-    data = attr.data if attr_data is None else attr_data
-    np.savez(path, adj_data=adj.data, adj_indices=adj.indices, adj_indptr=adj.indptr,
-             adj_shape=np.array(adj.shape), attr_data=data, attr_indices=attr.indices,
-             attr_indptr=attr.indptr, attr_shape=np.array(attr.shape), labels=np.array([0, 1, 1]),
-             class_names=np.array(["a", "b"]))
-    return path
-
 
 def test_npz_small_and_errors(tmp_path):
     ds = npz.load_npz(_write_npz(tmp_path / "g.npz"), seed=0)

@@ -21,6 +21,7 @@ DEVICE = torch.device("cuda" if CUDA else "cpu")
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
+CPU_FEATURES = 64
 
 
 def make_layers(kind, f_in, heads, concat):
@@ -119,7 +120,10 @@ def real_graph(name):
 def test_real_graphs(name, kind):
     ei, x = real_graph(name)
     if not CUDA:
-        compare(kind, ei, x, heads=2, backend="torch")
+        # The float64 PyG reference materialises several E x F tensors: with all 767 features of
+        # amazon-computers that is 13 GB on a 24 GB CI machine. The graph's structure (degrees,
+        # super nodes) is what this test is about, so on the CPU it takes 64 real feature columns.
+        compare(kind, ei, x[:, :CPU_FEATURES], heads=2, backend="torch")
         return
     for strategy in ("node", "edge"):
         for dtype in DTYPES:

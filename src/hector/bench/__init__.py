@@ -44,16 +44,19 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None,
                    help="cuda or cpu (default: cuda if available, else cpu)")
     p.add_argument("--repeats", type=int, default=5,
-                   help="CPU timing: median of this many runs after one warm-up (default 5; "
-                        "on CUDA triton's do_bench decides)")
+                   help="CPU timing: at least this many runs after one warm-up, more while "
+                        "their spread is wide (default 5; on CUDA triton's do_bench decides)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads while timing (default 1 on the CPU: comparable "
+                        "across machines and under other load; printed in the header)")
     p.add_argument("--seed", type=int, default=0, help="seed for synthetic datasets and features")
     p.add_argument("--json", metavar="PATH", default=None, help="write all results as JSON")
     p.add_argument("--markdown", metavar="PATH", default=None, help="write the table as markdown")
     p.add_argument("--plot", metavar="PATH", default=None,
                    help="write a PNG bar chart of the speedups over PyG eager")
     p.add_argument("--no-pyg", action="store_true",
-                   help="do not time PyG (its layer still provides the parameters and the "
-                        "reference output of the check)")
+                   help="leave PyG out: not timed, not imported (hector's layers are then "
+                        "seeded on their own and their output is not checked: 'no ref')")
     p.add_argument("--no-compile", action="store_true",
                    help="do not time PyG under torch.compile (on CUDA it is timed by default)")
     p.add_argument("--no-grad-check", action="store_true",
@@ -71,7 +74,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        datasets=getattr(args, "datasets", None),
                        data_root=getattr(args, "data_root", None),
                        compile_pyg=False if getattr(args, "no_compile", False) else None,
-                       check_grad=not getattr(args, "no_grad_check", False))
+                       check_grad=not getattr(args, "no_grad_check", False),
+                       threads=getattr(args, "threads", None))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
     raise ValueError (naming the option) before anything runs."""
     from . import report
     cfg = resolve(config_from_args(args))        # validate before any work
+    if args.plot:
+        from .runner import require
+        require("matplotlib", "--plot")
     save = (lambda partial: report.write_json(partial, args.json)) if args.json else None
     result = run_bench(cfg, on_case=save)
     print(report.table(result), flush=True)

@@ -15,9 +15,13 @@ NUMERIC = {4, 5, 6, 7, 8, 9}
 
 
 def _ms(r: dict, key: str) -> str:
+    """median [min, max] of the runs, and 'noisy' when their spread stayed wide."""
     v = r.get(key)
     if v is not None:
-        return f"{v:.3f}"
+        stage = key[:-len("_ms")]
+        s = r.get(f"{stage}_spread")
+        text = f"{v:.3f}" + (f" [{s['min_ms']:.3f}, {s['max_ms']:.3f}]" if s else "")
+        return text + (" noisy" if stage in r.get("noisy", ()) else "")
     if "oom" in r:
         return "OOM"
     if "error" in r:
@@ -80,8 +84,11 @@ def table(result: dict) -> str:
 
 
 def _legend(meta: dict) -> str:
+    threads = (f", {meta['threads']} torch CPU thread{'s' if meta['threads'] != 1 else ''} "
+               f"(--threads; {meta.get('cpus')} CPUs)" if meta.get("threads") else "")
     return (f"device {meta['device']}" + (f" ({meta['gpu']})" if meta.get("gpu") else "")
-            + f", hector backend {meta['backend']}; speedup = PyG eager ms / peer ms; floor = "
+            + threads + f", hector backend {meta['backend']}; times: median [min, max] ms; "
+            "speedup = PyG eager ms / peer ms; floor = "
             f"forward's memory floor at the measured copy bandwidth "
             f"({meta.get('copy_GBps', 0):.0f} GB/s) / inference ms; check: max |hector - PyG| / "
             f"max |PyG| < {meta['rtol']:g} for the output and the input gradient")
@@ -95,7 +102,7 @@ def markdown(result: dict) -> str:
     meta = result["meta"]
     out.append("")
     out.append(_legend(meta) + f"; torch {meta['torch']}, torch_geometric "
-               f"{meta['torch_geometric']}.")
+               f"{meta['torch_geometric'] or 'not used'}.")
     for n in result.get("notes", []):
         out.append(f"- {n}")
     if result.get("targets"):
@@ -103,9 +110,14 @@ def markdown(result: dict) -> str:
         for t in result["targets"]:
             v = t["value"]
             out.append(f"| {t['target']} | {'-' if v is None else (f'{v:.2f}' if isinstance(v, float) else v)} "
-                       f"| {t['op']} {t['required']} | {'yes' if t['met'] else '**MISSED**'} "
+                       f"| {t['op']} {t['required']} | {_verdict_md(t)} "
                        f"| {t['detail']} |")
     return "\n".join(out) + "\n"
+
+
+def _verdict_md(t: dict) -> str:
+    v = targets.verdict(t)
+    return {"met": "yes", "MISSED": "**MISSED**"}.get(v, v)
 
 
 def summary_markdown(result: dict) -> str:
@@ -163,23 +175,33 @@ def write_all(result: dict, json=None, markdown=None, plot=None) -> None:
             print(f"{what} written to {path}")
 
 
-def write_plot(result: dict, path) -> None:
-    """Bar chart: speedup over PyG eager, inference and training, per case and non-PyG peer."""
+def plot_bars(result: dict) -> tuple:
+    """(tick labels, inference speedups, training speedups) of the plot: one bar pair per
+    case and non-PyG peer.  Labels carry the full dataset name (``synthetic:aifb`` is a
+    generated graph with AIFB's profile, not AIFB)."""
+    rows = [r for r in result["rows"] if r.get("peer") not in ("PyG eager", "*")]
+    labels = [f"{r['layer']} {r.get('features', '')}x{r.get('heads', '')}\n{r['dataset']}\n"
+              f"{r['peer']}" for r in rows]
+    return (labels, [r.get("speedup_inference") or 0.0 for r in rows],
+            [r.get("speedup_training") or 0.0 for r in rows])
+
+
+def write_plot(result: dict, path) -> List[str]:
+    """Bar chart: speedup over PyG eager, inference and training, per case and non-PyG peer,
+    each bar labelled with its value.  Returns the value labels drawn."""
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
-    rows = [r for r in result["rows"] if r.get("peer") not in ("PyG eager", "*")]
-    many = len({r["dataset"] for r in rows}) > 1
-    labels = [f"{r['layer']} {r.get('features', '')}x{r.get('heads', '')}\n"
-              + (f"{r['dataset'].replace('synthetic:', '')}\n" if many else "") + r["peer"]
-              for r in rows]
-    inf = [r.get("speedup_inference") or 0.0 for r in rows]
-    trn = [r.get("speedup_training") or 0.0 for r in rows]
-    fig, ax = plt.subplots(figsize=(min(60.0, max(4.0, 1.0 * len(rows) + 1.5)), 4.5))
-    xs = range(len(rows))
+    labels, inf, trn = plot_bars(result)
+    fig, ax = plt.subplots(figsize=(min(60.0, max(4.0, 1.0 * len(labels) + 1.5)), 4.5))
+    xs = range(len(labels))
     w = 0.38
-    ax.bar([i - w / 2 for i in xs], inf, w, label="inference")
-    ax.bar([i + w / 2 for i in xs], trn, w, label="training")
+    drawn = []
+    for offset, values, name in ((-w / 2, inf, "inference"), (w / 2, trn, "training")):
+        bars = ax.bar([i + offset for i in xs], values, w, label=name)
+        texts = [f"{v:.2f}x" if v else "" for v in values]
+        ax.bar_label(bars, labels=texts, fontsize=6, padding=1)
+        drawn += texts
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xticks(list(xs))
     ax.set_xticklabels(labels, fontsize=7)
@@ -189,10 +211,11 @@ def write_plot(result: dict, path) -> None:
     meta = result["meta"]
     ax.set_title(f"hector bench on {meta.get('gpu') or meta['device']}"
                  + (f", suite {meta['suite']}" if meta.get("suite") else ""), fontsize=10)
-    if not rows or not any(inf + trn):
+    if not labels or not any(inf + trn):
         ax.text(0.5, 0.5, "no speedups (PyG not measured)", ha="center", va="center",
                 transform=ax.transAxes)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=100)
     plt.close(fig)
+    return drawn

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import gc
 import os
-import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional
 
 import torch
 
+from .._checks import check_device_option
 from . import suites
+from .timing import CPU_MAX_S, MIN_RUNS, NOISE_IQR, timed
 
-CPU_BUDGET_S = 3.0                 # CPU: timed runs per measurement stop near this
-SLOW_MS = 250.0                    # CUDA: a run slower than this is timed SLOW_REPEATS times
-SLOW_REPEATS = 3
 #: torch.compile unrolls PyG's per-relation Python loop: past this many relations compiling
 #: takes minutes, so the compiled peer is skipped (with a note) for RGCN and RGAT
 COMPILE_MAX_RELATIONS = 64
@@ -32,7 +29,7 @@ class BenchConfig:
     features: Optional[int] = None    # None: 64 on CUDA, 32 on the CPU
     heads: int = 1
     device: Optional[str] = None       # None: cuda if available, else cpu
-    repeats: int = 5                   # CPU timing: median of this many runs after one warm-up
+    repeats: int = 5                   # CPU timing: at least this many runs after one warm-up
     no_pyg: bool = False
     seed: int = 0
     progress: bool = True
@@ -41,6 +38,19 @@ class BenchConfig:
     compile_pyg: Optional[bool] = None  # None: on CUDA only
     check_grad: bool = True            # also compare the input gradient against PyG's
     datasets: Optional[List[str]] = None  # with --suite: only these datasets (profile names)
+    threads: Optional[int] = None      # torch CPU threads while timing; None: 1 on the CPU
+
+
+def require(module: str, what: str):
+    """Import an optional dependency of ``hector bench``; ValueError (one line, naming the
+    extra that installs it) when it is missing."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        hint = " (or pass --no-pyg to time hector alone)" if module == "torch_geometric" else ""
+        raise ValueError(f"{what}: {module} is not installed; install the bench extra: "
+                         f"pip install 'hector[bench]'{hint}") from None
 
 
 def _positive_int(name: str, v) -> None:
@@ -81,14 +91,7 @@ def resolve(cfg: BenchConfig) -> BenchConfig:
     if cfg.dataset is not None:
         suites.check_dataset(cfg.dataset)
     dev = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(dev)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(f"--device: {dev!r} is not a device ({err})") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device must be cpu or cuda, got {dev!r}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: CUDA is not available on this machine (use --device cpu)")
+    device = check_device_option(dev)
     cuda = device.type == "cuda"
     features = cfg.features
     if cfg.suite is None:
@@ -100,11 +103,17 @@ def resolve(cfg: BenchConfig) -> BenchConfig:
     if cfg.scale is not None and not (cfg.scale > 0):
         raise ValueError(f"--scale must be > 0, got {cfg.scale!r}")
     _positive_int("repeats", cfg.repeats)
+    # One CPU thread by default: the verdicts compare hector with PyG on the same work, and
+    # one thread keeps that comparison independent of the core count and of other load (on a
+    # busy 2-core machine a GAT epoch took 364 ms with 2 threads, 112 ms with 1).
+    threads = cfg.threads if cfg.threads is not None else (None if cuda else 1)
+    if threads is not None:
+        _positive_int("threads", threads)
     if cfg.root is not None and cfg.dataset is None:
         raise ValueError("--root needs --dataset (the default datasets are synthetic)")
     compile_pyg = cuda if cfg.compile_pyg is None else bool(cfg.compile_pyg)
     return replace(cfg, layers=layers, features=features, device=str(device),
-                   compile_pyg=compile_pyg, datasets=datasets)
+                   compile_pyg=compile_pyg, datasets=datasets, threads=threads)
 
 
 def cases_of(cfg: BenchConfig) -> tuple:
@@ -140,41 +149,6 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn, device: torch.device, repeats: int) -> float:
-    """Median milliseconds of ``fn``.  CUDA: events, through triton's do_bench (warm-up, then
-    about 100 ms of repeats), except that a run slower than SLOW_MS is timed only
-    SLOW_REPEATS times (PyG on the large profiles takes seconds a run).  CPU: time.perf_counter
-    over ``repeats`` runs after one warm-up, fewer when a run is slow."""
-    if device.type == "cuda":
-        t0 = time.perf_counter()
-        fn()                                   # warm-up: compilation, autotuning, caches
-        torch.cuda.synchronize(device)
-        if (time.perf_counter() - t0) * 1e3 < SLOW_MS:
-            from triton.testing import do_bench
-            return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-        times = []
-        for _ in range(SLOW_REPEATS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
-    t0 = time.perf_counter()
-    fn()
-    warm = time.perf_counter() - t0
-    # a slow case (or a CPU shared with other work) must not blow up the run: at most
-    # about CPU_BUDGET_S seconds of timed runs per measurement, and at least one
-    repeats = max(1, min(repeats, int(CPU_BUDGET_S / max(warm, 1e-9))))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if out.shape != ref.shape:
         return float("inf")
@@ -199,8 +173,14 @@ def measure(peer: suites.Peer, x: torch.Tensor, device: torch.device, repeats: i
         xg.grad = None
         call(xg).sum().backward()
 
+    def record(stage: str, stats: dict) -> None:
+        res[f"{stage}_ms"] = stats["ms"]
+        res[f"{stage}_spread"] = {k: stats[k] for k in ("min_ms", "max_ms", "runs", "iqr")}
+        if stats["noisy"]:
+            res.setdefault("noisy", []).append(stage)
+
     try:
-        res["inference_ms"] = timed(infer, device, repeats)
+        record("inference", timed(infer, device, repeats))
         stage = "training"
         if device.type == "cuda":
             step()
@@ -212,7 +192,7 @@ def measure(peer: suites.Peer, x: torch.Tensor, device: torch.device, repeats: i
             step()
             sync(device)
             res["peak_MiB"] = (torch.cuda.max_memory_allocated(device) - base) / 2 ** 20
-        res["training_ms"] = timed(step, device, repeats)
+        record("training", timed(step, device, repeats))
     except Exception as exc:                      # noqa: BLE001 - recorded, never a crash
         if is_oom(exc):
             res["oom"] = stage
@@ -294,30 +274,46 @@ def run_bench(cfg: BenchConfig, log=None, on_case=None) -> dict:
     """Run the comparison; returns {'meta': {...}, 'notes': [...], 'rows': [...],
     'targets': [...]} where each row has case, layer, dataset, features, heads, peer,
     inference_ms, training_ms, speedup_inference, speedup_training, peak_MiB, check, rel_err,
-    grad_err, floor_fraction (and oom / error when they happened).  ``on_case(result)`` is
+    grad_err, floor_fraction, {inference,training}_spread ({min_ms, max_ms, runs, iqr}),
+    noisy (the stages whose timing stayed noisy) (and oom / error when they happened).  ``on_case(result)`` is
     called with the result so far after every case (the CLI saves it: a run cut short keeps
-    what it measured)."""
-    from . import floor
+    what it measured).  ``log`` is unused (kept for callers that pass it)."""
     cfg = resolve(cfg)
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     device = torch.device(cfg.device)
+    pyg_version = None if cfg.no_pyg else require("torch_geometric", "PyG").__version__
+    threads_before = torch.get_num_threads()
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _run_cases(cfg, device, pyg_version, on_case)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> dict:
+    from . import floor
     cuda = device.type == "cuda"
     backend = "triton" if cuda else "torch"
-    import torch_geometric
     cases, notes = cases_of(cfg)
+    if cfg.no_pyg:
+        notes.append("--no-pyg: PyG is neither timed nor imported, so hector's outputs are not "
+                     "checked against it ('no ref')")
     if not cuda:
         notes.append("device cpu: hector runs its torch backend; times are wall clock "
-                     f"(time.perf_counter, median of up to {cfg.repeats} runs after 1 warm-up, "
-                     f"fewer when a run is slow: about {CPU_BUDGET_S:g} s per measurement); "
-                     "peak memory is measured on CUDA only ('-')")
+                     f"(time.perf_counter after 1 warm-up: median [min, max] of at least "
+                     f"{max(cfg.repeats, MIN_RUNS)} runs, more until the interquartile range is "
+                     f"within {NOISE_IQR:.0%} of the median, at most about {CPU_MAX_S:g} s per "
+                     "measurement; 'noisy' when it stayed wider); peak memory is measured on "
+                     "CUDA only ('-')")
     if not cfg.no_pyg and not cfg.compile_pyg:
         notes.append("PyG compile skipped: torch.compile is measured on CUDA only (compiling "
                      "on the CPU takes minutes)" if not cuda else "PyG compile skipped "
                      "(--no-compile)")
     bandwidth = floor.copy_bandwidth(device, floor.COPY_BYTES if cuda else 1 << 26)
     meta = dict(device=str(device), backend=backend, repeats=cfg.repeats if not cuda else None,
-                torch=torch.__version__, torch_geometric=torch_geometric.__version__,
-                rtol=RTOL, suite=cfg.suite, copy_GBps=bandwidth / 1e9, workloads={})
+                torch=torch.__version__, torch_geometric=pyg_version,
+                rtol=RTOL, suite=cfg.suite, copy_GBps=bandwidth / 1e9, workloads={},
+                threads=torch.get_num_threads(), cpus=os.cpu_count())
     if cuda:
         meta["gpu"] = torch.cuda.get_device_name(device)
     cases = sorted(cases, key=lambda c: str(c.workload_key))   # one workload alive at a time
@@ -356,11 +352,12 @@ def run_bench(cfg: BenchConfig, log=None, on_case=None) -> dict:
                 bar.update(n_peers[case])
                 _cleanup(device)
                 continue
-            ref_out, ref_grad, cot, ref_note = _reference(ref, case, W, x, cfg.check_grad)
+            ref_out, ref_grad, cot, ref_note = (_reference(ref, case, W, x, cfg.check_grad)
+                                                if ref is not None else (None,) * 4)
             if ref_note:
                 notes.append(f"{base['case']}: PyG reference failed ({ref_note}); hector not "
                              "checked against it")
-            elif ref_grad is None and cfg.check_grad:
+            elif ref is not None and ref_grad is None and cfg.check_grad:
                 notes.append(f"{base['case']}: PyG gradient failed; output checked only")
             fl_ms = floor.floor_ms(case.layer, W.graph.num_nodes, W.graph.num_edges,
                                    case.features, bandwidth)

@@ -180,13 +180,37 @@ def pyg_layer(layer: str, W: Workload, features: int, heads: int) -> torch.nn.Mo
     return m.to(W.device)
 
 
-def hector_layer(layer: str, ref: torch.nn.Module, backend: str, **switches) -> torch.nn.Module:
+def _hector_class(layer: str):
     from .. import nn as hnn
-    cls = {"rgcn": hnn.RGCNConv, "rgat": hnn.RGATConv, "hgt": hnn.HGTConv, "gat": hnn.GATConv,
-           "agnn": hnn.AGNNConv, "transformer": hnn.TransformerConv}[layer]
+    return {"rgcn": hnn.RGCNConv, "rgat": hnn.RGATConv, "hgt": hnn.HGTConv, "gat": hnn.GATConv,
+            "agnn": hnn.AGNNConv, "transformer": hnn.TransformerConv}[layer]
+
+
+def hector_layer(layer: str, ref: torch.nn.Module, backend: str, **switches) -> torch.nn.Module:
+    cls = _hector_class(layer)
     if layer in RELATIONAL:
         return cls.from_pyg(ref, backend=backend, **switches)
     return cls.from_pyg(ref, backend=backend)
+
+
+def own_layer(layer: str, W: Workload, features: int, heads: int, backend: str,
+              **switches) -> torch.nn.Module:
+    """hector's layer with ``pyg_layer``'s sizes, seeded, built without PyG (``--no-pyg``)."""
+    torch.manual_seed(0)
+    cls, F, H = _hector_class(layer), features, heads
+    per_head, R = max(1, F // H), W.graph.num_relations
+    kw = dict(backend=backend, **switches)
+    if layer == "rgcn":
+        m = cls(F, F, R, **kw)
+    elif layer == "rgat":
+        m = cls(F, per_head, R, heads=H, **kw)
+    elif layer == "hgt":
+        m = cls(F, F, W.hgt()["metadata"], heads=H, **kw)
+    elif layer == "agnn":
+        m = cls(**kw)
+    else:
+        m = cls(F, per_head, heads=H, **kw)
+    return m.to(W.device)
 
 
 def caller(layer: str, module, W: Workload, pyg: bool) -> Callable:
@@ -212,19 +236,26 @@ def caller(layer: str, module, W: Workload, pyg: bool) -> Callable:
 def peers(layer: str, W: Workload, features: int, heads: int, backend: str,
           with_pyg: bool = True, compile_pyg: bool = False):
     """(reference PyG module, [Peer, ...]): PyG eager, PyG compiled (CUDA), hector, hector
-    unoptimised (relational layers)."""
-    ref = pyg_layer(layer, W, features, heads)
+    unoptimised (relational layers).  Without PyG (``with_pyg=False``) torch_geometric is not
+    imported: the reference is None and hector's layers are built on their own, seeded."""
     out: List[Peer] = []
+    ref = None
     if with_pyg:
+        ref = pyg_layer(layer, W, features, heads)
         out.append(Peer("PyG eager", ref, caller(layer, ref, W, True), "pyg"))
         if compile_pyg:
             compiled = torch.compile(ref)
             out.append(Peer("PyG compile", ref, caller(layer, compiled, W, True),
                             "pyg-compiled"))
-    ours = hector_layer(layer, ref, backend).to(W.device)
+
+    def make(**switches):
+        if ref is None:
+            return own_layer(layer, W, features, heads, backend, **switches)
+        return hector_layer(layer, ref, backend, **switches).to(W.device)
+    ours = make()
     out.append(Peer("hector", ours, caller(layer, ours, W, False), "hector"))
     if layer in RELATIONAL:
-        plain = hector_layer(layer, ref, backend, **UNOPTIMISED).to(W.device)
+        plain = make(**UNOPTIMISED)
         out.append(Peer("hector unopt", plain, caller(layer, plain, W, False), "hector",
                         note="reorder=False, compact=False, fuse=False"))
     return ref, out

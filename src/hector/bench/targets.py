@@ -3,7 +3,9 @@
 Every ratio is hector against the better PyG peer of the same case (the faster of eager and
 ``torch.compile``; the leaner for memory), so a target is met only against PyG at its best.
 Cases where no PyG peer ran (OOM) leave the speedup geomean (there is nothing to divide) but
-count for "no OOM".
+count for "no OOM".  A target computed from a timing flagged noisy (see ``timing``) gets no
+verdict: ``met`` is None and ``noisy`` True; one with nothing to compute from (PyG not run)
+has ``met`` None too.
 """
 from __future__ import annotations
 
@@ -31,6 +33,22 @@ def _best(rows: List[dict], key: str, lower=True) -> Optional[float]:
     return (min(vals) if lower else max(vals)) if vals else None
 
 
+def _best_row(rows: List[dict], key: str) -> Optional[dict]:
+    have = [r for r in rows if r.get(key) is not None]
+    return min(have, key=lambda r: r[key]) if have else None
+
+
+def noisy(row: Optional[dict], stage: str) -> bool:
+    return row is not None and stage in row.get("noisy", ())
+
+
+def verdict(t: dict) -> str:
+    """met / MISSED, or why there is none (noisy timings, nothing measured)."""
+    if t.get("noisy"):
+        return "noisy"
+    return "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED")
+
+
 def geomean(values: List[float]) -> Optional[float]:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
@@ -51,7 +69,9 @@ def per_case(rows: List[dict]) -> List[dict]:
                         pyg_inference=_best(pyg, "inference_ms"),
                         pyg_training=_best(pyg, "training_ms"),
                         pyg_peak=_best(pyg, "peak_MiB"),
-                        pyg_oom=any("oom" in r for r in pyg)))
+                        pyg_oom=any("oom" in r for r in pyg),
+                        **{f"noisy_{s}": noisy(ours, s) or noisy(_best_row(pyg, f"{s}_ms"), s)
+                           for s in ("inference", "training")}))
     return out
 
 
@@ -64,14 +84,16 @@ def evaluate(result: dict) -> List[dict]:
         if not fam_cases:
             continue
         for stage in ("inference", "training"):
-            ratios = [c[f"pyg_{stage}"] / c["hector"][f"{stage}_ms"] for c in fam_cases
-                      if c[f"pyg_{stage}"] and c["hector"].get(f"{stage}_ms")]
+            used = [c for c in fam_cases if c[f"pyg_{stage}"] and c["hector"].get(f"{stage}_ms")]
+            ratios = [c[f"pyg_{stage}"] / c["hector"][f"{stage}_ms"] for c in used]
             g = geomean(ratios)
             need = SPEEDUP[(fam, stage)]
+            shaky = [c["case"] for c in used if c[f"noisy_{stage}"]]
             out.append(dict(target=f"{fam} {stage} speedup (geomean)", value=g, op=">=",
-                            required=need,
-                            met=g is not None and g >= need,
-                            detail=f"over {len(ratios)} of {len(fam_cases)} cases where PyG ran"))
+                            required=need, noisy=bool(shaky),
+                            met=None if g is None or shaky else g >= need,
+                            detail=f"over {len(ratios)} of {len(fam_cases)} cases where PyG ran"
+                                   + (f"; noisy timings: {', '.join(shaky)}" if shaky else "")))
         ooms = [c["case"] for c in fam_cases if "oom" in c["hector"] or "error" in c["hector"]]
         out.append(dict(target=f"{fam}: no hector OOM", value=len(ooms), op="=",
                         required=0,
@@ -84,13 +106,15 @@ def evaluate(result: dict) -> List[dict]:
                         required=MEMORY_RATIO, met=worst[1] <= MEMORY_RATIO,
                         detail=f"worst {worst[0]}; {sum(v <= MEMORY_RATIO for _, v in mem)} "
                                f"of {len(mem)} cases within"))
-    floors = [(c["case"], c["hector"]["floor_fraction"]) for c in entries
-              if c["layer"] in FLOOR_LAYERS and c["dataset"] in LARGEST
-              and c["hector"].get("floor_fraction") is not None]
+    floor_cases = [c for c in entries if c["layer"] in FLOOR_LAYERS and c["dataset"] in LARGEST
+                   and c["hector"].get("floor_fraction") is not None]
+    floors = [(c["case"], c["hector"]["floor_fraction"]) for c in floor_cases]
     if floors:
         worst = min(floors, key=lambda t: t[1])
+        shaky = any(noisy(c["hector"], "inference") for c in floor_cases)
         out.append(dict(target="forward at fraction of memory floor (largest profiles, worst)",
-                        value=worst[1], op=">=", required=FLOOR_FRACTION, met=worst[1] >= FLOOR_FRACTION,
+                        value=worst[1], op=">=", required=FLOOR_FRACTION, noisy=shaky,
+                        met=None if shaky else worst[1] >= FLOOR_FRACTION,
                         detail=f"worst {worst[0]}; " + ", ".join(
                             f"{k} {v:.0%}" for k, v in floors)))
     return out
@@ -101,6 +125,6 @@ def table(targets: List[dict]) -> str:
     for t in targets:
         v = t["value"]
         val = "-" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
-        lines.append(f"{'met   ' if t['met'] else 'MISSED'}  {t['target']}: {val} "
+        lines.append(f"{verdict(t):<6}  {t['target']}: {val} "
                      f"(required {t['op']} {t['required']}) - {t['detail']}")
     return "\n".join(lines)

@@ -62,6 +62,9 @@ def load(name: str, root=None, **kw) -> Dataset:
     # whose data and split are fixed.
     if "seed" in kw and "seed" not in inspect.signature(fn).parameters:
         kw.pop("seed")
+    if root is None and not REGISTRY[key].sources:
+        raise ValueError(f"dataset {key!r} is a file format with no download: pass root=PATH "
+                         "(CLI: --root PATH) naming the folder that holds the files")
     folder = ensure(key) if root is None else root
     ds = fn(folder, **kw)
     return ds.to(device) if device is not None else ds

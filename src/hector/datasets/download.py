@@ -11,15 +11,18 @@ Three guarantees, because dataset files come from third-party servers:
   checked against it, so a file that changes upstream or on disk afterwards is caught.
 * ``extract`` refuses archive members that could write outside the destination or create
   special files (absolute paths, ``..`` components, symbolic and hard links, devices, FIFOs),
-  checking every member before writing anything.
+  checking every member before writing anything, and caps the member count, the total
+  unpacked size and the unpack ratio (decompression bombs), counting the bytes it writes.
 """
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import stat
 import tarfile
 import tempfile
+import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -28,6 +31,24 @@ from typing import List, Optional, Union
 PathLike = Union[str, os.PathLike]
 
 _CHUNK = 1 << 20
+
+
+class DownloadError(RuntimeError):
+    """A dataset file could not be downloaded (no network, DNS failure, HTTP error, timeout).
+    The message names the URL and says how to read a local copy instead; the CLI prints it as
+    one line."""
+
+    def __init__(self, url: str, reason: object):
+        self.url, self.reason = url, reason
+        super().__init__(f"download failed: could not fetch {url} ({reason}); to read a local "
+                         "copy instead, pass --root PATH (or root=PATH to "
+                         "hector.datasets.load) naming the folder that holds the dataset files")
+
+
+# What a failing server or network raises (URLError covers HTTPError and DNS failures); a
+# local write error (disk full) is not among them and keeps its own type.
+_NETWORK_ERRORS = (urllib.error.URLError, http.client.HTTPException, ConnectionError,
+                   TimeoutError)
 
 
 def sha256_of(path: PathLike) -> str:
@@ -94,7 +115,7 @@ def fetch(url: str, dest_path: PathLike, sha256: Optional[str] = None,
     nothing is kept.  When ``sha256`` is None, trust on first use: the hash is compared with the
     ``<dest>.sha256`` sidecar if one exists (same error on a mismatch), and recorded there
     otherwise.  ``timeout`` (seconds) bounds each network wait, so a stalled server fails
-    instead of hanging.
+    instead of hanging.  A network failure raises ``DownloadError`` naming ``url``.
     """
     dest = Path(dest_path)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +139,9 @@ def fetch(url: str, dest_path: PathLike, sha256: Optional[str] = None,
         if expected is not None and actual != expected:
             raise _mismatch(dest, expected, actual, where, "the download was discarded")
         os.replace(tmp, dest)
+    except _NETWORK_ERRORS as e:
+        tmp.unlink(missing_ok=True)
+        raise DownloadError(url, getattr(e, "reason", None) or e) from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -159,37 +183,136 @@ def _within(dest: Path, name: str) -> Path:
     return target
 
 
-def extract(archive: PathLike, dest: PathLike) -> List[Path]:
+#: Extraction caps: total unpacked bytes, number of members, and unpacked bytes per archive
+#: byte (the registry's archives hold already-gzipped text and CSV, far below these; a
+#: "zip bomb" of zeros unpacks ~1000x).  Each can be set by keyword or environment variable.
+DEFAULT_MAX_EXTRACT_BYTES = 4 << 30
+DEFAULT_MAX_EXTRACT_MEMBERS = 100_000
+DEFAULT_MAX_EXTRACT_RATIO = 200
+_RATIO_SLACK = 1 << 20   # tiny archives may unpack to 1 MiB whatever their ratio
+
+
+class _Limits:
+    """The caps for one extraction and the running totals they are checked against."""
+
+    def __init__(self, archive: Path, max_bytes, max_members, max_ratio):
+        self.archive = archive
+        self.max_bytes = extract_byte_cap(max_bytes)
+        self.max_members = positive_limit(max_members, "max_members", "HECTOR_MAX_EXTRACT_MEMBERS",
+                                  DEFAULT_MAX_EXTRACT_MEMBERS)
+        self.max_ratio = positive_limit(max_ratio, "max_ratio", "HECTOR_MAX_EXTRACT_RATIO",
+                                DEFAULT_MAX_EXTRACT_RATIO)
+        self.ratio_bytes = self.max_ratio * archive.stat().st_size + _RATIO_SLACK
+        self.written = 0
+
+    def member(self, count: int) -> None:
+        if count > self.max_members:
+            raise ValueError(f"archive {self.archive} has more than {self.max_members:,} "
+                             "members (max_members / $HECTOR_MAX_EXTRACT_MEMBERS); refusing "
+                             "to extract it")
+
+    def declared(self, total: int) -> None:
+        if total > self.max_bytes:
+            raise ValueError(f"archive {self.archive} declares {total:,} unpacked bytes, over "
+                             f"the cap of {self.max_bytes:,} (max_bytes / "
+                             "$HECTOR_MAX_EXTRACT_BYTES); refusing to extract it")
+
+    def wrote(self, n: int) -> None:
+        """Count bytes actually unpacked: headers can lie, decompressed streams cannot."""
+        self.written += n
+        if self.written > self.max_bytes:
+            raise ValueError(f"archive {self.archive} unpacks to more than {self.max_bytes:,} "
+                             "bytes (max_bytes / $HECTOR_MAX_EXTRACT_BYTES); extraction "
+                             "stopped and its files removed")
+        if self.written > self.ratio_bytes:
+            raise ValueError(f"archive {self.archive} unpacks to more than {self.max_ratio}x "
+                             "its own size (a decompression bomb?; max_ratio / "
+                             "$HECTOR_MAX_EXTRACT_RATIO); extraction stopped and its files "
+                             "removed")
+
+
+def extract_byte_cap(value: Optional[int] = None) -> int:
+    """The cap on unpacked bytes: ``value``, else ``$HECTOR_MAX_EXTRACT_BYTES``, else the
+    default; also applied by loaders that decompress straight into memory."""
+    return positive_limit(value, "max_bytes", "HECTOR_MAX_EXTRACT_BYTES",
+                          DEFAULT_MAX_EXTRACT_BYTES)
+
+
+def positive_limit(value, name: str, env: str, default: int) -> int:
+    """A size cap: ``value`` (keyword ``name``) when given, else ``$env``, else ``default``;
+    anything but a positive integer is a ``ValueError`` naming where it came from."""
+    source = name
+    if value is None:
+        text = os.environ.get(env)
+        if not text:
+            return default
+        source, value = f"${env}", text.strip()
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"{source} must be a positive integer, got {text!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{source} must be a positive integer, got {value!r}")
+    return value
+
+
+def extract(archive: PathLike, dest: PathLike, max_bytes: Optional[int] = None,
+            max_members: Optional[int] = None, max_ratio: Optional[int] = None) -> List[Path]:
     """Unpack a ``.tar.gz``/``.tgz``/``.tar``/``.zip`` archive into ``dest``; return the files.
 
     Every member is checked before anything is written.  A member with an absolute path, a
     ``..`` component, a symbolic or hard link, or a device/FIFO type raises a ``ValueError``
     naming the member, and nothing is extracted.  A corrupt archive raises a ``ValueError``
-    naming it.
+    naming it.  Caps (keyword, else environment variable, else default): ``max_members``
+    (``$HECTOR_MAX_EXTRACT_MEMBERS``), total unpacked ``max_bytes``
+    (``$HECTOR_MAX_EXTRACT_BYTES``, checked against the headers first and against the bytes
+    actually unpacked while streaming), and ``max_ratio`` unpacked bytes per archive byte
+    (``$HECTOR_MAX_EXTRACT_RATIO``, while streaming).  Past a cap: ``ValueError``, and the
+    files written so far are removed.
     """
     archive, dest = Path(archive), Path(dest)
     if not archive.exists():
         raise FileNotFoundError(f"archive not found: {archive}")
+    limits = _Limits(archive, max_bytes, max_members, max_ratio)
     dest.mkdir(parents=True, exist_ok=True)
     dest = dest.resolve()
     name = archive.name.lower()
+    written: List[Path] = []
     try:
         if name.endswith(".zip"):
-            return _extract_zip(archive, dest)
+            return _extract_zip(archive, dest, limits, written)
         if name.endswith((".tar.gz", ".tgz", ".tar")):
-            return _extract_tar(archive, dest)
+            return _extract_tar(archive, dest, limits, written)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as e:
+        _remove(written)
         if isinstance(e, FileNotFoundError):
             raise
         raise ValueError(f"cannot read archive {archive}: {e}") from e
+    except BaseException:
+        _remove(written)
+        raise
     raise ValueError(f"unsupported archive type for {archive} (want .tar.gz, .tgz, .tar or .zip)")
 
 
-def _extract_tar(archive: Path, dest: Path) -> List[Path]:
-    out = []
+def _remove(paths: List[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def _copy(src, target: Path, limits: _Limits, written: List[Path]) -> None:
+    written.append(target)
+    with src, open(target, "wb") as f:
+        for chunk in iter(lambda: src.read(_CHUNK), b""):
+            limits.wrote(len(chunk))
+            f.write(chunk)
+
+
+def _extract_tar(archive: Path, dest: Path, limits: _Limits, written: List[Path]) -> List[Path]:
     with tarfile.open(archive, "r:*") as tar:
-        members = tar.getmembers()
-        for m in members:
+        members = []
+        for m in tar:   # one header at a time, so a huge member count stops early
+            members.append(m)
+            limits.member(len(members))
             _check_member_name(archive, m.name)
             if m.issym() or m.islnk():
                 raise ValueError(f"unsafe member {m.name!r} in archive {archive}: "
@@ -198,6 +321,7 @@ def _extract_tar(archive: Path, dest: Path) -> List[Path]:
                 raise ValueError(f"unsafe member {m.name!r} in archive {archive}: "
                                  "device, FIFO or other special file")
             _within(dest, m.name)
+        limits.declared(sum(m.size for m in members if m.isfile()))
         for m in members:
             target = dest / m.name
             if m.isdir():
@@ -206,18 +330,14 @@ def _extract_tar(archive: Path, dest: Path) -> List[Path]:
             target.parent.mkdir(parents=True, exist_ok=True)
             # Copy the bytes ourselves rather than tar.extract: no owner, mode or mtime from
             # the archive is applied, whatever the Python version's extraction filter does.
-            src = tar.extractfile(m)
-            with src, open(target, "wb") as f:
-                for chunk in iter(lambda: src.read(_CHUNK), b""):
-                    f.write(chunk)
-            out.append(target)
-    return out
+            _copy(tar.extractfile(m), target, limits, written)
+    return list(written)
 
 
-def _extract_zip(archive: Path, dest: Path) -> List[Path]:
-    out = []
+def _extract_zip(archive: Path, dest: Path, limits: _Limits, written: List[Path]) -> List[Path]:
     with zipfile.ZipFile(archive) as zf:
         infos = zf.infolist()
+        limits.member(len(infos))
         for info in infos:
             _check_member_name(archive, info.filename)
             mode = info.external_attr >> 16  # Unix mode bits, when the creator stored them
@@ -228,17 +348,15 @@ def _extract_zip(archive: Path, dest: Path) -> List[Path]:
                 raise ValueError(f"unsafe member {info.filename!r} in archive {archive}: "
                                  "device, FIFO or other special file")
             _within(dest, info.filename)
+        limits.declared(sum(info.file_size for info in infos))
         for info in infos:
             target = dest / info.filename
             if info.is_dir():
                 target.mkdir(parents=True, exist_ok=True)
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(info) as src, open(target, "wb") as f:
-                for chunk in iter(lambda: src.read(_CHUNK), b""):
-                    f.write(chunk)
-            out.append(target)
-    return out
+            _copy(zf.open(info), target, limits, written)
+    return list(written)
 
 
 def require_file(root: PathLike, name: str) -> Path:

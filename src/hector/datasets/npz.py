@@ -19,12 +19,14 @@ from __future__ import annotations
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 
+from . import sparse
 from .base import Dataset
-from .download import require_file
+from .download import extract_byte_cap, require_file
 
 FILES = {
     "amazon-computers": "amazon_electronics_computers.npz",
@@ -55,43 +57,104 @@ def split_per_class(y: torch.Tensor, num_train: int = 20, num_val: int = 30, see
     return train, val, test
 
 
-def _csr(f, prefix: str, path: Path):
-    keys = [f"{prefix}_{k}" for k in ("data", "indices", "indptr", "shape")]
-    missing = [k for k in keys if k not in f.files]
-    if missing:
-        raise ValueError(f"{path}: missing arrays {missing} (not a gnn-benchmark npz file)")
-    data, indices, indptr, shape = (f[k] for k in keys)
-    shape = tuple(int(s) for s in np.asarray(shape).reshape(-1))
-    if len(shape) != 2 or indptr.ndim != 1 or indptr.shape[0] != shape[0] + 1:
-        raise ValueError(f"{path}: {prefix}_indptr has {indptr.shape[0]} entries for "
-                         f"{prefix}_shape {shape}; expected shape[0] + 1")
-    nnz = int(indptr[-1]) if indptr.size else 0
-    if (indices.shape[0] != nnz or data.shape[0] != nnz or indptr[0] != 0
-            or np.any(np.diff(indptr) < 0)):
-        raise ValueError(f"{path}: inconsistent CSR arrays for {prefix!r} (indptr ends at {nnz}, "
-                         f"{indices.shape[0]} indices, {data.shape[0]} values)")
-    if nnz and (indices.min() < 0 or indices.max() >= shape[1]):
-        raise ValueError(f"{path}: {prefix}_indices has column {int(indices.max())} outside "
-                         f"{prefix}_shape {shape}")
-    rows = np.repeat(np.arange(shape[0], dtype=np.int64), np.diff(indptr).astype(np.int64))
-    return rows, indices.astype(np.int64), data, shape
+#: Array-name prefixes of a CSR matrix, in the order tried: the original files use
+#: ``adj_data`` ..., later gnn-benchmark files (cora_ml, citeseer, dblp ...) ``adj_matrix.data``.
+PREFIXES = {"adj": ("adj_", "adj_matrix."), "attr": ("attr_", "attr_matrix.")}
+_CSR_PARTS = ("data", "indices", "indptr", "shape")
 
 
-def load_npz(path, name: str = None, seed: int = 0) -> Dataset:
-    """Load one gnn-benchmark npz file; see the module docstring for the choices made."""
+def _declared_nbytes(f, key: str) -> int:
+    """The bytes array ``key`` says it holds, from its .npy header alone: numpy allocates that
+    much before reading, so a header claiming terabytes must be refused first."""
+    member = key + ".npy"
+    if member not in f.zip.namelist():
+        return 0
+    with f.zip.open(member) as fp:
+        version = np.lib.format.read_magic(fp)
+        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read(fp)
+    return int(np.prod(shape, dtype=object)) * dtype.itemsize
+
+
+def _array(f, key: str, path: Path) -> np.ndarray:
+    """``f[key]``; an array whose header claims more than the extraction byte cap is refused
+    before numpy allocates it, and a pickled object array by name (never unpickled: it could
+    run code), with what to do about it."""
+    cap = extract_byte_cap()
+    declared = _declared_nbytes(f, key)
+    if declared > cap:
+        raise ValueError(f"{path}: array {key!r} declares {declared:,} bytes, over the cap of "
+                         f"{cap:,} ($HECTOR_MAX_EXTRACT_BYTES)")
+    try:
+        return f[key]
+    except ValueError as e:
+        if "allow_pickle" not in str(e) and "Object arrays" not in str(e):
+            raise
+        raise ValueError(
+            f"{path}: array {key!r} is a pickled Python object (e.g. a whole scipy matrix); "
+            "hector never unpickles dataset files because unpickling can run code. Re-save it "
+            f"as plain arrays ({key}.data, {key}.indices, {key}.indptr, {key}.shape, or a "
+            "dense numeric array) with numpy.savez") from None
+
+
+def _matrix(f, what: str, path: Path, limit: Optional[int]):
+    """(rows, cols, values, shape) of the stored entries of matrix ``what`` ('adj' or
+    'attr'), from CSR arrays under any known prefix or from a dense ``<what>_matrix`` array;
+    None when the file has neither.  ``limit``: the dense-size cap for a matrix that will be
+    densified (None for the adjacency, which never is)."""
+    for prefix in PREFIXES[what]:
+        keys = [prefix + k for k in _CSR_PARTS]
+        if all(k in f.files for k in keys):
+            data, indices, indptr, shape = (_array(f, k, path) for k in keys)
+            shape = sparse.check_compressed(indptr, indices, data, shape,
+                                            f"{path}: {prefix}*", limit=limit)
+            rows, cols = sparse.coordinates(indptr, indices)
+            return rows, cols, data, shape
+    for key in (f"{what}_matrix", what):
+        if key in f.files:
+            dense = _array(f, key, path)
+            if dense.ndim != 2 or not np.issubdtype(dense.dtype, np.number):
+                raise ValueError(f"{path}: {key} must be a 2-D numeric matrix, got "
+                                 f"{dense.ndim}-D {dense.dtype}")
+            shape = sparse.check_shape(dense.shape, f"{path}: {key}", limit)
+            rows, cols = np.nonzero(dense)
+            return rows.astype(np.int64), cols.astype(np.int64), dense[rows, cols], shape
+    return None
+
+
+def _labels(f, path: Path) -> np.ndarray:
+    if "labels" in f.files:
+        return _array(f, "labels", path)
+    if any(k.startswith("labels") for k in f.files):
+        raise ValueError(f"{path}: labels are stored as a sparse (multi-label) matrix, which "
+                         "is not supported; a 1-D integer 'labels' array is needed")
+    raise ValueError(f"{path}: no 'labels' array")
+
+
+def load_npz(path, name: str = None, seed: int = 0, max_elements: Optional[int] = None) -> Dataset:
+    """Load one gnn-benchmark npz file; see the module docstring for the choices made.
+
+    Accepted layouts: CSR arrays named ``adj_*``/``attr_*`` or ``adj_matrix.*``/
+    ``attr_matrix.*``, or a dense ``attr_matrix``; no attributes gives ``x=None``.  Every CSR
+    matrix is validated before use, and the features' dense size is capped by
+    ``max_elements`` (see ``sparse.max_elements``).  Pickled object arrays are refused."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"dataset file not found: {path}")
+    limit = sparse.max_elements(max_elements)
     try:
         with np.load(path, allow_pickle=False) as f:
-            row, col, _, (n, m) = _csr(f, "adj", path)
+            adj = _matrix(f, "adj", path, None)
+            if adj is None:
+                wanted = " or ".join(p + "{data,indices,indptr,shape}" for p in PREFIXES["adj"])
+                raise ValueError(f"{path}: no adjacency (expected arrays {wanted}; not a "
+                                 "gnn-benchmark npz file)")
+            row, col, _, (n, m) = adj
             if n != m:
                 raise ValueError(f"{path}: adjacency is {n} x {m}, expected square")
-            arow, acol, aval, (na, nf) = _csr(f, "attr", path)
-            if "labels" not in f.files:
-                raise ValueError(f"{path}: no 'labels' array (multi-label CSR labels are not "
-                                 "supported)")
-            labels = f["labels"]
+            attr = _matrix(f, "attr", path, limit)
+            labels = _labels(f, path)
             class_names = None
             if "class_names" in f.files:
                 try:
@@ -107,17 +170,21 @@ def load_npz(path, name: str = None, seed: int = 0) -> Dataset:
             raise
         raise ValueError(f"{path}: cannot read npz file: {e}") from e
 
-    if na != n:
-        raise ValueError(f"{path}: attributes have {na} rows but the adjacency has {n} nodes")
     if labels.ndim != 1 or labels.shape[0] != n or not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"{path}: labels must be {n} integers, got {labels.dtype} "
                          f"{labels.shape}")
-    if not np.all(np.isfinite(aval)):
-        raise ValueError(f"{path}: attributes contain NaN or infinite values")
-    x = torch.zeros(n, nf, dtype=torch.float32)
-    # Duplicate CSR entries add up, as in scipy's todense().
-    x.index_put_((torch.from_numpy(arow), torch.from_numpy(acol)),
-                 torch.from_numpy(aval.astype(np.float32)), accumulate=True)
+    x = None
+    if attr is not None:
+        arow, acol, aval, (na, nf) = attr
+        if na != n:
+            raise ValueError(f"{path}: attributes have {na} rows but the adjacency has {n} "
+                             "nodes")
+        if not np.all(np.isfinite(aval)):
+            raise ValueError(f"{path}: attributes contain NaN or infinite values")
+        x = torch.zeros(n, nf, dtype=torch.float32)
+        # Duplicate CSR entries add up, as in scipy's todense().
+        x.index_put_((torch.from_numpy(arow), torch.from_numpy(acol)),
+                     torch.from_numpy(aval.astype(np.float32)), accumulate=True)
     y = torch.from_numpy(labels.astype(np.int64))
     train, val, test = split_per_class(y, seed=seed)
     return Dataset(
@@ -128,8 +195,9 @@ def load_npz(path, name: str = None, seed: int = 0) -> Dataset:
 
 
 def _make(key: str):
-    def loader(root, seed: int = 0) -> Dataset:
-        return load_npz(require_file(root, FILES[key]), name=key, seed=seed)
+    def loader(root, seed: int = 0, max_elements: Optional[int] = None) -> Dataset:
+        return load_npz(require_file(root, FILES[key]), name=key, seed=seed,
+                        max_elements=max_elements)
     loader.__name__ = f"load_{key.replace('-', '_')}"
     loader.__doc__ = (f"{key} from ``root/{FILES[key]}``; ``seed`` picks the 20/30-per-class "
                       "split.")

@@ -17,10 +17,12 @@ from __future__ import annotations
 import pickle
 import zlib
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 
+from . import sparse
 from .base import Dataset
 from .download import require_file
 
@@ -105,11 +107,29 @@ def restricted_load(path) -> object:
         raise ValueError(f"{path}: corrupt or truncated pickle: {type(e).__name__}: {e}") from e
 
 
-def _dense(obj, path: Path) -> torch.Tensor:
-    if hasattr(obj, "toarray"):
-        obj = obj.toarray()
+def _matrix(obj, path: Path, limit: int):
+    """Check one unpickled matrix; return (shape, densify), ``densify()`` giving the dense
+    array.  Nothing touches a sparse matrix's buffers before its structure passed
+    ``sparse.check_compressed``; densifying is deferred so every file's shape can be compared
+    first (a mismatch then costs no memory)."""
+    import scipy.sparse as sp
+    if isinstance(obj, (sp.csr_matrix, sp.csc_matrix)):
+        # Read the unpickled state directly: the object's methods assume it is consistent.
+        state = vars(obj)
+        by_row = isinstance(obj, sp.csr_matrix)
+        parts = [state.get(k) for k in ("indptr", "indices", "data")]
+        shape = sparse.check_compressed(*parts, state.get("_shape", state.get("shape")),
+                                        str(path), by_row=by_row, limit=limit)
+        return shape, lambda: sparse.to_dense(*parts, shape, by_row=by_row)
     if not isinstance(obj, np.ndarray) or obj.ndim != 2:
         raise ValueError(f"{path}: expected a 2-D matrix, got {type(obj).__name__}")
+    if obj.dtype == object:
+        # Converting its elements would call methods of unchecked objects (a lying csr_matrix).
+        raise ValueError(f"{path}: matrix holds Python objects, expected numbers")
+    return obj.shape, lambda: obj
+
+
+def _dense(obj, path: Path) -> torch.Tensor:
     try:
         out = torch.from_numpy(np.ascontiguousarray(obj, dtype=np.float32))
     except (TypeError, ValueError) as e:
@@ -117,6 +137,22 @@ def _dense(obj, path: Path) -> torch.Tensor:
     if not torch.isfinite(out).all():
         raise ValueError(f"{path}: matrix contains NaN or infinite values")
     return out
+
+
+def _check_shapes(shapes, paths) -> None:
+    """The six matrices must belong together before any is densified: features share a
+    width, labels share a width, and each feature file has as many rows as its label file."""
+    def clash(a, b, what, i):
+        if shapes[a][i] != shapes[b][i]:
+            raise ValueError(f"{paths[a]} has {shapes[a][i]} {what} but {paths[b]} has "
+                             f"{shapes[b][i]}; the files do not belong together")
+    for a, b in (("x", "allx"), ("tx", "allx"), ("y", "ally"), ("ty", "ally")):
+        clash(a, b, "columns", 1)
+    for a, b in (("x", "y"), ("tx", "ty"), ("allx", "ally")):
+        clash(a, b, "rows", 0)
+    if shapes["x"][0] > shapes["allx"][0]:
+        raise ValueError(f"{paths['x']} has {shapes['x'][0]} rows, more than the "
+                         f"{shapes['allx'][0]} of {paths['allx']}")
 
 
 def _read_test_index(path: Path) -> torch.Tensor:
@@ -158,38 +194,55 @@ def _edges_from_dict(graph, num_nodes: int, path: Path) -> torch.Tensor:
     return torch.from_numpy(np.stack([key % num_nodes, key // num_nodes]))
 
 
-def load_planetoid(root, name: str) -> Dataset:
+def _find_files(root: Path, name: str):
+    """part -> path of every ``ind.<name>.<part>`` file; all missing ones named at once."""
+    paths, missing = {}, []
+    for part in _PARTS + ("test.index",):
+        try:
+            paths[part] = require_file(root, f"ind.{name}.{part}")
+        except FileNotFoundError:
+            missing.append(str(root / f"ind.{name}.{part}"))
+    if missing:
+        raise FileNotFoundError(f"dataset file{'s' if len(missing) > 1 else ''} not found: "
+                                f"{', '.join(missing)} ({name} needs all of "
+                                f"{', '.join(f'ind.{name}.{p}' for p in _PARTS)} and "
+                                f"ind.{name}.test.index)")
+    return paths
+
+
+def load_planetoid(root, name: str, max_elements: Optional[int] = None) -> Dataset:
     """Load ``cora``, ``citeseer`` or ``pubmed`` from ``root`` holding ``ind.<name>.*``.
 
     Returns x float32 [N, F], y long [N], the public split (train: the first ``len(y)`` nodes,
     20 per class; val: the next 500, fewer only in a graph too small for them; test: the
-    1,000 ``test.index`` nodes, sorted).
+    1,000 ``test.index`` nodes, sorted).  Every matrix is validated before use (structure,
+    shapes against each other, dense size within ``max_elements``, see ``sparse.max_elements``);
+    a bad one raises ``ValueError`` naming its file.
     """
     name = name.lower()
     if name not in NAMES:
         raise ValueError(f"name must be one of {list(NAMES)}, got {name!r}")
     root = Path(root)
-    paths = {p: require_file(root, f"ind.{name}.{p}") for p in _PARTS + ("test.index",)}
+    paths = _find_files(root, name)
     raw = {p: restricted_load(paths[p]) for p in _PARTS}
-    x, tx, allx = (_dense(raw[p], paths[p]) for p in ("x", "tx", "allx"))
-    y, ty, ally = (_dense(raw[p], paths[p]) for p in ("y", "ty", "ally"))
+    limit = sparse.max_elements(max_elements)
+    recipes = {p: _matrix(raw[p], paths[p], limit) for p in _PARTS[:-1]}
+    _check_shapes({p: r[0] for p, r in recipes.items()}, paths)
+    x, tx, allx, y, ty, ally = (_dense(recipes[p][1](), paths[p]) for p in _PARTS[:-1])
     test_index = _read_test_index(paths["test.index"])
     sorted_test = test_index.sort().values
-    for (a, pa), (b, pb) in (((tx, "tx"), (ty, "ty")), ((allx, "allx"), (ally, "ally"))):
-        if a.shape[0] != b.shape[0]:
-            raise ValueError(f"{paths[pa]} has {a.shape[0]} rows but {paths[pb]} has "
-                             f"{b.shape[0]}; the files do not belong together")
     if tx.shape[0] != test_index.numel() and name != "citeseer":
         raise ValueError(f"{paths['tx']} has {tx.shape[0]} rows but {paths['test.index']} "
                          f"lists {test_index.numel()} test nodes")
-    if tx.shape[1] != allx.shape[1]:
-        raise ValueError(f"{paths['tx']} has {tx.shape[1]} features but {paths['allx']} has "
-                         f"{allx.shape[1]}")
 
     if name == "citeseer":
         # Isolated test nodes have no tx/ty row: the test range gets zero rows where missing.
         lo = int(test_index.min())
         span = int(test_index.max()) - lo + 1
+        if span * max(tx.shape[1], ty.shape[1], 1) > limit:
+            raise ValueError(f"{paths['test.index']}: test indices span {span:,} nodes "
+                             f"({lo}..{lo + span - 1}), too many to fill with zero rows "
+                             f"(limit {limit:,} elements)")
         if tx.shape[0] != test_index.numel():
             raise ValueError(f"{paths['tx']} has {tx.shape[0]} rows but {paths['test.index']} "
                              f"lists {test_index.numel()} test nodes")
@@ -218,13 +271,13 @@ def load_planetoid(root, name: str) -> Dataset:
         test_idx=sorted_test, num_classes=int(labels.shape[1]))
 
 
-def load_cora(root) -> Dataset:
-    return load_planetoid(root, "cora")
+def load_cora(root, max_elements: Optional[int] = None) -> Dataset:
+    return load_planetoid(root, "cora", max_elements)
 
 
-def load_citeseer(root) -> Dataset:
-    return load_planetoid(root, "citeseer")
+def load_citeseer(root, max_elements: Optional[int] = None) -> Dataset:
+    return load_planetoid(root, "citeseer", max_elements)
 
 
-def load_pubmed(root) -> Dataset:
-    return load_planetoid(root, "pubmed")
+def load_pubmed(root, max_elements: Optional[int] = None) -> Dataset:
+    return load_planetoid(root, "pubmed", max_elements)

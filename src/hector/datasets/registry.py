@@ -73,6 +73,12 @@ def _planetoid(name: str) -> Spec:
         for p in parts))
 
 
+def _kg(key: str, file: str) -> Spec:
+    # ConvE's repository distributes the common KG benchmarks as one tar.gz each.
+    return Spec("kg", f"load_{key.replace('-', '_')}", (Source(
+        f"https://github.com/TimDettmers/ConvE/raw/master/{file}", file, _KNOWN.get(file)),))
+
+
 def _npz(key: str, file: str) -> Spec:
     return Spec("npz", f"load_{key.replace('-', '_')}",
                 (Source(_NPZ.format(file), file, _KNOWN.get(file)),))
@@ -81,9 +87,13 @@ def _npz(key: str, file: str) -> Spec:
 REGISTRY: Dict[str, Spec] = {
     **{n: _rdf(n) for n in ("aifb", "mutag", "bgs", "am")},
     **{n: _planetoid(n) for n in ("cora", "citeseer", "pubmed")},
-    "fb15k-237": Spec("kg", "load_fb15k_237", (Source(
-        "https://github.com/TimDettmers/ConvE/raw/master/FB15k-237.tar.gz", "FB15k-237.tar.gz",
-        _KNOWN["FB15k-237.tar.gz"]),)),
+    **{key: _kg(key, file) for key, file in (
+        ("fb15k-237", "FB15k-237.tar.gz"), ("wn18rr", "WN18RR.tar.gz"), ("fb15k", "FB15k.tar.gz"),
+        ("wn18", "WN18.tar.gz"), ("yago3-10", "YAGO3-10.tar.gz"))},
+    # Formats without a download: read from a local folder (root=...), labelled by its name.
+    "triples": Spec("kg", "load_triples"),
+    "geom-gcn": Spec("geom_gcn", "load_geom_gcn"),
+    "ogb-node": Spec("ogb", "load_ogb_node"),
     "amazon-computers": _npz("amazon-computers", "amazon_electronics_computers.npz"),
     "amazon-photo": _npz("amazon-photo", "amazon_electronics_photo.npz"),
     "coauthor-cs": _npz("coauthor-cs", "ms_academic_cs.npz"),

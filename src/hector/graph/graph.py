@@ -65,6 +65,7 @@ class Graph:
             node_type_names, relation_names, super_node_threshold)
         self.num_nodes, self.num_relations, self.num_node_types = sizes
         self.num_edges = int(src.numel())
+        build.check_build_memory(self.num_nodes, self.num_edges, self.num_relations, src.device)
         self.device = src.device
         self.index_dtype = build.index_dtype(self.num_nodes, self.num_edges)
         self.node_type_names = list(node_type_names) if node_type_names is not None else None

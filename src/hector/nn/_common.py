@@ -22,6 +22,19 @@ def check_strategy(strategy: str) -> str:
     return strategy
 
 
+def param_dtype(module: torch.nn.Module):
+    """The dtype of a layer's first floating parameter or buffer (None if it has none)."""
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return None
+
+
+def check_input(module: torch.nn.Module, x, name: str = "x", width=None) -> torch.Tensor:
+    """Every layer's first check of its node features (see ``_checks.check_node_input``)."""
+    return C.check_node_input(x, name, width, param_dtype(module))
+
+
 def resolve_graph(x: torch.Tensor, edge_index, add_self_loops: bool) -> Graph:
     """``edge_index`` may be a PyG ``[2, E]`` tensor (its Graph is built once and cached while
     the tensor lives unchanged) or a prebuilt ``hector.Graph``."""
@@ -43,10 +56,14 @@ def no_edge_features(edge_attr, layer: str) -> None:
                                   "supported yet; pass edge_attr=None")
 
 
-def load_from_pyg(module: torch.nn.Module, pyg_module: torch.nn.Module) -> torch.nn.Module:
+def load_from_pyg(module: torch.nn.Module, pyg_module: torch.nn.Module,
+                  unused: tuple = ()) -> torch.nn.Module:
     """Copy a PyG layer's parameters (our layers use PyG's parameter names) and match its
-    device and dtype."""
-    missing, unexpected = module.load_state_dict(pyg_module.state_dict(), strict=False)
+    device and dtype.  ``unused``: name prefixes of PyG parameters that this configuration of
+    the PyG layer owns but never uses in its forward (left out)."""
+    state = {k: v for k, v in pyg_module.state_dict().items()
+             if not any(k.startswith(p) for p in unused)}
+    missing, unexpected = module.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"cannot take over {type(pyg_module).__name__}'s parameters: missing "
                          f"{missing}, unexpected {unexpected}")

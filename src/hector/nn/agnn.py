@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import edge_attention
-from ._common import (as_one_graph, check_backend, check_strategy, load_from_pyg, resolve_graph,
-                      take_rows)
+from ._common import (as_one_graph, check_backend, check_input, check_strategy, load_from_pyg,
+                      resolve_graph, take_rows)
 
 
 class AGNNConv(nn.Module):
@@ -44,6 +44,7 @@ class AGNNConv(nn.Module):
     def forward(self, x, edge_index):
         x, edge_index, _, rows, loops = as_one_graph(x, edge_index,
                                                      add_self_loops=self.add_self_loops)
+        check_input(self, x)
         graph = resolve_graph(x, edge_index, loops)
         x_norm = F.normalize(x, p=2.0, dim=-1).unsqueeze(1)
         out = edge_attention(graph, x.unsqueeze(1), q=x_norm * self.beta.to(x.dtype), k=x_norm,

@@ -4,9 +4,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import _checks as C
 from ..ops import edge_attention
-from ._common import (as_one_graph, check_backend, check_strategy, load_from_pyg,
-                      no_edge_features, resolve_graph, take_rows)
+from ._common import (as_one_graph, check_backend, check_input, check_strategy,
+                      load_from_pyg, no_edge_features, resolve_graph, take_rows)
 
 
 class GATConv(nn.Module):
@@ -41,6 +42,9 @@ class GATConv(nn.Module):
         super().__init__()
         if not isinstance(in_channels, int):
             raise NotImplementedError("GATConv: only int in_channels (one node set) is supported")
+        for name, v in (("in_channels", in_channels), ("out_channels", out_channels),
+                        ("heads", heads)):
+            C.check_size(v, name)
         if edge_dim is not None:
             no_edge_features(edge_dim, "GATConv")
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
@@ -66,6 +70,7 @@ class GATConv(nn.Module):
         no_edge_features(edge_attr, "GATConv")
         x, edge_index, _, rows, loops = as_one_graph(x, edge_index,
                                                      add_self_loops=self.add_self_loops)
+        check_input(self, x, width=self.in_channels)
         graph = resolve_graph(x, edge_index, loops)
         H, C = self.heads, self.out_channels
         z = self.lin(x).view(-1, H, C)

@@ -15,7 +15,7 @@ from ..compile import Program
 from ..graph import Graph
 from ..ir.nodes import NODE
 from ..runtime.torch_eval import GraphIndex
-from ._common import load_from_pyg
+from ._common import check_input, load_from_pyg
 from .rgcn import compiler_options
 
 _GRAPHS: "OrderedDict[tuple, tuple]" = OrderedDict()
@@ -69,11 +69,10 @@ class HGTConv(nn.Module):
                 raise NotImplementedError("HGTConv: in_channels must be one int for every node "
                                           f"type, got {in_channels}")
             in_channels = dims.pop()
-        if not isinstance(in_channels, int) or in_channels < 1:
-            raise NotImplementedError(f"HGTConv: in_channels={in_channels!r} is not supported "
-                                      "(lazy -1 or per-type widths); pass one int")
-        C.check_count(heads, "heads")
-        if heads < 1 or out_channels % heads:
+        C.check_size(in_channels, "in_channels")
+        C.check_size(out_channels, "out_channels")
+        C.check_size(heads, "heads")
+        if out_channels % heads:
             raise ValueError(f"'out_channels' (got {out_channels}) must be divisible by the "
                              f"number of heads (got {heads})")
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
@@ -185,9 +184,8 @@ class HGTConv(nn.Module):
         if missing:
             raise ValueError(f"x_dict lacks node type(s) {missing} of metadata")
         for t in self.node_types:
-            C.check_features(x_dict[t], f"x_dict[{t!r}]", x_dict[t].shape[0] if
-                             isinstance(x_dict[t], torch.Tensor) else 0, "its rows",
-                             x_dict[self.node_types[0]].device, num_cols=self.in_channels)
+            check_input(self, x_dict[t], f"x_dict[{t!r}]", width=self.in_channels)
+        C.check_same_device([(f"x_dict[{t!r}]", x_dict[t]) for t in self.node_types], "x_dict")
         graph = self.graph_of(x_dict, edge_index_dict)
         # The program reads one node input: node types stacked in id order.  That is one
         # copy of the features per call (none with a single node type); avoiding it would

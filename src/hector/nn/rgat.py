@@ -10,7 +10,7 @@ from torch import nn
 from .. import _checks as C
 from .. import models
 from ..compile import Program
-from ._common import as_one_graph, load_from_pyg, take_rows
+from ._common import as_one_graph, check_input, load_from_pyg, take_rows
 from .rgcn import compiler_options, glorot_, relational_graph, unsupported
 
 
@@ -53,8 +53,9 @@ class RGATConv(nn.Module):
                     edge_dim=(edge_dim, edge_dim is None))
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels),
                         ("num_relations", num_relations), ("heads", heads)):
-            if C.check_count(v, name) == 0:
-                raise ValueError(f"{name} must be >= 1, got {v}")
+            C.check_size(v, name)
+        C.check_size(num_bases, "num_bases", allow_none=True)
+        C.check_size(num_blocks, "num_blocks", allow_none=True)
         if num_bases is not None and num_blocks is not None:
             raise ValueError("Can not apply both basis-decomposition and "
                              "block-diagonal-decomposition at the same time.")
@@ -109,6 +110,7 @@ class RGATConv(nn.Module):
                                       "are not supported; leave them None")
         x, edge_index, edge_type, rows, _ = as_one_graph(x, edge_index, edge_type,
                                                          num_relations=self.num_relations)
+        check_input(self, x, width=self.in_channels)
         graph = relational_graph(x, edge_index, edge_type, self.num_relations)
         return take_rows(self.program(graph, {"x": x}, self._weights())[0], rows)
 

@@ -11,7 +11,7 @@ from .. import _checks as C
 from .. import models
 from ..compile import Program
 from ..graph import Graph, graph_of
-from ._common import as_one_graph, load_from_pyg, take_rows
+from ._common import as_one_graph, check_input, load_from_pyg, take_rows
 
 
 def glorot_(p: Optional[torch.Tensor]) -> None:
@@ -81,8 +81,9 @@ class RGCNConv(nn.Module):
                     aggr=(aggr, aggr in ("mean", "add", "sum")))
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels),
                         ("num_relations", num_relations)):
-            if C.check_count(v, name) == 0:
-                raise ValueError(f"{name} must be >= 1, got {v}")
+            C.check_size(v, name)
+        C.check_size(num_bases, "num_bases", allow_none=True)
+        C.check_size(num_blocks, "num_blocks", allow_none=True)
         if num_bases is not None and num_blocks is not None:
             raise ValueError("Can not apply both basis-decomposition and "
                              "block-diagonal-decomposition at the same time.")
@@ -119,6 +120,7 @@ class RGCNConv(nn.Module):
     def forward(self, x: torch.Tensor, edge_index, edge_type: Optional[torch.Tensor] = None):
         x, edge_index, edge_type, rows, _ = as_one_graph(x, edge_index, edge_type,
                                                          num_relations=self.num_relations)
+        check_input(self, x, width=self.in_channels)
         graph = relational_graph(x, edge_index, edge_type, self.num_relations)
         weights = {n: p for n, p in (("weight", self.weight), ("comp", self.comp),
                                       ("root", self.root), ("bias", self.bias)) if p is not None}

@@ -7,9 +7,10 @@ import math
 import torch
 from torch import nn
 
+from .. import _checks as C
 from ..ops import edge_attention
-from ._common import (as_one_graph, check_backend, check_strategy, load_from_pyg,
-                      no_edge_features, resolve_graph, take_rows)
+from ._common import (as_one_graph, check_backend, check_input, check_strategy,
+                      load_from_pyg, no_edge_features, resolve_graph, take_rows)
 
 
 class TransformerConv(nn.Module):
@@ -37,6 +38,9 @@ class TransformerConv(nn.Module):
         super().__init__()
         if not isinstance(in_channels, int):
             raise NotImplementedError("TransformerConv: only int in_channels is supported")
+        for name, v in (("in_channels", in_channels), ("out_channels", out_channels),
+                        ("heads", heads)):
+            C.check_size(v, name)
         if edge_dim is not None:
             no_edge_features(edge_dim, "TransformerConv")
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
@@ -60,6 +64,7 @@ class TransformerConv(nn.Module):
     def forward(self, x, edge_index, edge_attr=None):
         no_edge_features(edge_attr, "TransformerConv")
         x, edge_index, _, rows, _ = as_one_graph(x, edge_index)
+        check_input(self, x, width=self.in_channels)
         graph = resolve_graph(x, edge_index, add_self_loops=False)
         H, C = self.heads, self.out_channels
         q = self.lin_query(x).view(-1, H, C)
@@ -92,7 +97,10 @@ class TransformerConv(nn.Module):
         ours = cls(module.in_channels, module.out_channels, module.heads, module.concat,
                    module.beta, module.dropout, bias=module.lin_key.bias is not None,
                    root_weight=module.root_weight, strategy=strategy, backend=backend)
-        return load_from_pyg(ours, module)
+        # PyG builds lin_skip (and lin_beta with beta=True) even when root_weight=False, and
+        # then never calls them: nothing of theirs to take over.
+        unused = () if module.root_weight else ("lin_skip.", "lin_beta.")
+        return load_from_pyg(ours, module, unused)
 
     def __repr__(self) -> str:
         return f"TransformerConv({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -2,7 +2,8 @@
 
 ``configure(parser)`` adds the options to an argparse parser; ``run(args)`` trains and prints
 a progress bar (stderr), a log line every ``--log-every`` epochs and one final line
-``RESULT model=... dataset=... test_acc=<fraction> ... total_time=<s>``.  The per-(model,
+``RESULT model=... dataset=... test_acc=<fraction> ... train_time_s=<s> total_time_s=<s>``
+(a ``settings ...`` line first says what the run uses).  The per-(model,
 dataset family) defaults live in :mod:`hector.train.defaults`; every option overrides them.
 """
 from __future__ import annotations
@@ -28,8 +29,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, help="attention heads of the first layer")
     p.add_argument("--dropout", type=float, help="dropout on inputs (and attention)")
     p.add_argument("--patience", type=int,
-                   help="early stopping: epochs without validation improvement (needs a "
-                        "validation split)")
+                   help="early stopping: stop after this many epochs in a row in which "
+                        "validation accuracy stays below its best and validation loss does not "
+                        "reach a new low (needs a validation split); the best-accuracy model "
+                        "is tested")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument("--dtype", default="fp32", choices=DTYPES,

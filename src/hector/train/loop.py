@@ -7,17 +7,19 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from . import distributed, minibatch
+from .._checks import check_device_option
+from . import checkpoint, distributed, minibatch
 from .defaults import MODELS, defaults as model_defaults
 from .models import build
 
 DTYPES = ("fp32", "bf16")
+_NO_MINIBATCH_RESUME = ("--resume with mini-batches (--batch-size, --devices) is not supported "
+                        "yet: the loader's generators are not checkpointed")
 _OVERRIDES = ("epochs", "lr", "weight_decay", "hidden", "heads", "dropout", "patience")
 
 
@@ -61,9 +63,7 @@ def resolve_config(args) -> dict:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     log_every = getattr(args, "log_every", 10)
     _check_positive("log_every", log_every)
-    device = torch.device(getattr(args, "device", "cpu") or "cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here")
+    device = check_device_option(getattr(args, "device", "cpu") or "cpu")
     backend = getattr(args, "backend", None) or ("torch" if device.type == "cpu" else "auto")
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"--backend must be auto, torch or triton, got {backend!r}")
@@ -82,6 +82,26 @@ def resolve_config(args) -> dict:
                                              else minibatch.DEFAULT_FANOUT),
                devices=devices)
     return cfg
+
+
+def settings_line(cfg: dict, root=None) -> str:
+    """The run's settings, printed first, so a log says what produced it."""
+    keys = ("model", "dataset", "epochs", "lr", "weight_decay", "hidden", "heads", "dropout",
+            "patience", "num_bases", "first_layer", "dtype", "device", "backend", "seed")
+    threads = f" cpu_threads={torch.get_num_threads()}" if cfg["device"] == "cpu" else ""
+    return ("settings " + " ".join(f"{k}={cfg[k]}" for k in keys) + threads
+            + (f" root={root}" if root else ""))
+
+
+def early_stop_message(epoch: int, bad_epochs: int, patience: int, best: dict,
+                       loss_floor: float) -> str:
+    """What patience counts: consecutive epochs in which validation accuracy stayed below its
+    best and validation loss did not go below its lowest (either one resets the count; the
+    best model, restored at the end, is the best-accuracy one)."""
+    return (f"early stop at epoch {epoch}: {bad_epochs} epochs in a row ({epoch - bad_epochs + 1}"
+            f"-{epoch}; --patience {patience}) without reaching the best validation accuracy ({best['val_acc']:.4f}, "
+            f"model of epoch {best['epoch']}) or lowering the validation loss (lowest "
+            f"{loss_floor:.4f}); testing the model of epoch {best['epoch']}")
 
 
 def _autocast(cfg):
@@ -135,6 +155,12 @@ def _train(args, out=None) -> dict:
             cfg["device"] = str(device)
         if not ctx.main:          # one process reports
             out = open(os.devnull, "w")
+    resume = getattr(args, "resume", None)
+    if resume and (cfg["batch_size"] is not None or ctx.world > 1):
+        raise ValueError(_NO_MINIBATCH_RESUME)
+    # read and check the checkpoint before the (possibly slow) dataset load
+    ck = checkpoint.load(resume, device, cfg) if resume else None
+    print(settings_line(cfg, getattr(args, "root", None)), file=out, flush=True)
     torch.manual_seed(cfg["seed"])
     if device.type == "cuda":
         torch.cuda.manual_seed_all(cfg["seed"])
@@ -187,33 +213,17 @@ def _train(args, out=None) -> dict:
 
     start_epoch, best = 1, dict(val_acc=-1.0, val_loss=math.inf, epoch=0, state=None)
     bad_epochs, loss_floor = 0, math.inf
-    resume = getattr(args, "resume", None)
-    if resume and loader is not None:
-        raise ValueError("--resume with --batch-size is not supported yet (the loader's "
-                         "generators are not checkpointed)")
-    if resume:
-        ck = torch.load(resume, map_location=device, weights_only=True)
-        for k in ("model", "dataset"):
-            if ck["config"][k] != cfg[k]:
-                raise ValueError(f"--resume {resume}: the checkpoint is for {k}="
-                                 f"{ck['config'][k]!r}, not {cfg[k]!r}")
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        start_epoch = int(ck["epoch"]) + 1
-        best = dict(ck["best"])
-        bad_epochs, loss_floor = int(ck["bad_epochs"]), float(ck["loss_floor"])
-        torch.set_rng_state(ck["rng"].cpu())
+    if ck is not None and loader is not None:    # switched to mini-batches above
+        raise ValueError(_NO_MINIBATCH_RESUME)
+    if ck is not None:
+        start_epoch, best, bad_epochs, loss_floor = checkpoint.restore(ck, resume, model, opt)
         print(f"resumed from {resume} at epoch {ck['epoch']}", file=out)
     ckpt_path = getattr(args, "checkpoint", None) if ctx.main else None
 
     def save(epoch):
-        Path(ckpt_path).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(str(ckpt_path) + ".tmp")
-        torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict(), epoch=epoch,
-                        best=best, bad_epochs=bad_epochs, loss_floor=loss_floor,
-                        rng=torch.get_rng_state(),
-                        config={k: v for k, v in cfg.items()}), tmp)
-        tmp.replace(ckpt_path)
+        checkpoint.save(ckpt_path, model=model.state_dict(), optimizer=opt.state_dict(),
+                        epoch=epoch, best=best, bad_epochs=bad_epochs, loss_floor=loss_floor,
+                        rng=torch.get_rng_state(), config=dict(cfg))
 
     epochs, patience = cfg["epochs"], cfg["patience"]
     last_epoch, train_time, stopped = start_epoch - 1, 0.0, False
@@ -268,8 +278,7 @@ def _train(args, out=None) -> dict:
         if ckpt_path:
             save(epoch)
         if stopped:
-            tqdm.write(f"early stop at epoch {epoch}: no validation improvement for "
-                       f"{patience} epochs (best epoch {best['epoch']})", file=out)
+            tqdm.write(early_stop_message(epoch, bad_epochs, patience, best, loss_floor), file=out)
             break
     bar.close()
 
@@ -297,6 +306,6 @@ def _train(args, out=None) -> dict:
             + (f"batch_size={cfg['batch_size']} fanout={','.join(map(str, cfg['fanout']))} "
                f"devices={ctx.world} " if cfg["batch_size"] else "")
             + (f"epoch_time={result['epoch_time'] * 1e3:.2f}ms " if epoch_times else "")
-            + f"train_time={result['train_time']:.2f} total_time={result['total_time']:.2f}")
+            + f"train_time_s={result['train_time']:.2f} total_time_s={result['total_time']:.2f}")
     print(line, file=out, flush=True)
     return result
