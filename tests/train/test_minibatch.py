@@ -130,7 +130,9 @@ def test_hector_train_batch_size_runs(model):
                          "--hidden", "8", "--heads", "2", "--batch-size", "64",
                          "--fanout", "5,5", "--log-every", "1"), out=out)
     assert result["batch_size"] == 64 and 0.0 <= result["test_acc"] <= 1.0
-    assert len(re.findall(r"^epoch\s+\d+\s+loss", out.getvalue(), re.M)) == 2
+    text = out.getvalue()
+    assert len(re.findall(r"^epoch\s+\d+\s+loss", text, re.M)) == 2
+    assert re.match(r"settings .* batch_size=64 fanout=5,5 devices=1", text)
 
 
 @pytest.mark.parametrize("argv, option", [
