@@ -20,15 +20,19 @@ from hector.train.models import build
 NUM_NODES, NUM_RELATIONS, NUM_CLASSES = 40, 3, 4
 
 
-def tiny_data(features=True, seed=0):
+def tiny_data(features=True, seed=0, node_types=1):
+    """40 nodes, 200 edges of 3 relations; with ``node_types`` 2, nodes 0-19 and 20-39 are
+    two node types (blocks then order their sources by type: destinations are no prefix)."""
     g = torch.Generator().manual_seed(seed)
     ei = torch.randint(0, NUM_NODES, (2, 200), generator=g)
     et = torch.randint(0, NUM_RELATIONS, (200,), generator=g)
     x = torch.randn(NUM_NODES, 6, generator=g) if features else None
     y = torch.randint(0, NUM_CLASSES, (NUM_NODES,), generator=g)
+    typed = dict(node_type=torch.arange(NUM_NODES) // 20, node_type_names=["a", "b"]) \
+        if node_types == 2 else {}
     return Dataset(name="tiny", edge_index=ei, num_nodes=NUM_NODES, edge_type=et,
                    num_relations=NUM_RELATIONS, x=x, y=y, train_idx=torch.arange(16),
-                   test_idx=torch.arange(16, 40), num_classes=NUM_CLASSES)
+                   test_idx=torch.arange(16, 40), num_classes=NUM_CLASSES, **typed)
 
 
 def tiny_model(model, data, seed=0):
@@ -44,15 +48,18 @@ def parse(*argv):
     return p.parse_args(list(argv) + ["--no-progress"])
 
 
+@pytest.mark.parametrize("node_types", [1, 2])
 @pytest.mark.parametrize("features", [True, False])
 @pytest.mark.parametrize("model", MODELS)
-def test_blocks_with_every_neighbour_equal_the_full_graph(model, features):
+def test_blocks_with_every_neighbour_equal_the_full_graph(model, features, node_types):
     """Fan-out -1 keeps each seed's whole 2-hop neighbourhood: the logits of the seeds must
-    be the full-graph logits' rows (every model, with features and featureless)."""
-    data = tiny_data(features)
+    be the full-graph logits' rows (every model, with features and featureless, with one
+    node type and with two, where the destinations are not the first sources)."""
+    data = tiny_data(features, node_types=node_types)
     net = tiny_model(model, data).eval()
     full = net(data.x, data.edge_index, data.edge_type)
     batch = next(iter(NeighborLoader(data.graph, [-1, -1], batch_size=9, shuffle=True, seed=1)))
+    assert (batch.blocks[0].dst_index is not None) == (node_types == 2)
     x = None if data.x is None else data.x[batch.n_id]
     out = net(x, batch.blocks, n_id=batch.n_id)
     assert out.shape == (9, NUM_CLASSES)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..graph.block import dst_rows, take_rows
 from ..nn import AGNNConv, GATConv, HGTConv, RGATConv, RGCNConv, TransformerConv
 
 
@@ -72,21 +73,28 @@ class FeaturelessRGCN(nn.Module):
 
     def forward_block(self, block, n_id: torch.Tensor) -> torch.Tensor:
         """The layer on a block of ``hector.loader`` whose source nodes have global ids
-        ``n_id``: the rows of its destination nodes (the first sources: one node type)."""
+        ``n_id``: the rows of its destination nodes, in the block's destination order."""
         R, H = self.num_relations, self.out_channels
         ei, et = block.input_edge_index(), block.input_edge_type()
         n_dst = block.num_dst_nodes
+        dst = dst_rows(block)
+        if isinstance(dst, slice):        # destinations are the first sources
+            dst_pos, dst_ids = ei[1], n_id[:n_dst]
+        else:                             # several node types: through dst_index
+            position = torch.full((block.num_nodes,), -1, dtype=torch.long, device=ei.device)
+            position[dst] = torch.arange(n_dst, device=ei.device)
+            dst_pos, dst_ids = position[ei[1]], n_id[dst]
         src = n_id[ei[0]]
         # Only the weight rows the block's edges read (one per edge, not per node).
         if self.comp is not None:
             w = torch.einsum("eb,ebh->eh", self.comp[et], self.weight[:, src].transpose(0, 1))
         else:
             w = self.weight[et, src]
-        slot = ei[1] * R + et
+        slot = dst_pos * R + et
         count = torch.bincount(slot, minlength=n_dst * R)
         msg = w * (1.0 / count[slot].clamp(min=1).to(w.dtype)).unsqueeze(1)
-        out = torch.zeros(n_dst, H, dtype=msg.dtype, device=msg.device).index_add_(0, ei[1], msg)
-        return out + self.root[n_id[:n_dst]] + self.bias
+        out = torch.zeros(n_dst, H, dtype=msg.dtype, device=msg.device).index_add_(0, dst_pos, msg)
+        return out + self.root[dst_ids] + self.bias
 
 
 class Net(nn.Module):
@@ -228,11 +236,11 @@ class Net(nn.Module):
         return self.conv2(self._drop(h), b2)
 
     def _hgt_block(self, conv, h, block):
-        """HGTConv on a block of the one-node-type graph: its relations as the layer's
-        ``edge_index_dict``, then the destination rows (the first sources)."""
+        """HGTConv (built for one node type) on a block: the block's relations as the
+        layer's ``edge_index_dict``, then the block's destination rows."""
         ei, et = block.input_edge_index(), block.input_edge_type()
         eid = {e: ei[:, et == r] for r, e in enumerate(self._meta[1])}
-        return conv({"n": h}, eid)["n"][:block.num_dst_nodes]
+        return take_rows(conv({"n": h}, eid)["n"], dst_rows(block))
 
 
 def build(model: str, data, cfg: dict, backend: str = "torch") -> Net:
