@@ -23,8 +23,8 @@ def seeds_of(text: str):
     return [int(s) for s in text.split(",")]
 
 
-def namespace(model, dataset, root, seed, device, dtype):
-    return argparse.Namespace(
+def namespace(model, dataset, root, seed, device, dtype, batch_size=None, fanout=None):
+    return argparse.Namespace(batch_size=batch_size, fanout=fanout, devices=1,
         model=model, dataset=dataset, root=root, seed=seed, device=device, dtype=dtype,
         backend=None, checkpoint=None, resume=None, log_every=50, no_progress=True,
         epochs=None, lr=None, weight_decay=None, hidden=None, heads=None, dropout=None,
@@ -39,6 +39,9 @@ def main(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--json", default=None)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="train by mini-batches (hector train --batch-size)")
+    p.add_argument("--fanout", default=None, help="with --batch-size, e.g. 25,20")
     p.add_argument("--log", default=None, help="append every run's log here")
     a = p.parse_args(argv)
     summary = []
@@ -49,8 +52,9 @@ def main(argv=None):
         for seed in seeds_of(a.seeds):
             buf = io.StringIO()
             t0 = time.perf_counter()
-            r = loop.train(namespace(model, dataset, f"{a.data_root}/{dataset}", seed, a.device,
-                                     a.dtype), out=buf)
+            root = None if dataset.startswith("synthetic:") else f"{a.data_root}/{dataset}"
+            r = loop.train(namespace(model, dataset, root, seed, a.device, a.dtype,
+                                     a.batch_size, a.fanout), out=buf)
             if log:
                 log.write(buf.getvalue())
                 log.flush()
@@ -60,6 +64,7 @@ def main(argv=None):
                   f"{time.perf_counter() - t0:.1f} s", flush=True)
         accs = [r["test_acc"] for r in results]
         summary.append(dict(model=model, dataset=dataset, device=a.device, dtype=a.dtype,
+                            batch_size=a.batch_size, fanout=a.fanout,
                             seeds=seeds_of(a.seeds), test_acc=accs,
                             mean=statistics.mean(accs),
                             std=statistics.stdev(accs) if len(accs) > 1 else 0.0,

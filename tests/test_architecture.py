@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: List[List[str]] = [
     ["hector._version", "hector.checks", "hector.device"],
     ["hector.graph"],
-    ["hector.datasets"],
+    ["hector.datasets", "hector.loader"],
     ["hector.kernels"],
     ["hector.compiler"],
     ["hector.nn"],

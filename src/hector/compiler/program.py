@@ -6,11 +6,17 @@ lowering) and caches the entry per (row counts, dtype): graphs of one shape shar
 The backward (:func:`~hector.compiler.pipeline.compile_backward`: IR autodiff, its passes and
 lowering) is built lazily, by the first forward that needs gradients, and memoised on the
 same entry: inference never builds it.
+
+The cache keeps the ``plan_cache_size`` most recently used entries (default
+``PLAN_CACHE_SIZE``, or ``$HECTOR_PLAN_CACHE_SIZE``): mini-batch training meets a new graph
+shape every batch, which would otherwise add an entry per batch without end.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List
+import os
+from collections import OrderedDict
+from typing import Callable, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -26,6 +32,14 @@ from .pipeline import CompiledPlan, compile_backward, compile_forward
 from .steps_torch import GraphIndex
 
 AUTODIFF = ("ir", "torch")
+PLAN_CACHE_SIZE = 64
+
+
+def _default_cache_size() -> int:
+    value = os.environ.get("HECTOR_PLAN_CACHE_SIZE", str(PLAN_CACHE_SIZE))
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"HECTOR_PLAN_CACHE_SIZE must be an int >= 1, got {value!r}")
+    return int(value)
 
 
 class Program:
@@ -34,7 +48,8 @@ class Program:
 
     def __init__(self, fn: Callable, *, reorder: bool = True, compact: bool = True,
                  fuse: bool = True, backend: str = "auto", autodiff: str = "ir",
-                 num_relations: int = 1, num_node_types: int = 1, **dims):
+                 num_relations: int = 1, num_node_types: int = 1,
+                 plan_cache_size: Optional[int] = None, **dims):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if autodiff not in AUTODIFF:
@@ -50,7 +65,12 @@ class Program:
         self.num_relations, self.num_node_types = num_relations, num_node_types
         self.traced: Traced = trace(fn, num_relations=num_relations,
                                     num_node_types=num_node_types, **dims)
-        self._cache: Dict[tuple, CompiledPlan] = {}
+        if plan_cache_size is None:
+            plan_cache_size = _default_cache_size()
+        if C.check_count(plan_cache_size, "plan_cache_size") < 1:
+            raise ValueError(f"plan_cache_size must be >= 1, got {plan_cache_size}")
+        self.plan_cache_size = plan_cache_size
+        self._cache: "OrderedDict[tuple, CompiledPlan]" = OrderedDict()   # LRU order
 
     # -- compilation ----------------------------------------------------------------------
     def compiled_for(self, graph, dtype: torch.dtype = torch.float32,
@@ -59,9 +79,13 @@ class Program:
         ``autodiff='ir'``) its backward plan is lowered too, once."""
         stats = GraphStats.of(graph)
         key = (stats, dtype)
-        if key not in self._cache:
-            self._cache[key] = self._compile(stats, dtype)
-        cp = self._cache[key]
+        cp = self._cache.get(key)
+        if cp is None:
+            cp = self._cache[key] = self._compile(stats, dtype)
+            while len(self._cache) > self.plan_cache_size:
+                self._cache.popitem(last=False)       # the least recently used shape
+        else:
+            self._cache.move_to_end(key)
         return compile_backward(cp) if backward else cp
 
     def _compile(self, stats: GraphStats, dtype: torch.dtype) -> CompiledPlan:

@@ -47,7 +47,14 @@ class Graph:
         in_degree / out_degree: :class:`DegreeStats`.
         node_type_ptr: ``[T + 1]``; with ``node_perm`` (None when node types are already
             contiguous id ranges) it lists the nodes of each type.
+        num_dst_nodes, dst_index, dst_type_ptr: set on bipartite blocks only (see
+            :mod:`hector.graph.block`); ``num_dst_nodes`` is None on an ordinary graph.
     """
+
+    # Block attributes (hector.graph.block.mark_block sets them on a mini-batch's blocks).
+    num_dst_nodes: Optional[int] = None
+    dst_index: Optional[torch.Tensor] = None
+    dst_type_ptr: Optional[List[int]] = None
 
     def __init__(self, edge_index: torch.Tensor, edge_type: Optional[torch.Tensor] = None,
                  num_nodes: Optional[int] = None, num_relations: Optional[int] = None,
@@ -116,6 +123,12 @@ class Graph:
         """Block-diagonal batch of graphs sharing one schema (node types and relations).
         ``graph_ptr[i]:graph_ptr[i+1]`` are the node ids of graph ``i`` in the batch."""
         return batch_graphs(cls, graphs)
+
+    @property
+    def is_block(self) -> bool:
+        """Whether this graph is a bipartite block of a mini-batch (layers on it return only
+        its ``num_dst_nodes`` destination rows)."""
+        return self.num_dst_nodes is not None
 
     # -- views ----------------------------------------------------------------------------
     def input_edge_index(self) -> torch.Tensor:
@@ -208,7 +221,8 @@ class Graph:
     def __repr__(self) -> str:
         return (f"Graph(num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
                 f"num_relations={self.num_relations}, num_node_types={self.num_node_types}, "
-                f"max_in_degree={self.in_degree.max}, device={self.device})")
+                f"max_in_degree={self.in_degree.max}, device={self.device}"
+                + (f", num_dst_nodes={self.num_dst_nodes})" if self.is_block else ")"))
 
 
 def _narrow_compact(m: CompactMap, idx: torch.dtype) -> CompactMap:

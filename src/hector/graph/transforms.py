@@ -21,4 +21,7 @@ def with_self_loops(graph: Graph) -> Graph:
             node_type=graph.node_type.long(), num_node_types=graph.num_node_types,
             node_type_names=graph.node_type_names,
             super_node_threshold=graph.in_degree.super_threshold)
+        if graph.is_block:   # same nodes, so the same destination rows
+            from .block import mark_block
+            mark_block(memo["self_loops"], graph.num_dst_nodes, graph.dst_index, graph.dst_type_ptr)
     return memo["self_loops"]

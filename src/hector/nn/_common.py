@@ -8,6 +8,7 @@ from .. import checks as C
 from ..device import BACKENDS
 from ..graph import Graph, graph_of, with_self_loops
 from ..kernels.attention.op import STRATEGIES
+from ..graph.block import dst_rows, take_rows  # noqa: F401  (take_rows: for the layers)
 
 
 def check_backend(backend: str) -> str:
@@ -71,3 +72,89 @@ def load_from_pyg(module: torch.nn.Module, pyg_module: torch.nn.Module,
     if ref is not None:
         module.to(device=ref.device, dtype=ref.dtype)
     return module.train(pyg_module.training)
+
+
+def as_one_graph(x, edge_index, edge_type=None, add_self_loops: bool = False,
+                 num_relations: int = 1):
+    """Bring bipartite inputs to one graph over one node set, so every layer keeps its
+    single-graph math; returns ``(x, edge_index, edge_type, rows, add_self_loops)`` where
+    ``rows`` selects the destination rows of the output (``take_rows``; None: all rows) and
+    ``add_self_loops`` is what the caller still has to add.
+
+    * ``x`` one tensor and ``edge_index`` a block (``hector.loader``): ``x`` has a row per
+      source node, destinations among them; the output is the block's destination rows.
+    * ``x = (x_src, x_dst)`` (PyG's bipartite form) with a block whose destinations are the
+      first sources and ``x_dst`` the first rows of ``x_src`` (a view): as above.
+    * any other ``(x_src, x_dst)``: the union graph over ``x_src`` then ``x_dst`` (edges enter
+      the ``x_dst`` copies; with ``add_self_loops``, PyG's bipartite loops source ``i`` ->
+      destination ``i`` replace the edges whose two ends have the same id).
+    """
+    if not isinstance(x, (tuple, list)):
+        return x, edge_index, edge_type, (dst_rows(edge_index) if isinstance(edge_index, Graph)
+                                          else None), add_self_loops
+    if len(x) != 2:
+        raise ValueError(f"x as a tuple must be (x_src, x_dst), got {len(x)} entries")
+    x_src, x_dst = x
+    C.check_tensor(x_src, "x[0] (x_src)")
+    if x_dst is None:
+        return as_one_graph(x_src, edge_index, edge_type, add_self_loops, num_relations)
+    C.check_tensor(x_dst, "x[1] (x_dst)")
+    if x_src.dim() != 2 or x_dst.dim() != 2 or x_src.shape[1] != x_dst.shape[1]:
+        raise ValueError(f"x_src and x_dst must be [rows, features] with the same features, got "
+                         f"{tuple(x_src.shape)} and {tuple(x_dst.shape)}")
+    if isinstance(edge_index, Graph) and edge_index.is_block and _is_prefix_view(x_src, x_dst, edge_index):
+        return as_one_graph(x_src, edge_index, edge_type, add_self_loops, num_relations)
+    if not isinstance(edge_index, Graph) and edge_type is None and num_relations > 1:
+        raise ValueError("edge_type is required with an edge_index tensor (one relation id "
+                         "per edge); or pass a block built by hector.loader as edge_index")
+    n_src, n_dst = int(x_src.shape[0]), int(x_dst.shape[0])
+    src, dst_id, dst_pos, etype, loop_src = _bipartite_edges(edge_index, edge_type, n_src, n_dst)
+    if add_self_loops:
+        keep = src != dst_id
+        src, dst_pos, etype = src[keep], dst_pos[keep], etype[keep]
+        loops = torch.arange(loop_src.numel(), device=src.device)
+        src, dst_pos = torch.cat([src, loop_src]), torch.cat([dst_pos, loops])
+        etype = torch.cat([etype, torch.zeros_like(loops)])
+    union = Graph(torch.stack([src, dst_pos + n_src]), edge_type=etype, num_nodes=n_src + n_dst,
+                  num_relations=num_relations)
+    return torch.cat([x_src, x_dst.to(x_src.device)]), union, None, slice(n_src, n_src + n_dst), False
+
+
+def _is_prefix_view(x_src: torch.Tensor, x_dst: torch.Tensor, block: Graph) -> bool:
+    """``x_dst`` is ``x_src[:num_dst]`` (same storage), so no union is needed."""
+    return (block.dst_index is None and x_dst.shape[0] == block.num_dst_nodes
+            and x_dst.data_ptr() == x_src.data_ptr() and x_dst.stride() == x_src.stride()
+            and x_dst.dtype == x_src.dtype)
+
+
+def _bipartite_edges(edge_index, edge_type, n_src: int, n_dst: int):
+    """Per edge of a block or of a PyG bipartite ``[2, E]`` edge_index: (source id,
+    destination id -- an edge is a self loop when the two ids are equal --, destination
+    position in ``x_dst``, relation); and the source of each PyG bipartite self loop."""
+    if isinstance(edge_index, Graph):
+        g = edge_index
+        if not g.is_block:
+            raise ValueError("x is a (x_src, x_dst) tuple but edge_index is a Graph that is no "
+                             "block; pass a block (hector.loader) or a [2, E] edge_index")
+        if (g.num_nodes, g.num_dst_nodes) != (n_src, n_dst):
+            raise ValueError(f"x_src has {n_src} rows and x_dst {n_dst} but the block has "
+                             f"{g.num_nodes} source and {g.num_dst_nodes} destination nodes")
+        ei, etype = g.input_edge_index(), g.input_edge_type()
+        if g.dst_index is None:
+            loop_src = torch.arange(n_dst, device=g.device)
+            return ei[0], ei[1], ei[1], etype, loop_src
+        loop_src = g.dst_index.long()
+        position = torch.full((n_src,), -1, dtype=torch.int64, device=g.device)
+        position[loop_src] = torch.arange(n_dst, device=g.device)
+        return ei[0], ei[1], position[ei[1]], etype, loop_src
+    C.check_edge_index(edge_index)
+    C.check_range(edge_index[0], "edge_index[0] (source ids)", n_src, "x_src rows")
+    C.check_range(edge_index[1], "edge_index[1] (destination ids)", n_dst, "x_dst rows")
+    ei = edge_index.long()
+    if edge_type is None:
+        etype = torch.zeros_like(ei[0])
+    else:
+        C.check_index(edge_type, "edge_type", 1)
+        C.check_same_length(edge_type, "edge_type", ei.shape[1], "edge_index (its second dim)")
+        etype = edge_type.long().to(ei.device)
+    return ei[0], ei[1], ei[1], etype, torch.arange(min(n_src, n_dst), device=ei.device)

@@ -7,7 +7,8 @@ from torch import nn
 
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
-from ._common import check_backend, check_input, check_strategy, load_from_pyg, resolve_graph
+from ._common import (as_one_graph, check_backend, check_input, check_strategy, load_from_pyg,
+                      resolve_graph, take_rows)
 
 
 class AGNNConv(nn.Module):
@@ -22,7 +23,8 @@ class AGNNConv(nn.Module):
         add_self_loops: replace self loops by exactly one per node, as PyG does.
         strategy: ``"auto"``, ``"node"`` or ``"edge"``; backend: ``"auto"``, ``"triton"`` or ``"torch"``.
 
-    Shapes: x ``[N, F]``, edge_index ``[2, E]`` or a ``hector.Graph`` -> ``[N, F]``.
+    Shapes: x ``[N, F]``, edge_index ``[2, E]`` or a ``hector.Graph`` -> ``[N, F]``; on a
+    block (``hector.loader``) or with ``x = (x_src, x_dst)``: ``[num_dst, F]``.
     """
 
     def __init__(self, requires_grad: bool = True, add_self_loops: bool = True,
@@ -41,13 +43,15 @@ class AGNNConv(nn.Module):
             self.beta.data.fill_(1)
 
     def forward(self, x, edge_index):
+        x, edge_index, _, rows, loops = as_one_graph(x, edge_index,
+                                                     add_self_loops=self.add_self_loops)
         check_input(self, x)
-        graph = resolve_graph(x, edge_index, self.add_self_loops)
+        graph = resolve_graph(x, edge_index, loops)
         x_norm = F.normalize(x, p=2.0, dim=-1).unsqueeze(1)
         out = edge_attention(graph, x.unsqueeze(1), q=x_norm * self.beta.to(x.dtype), k=x_norm,
                              strategy=self.strategy,
                              backend=self.backend)
-        return out.squeeze(1)
+        return take_rows(out.squeeze(1), rows)
 
     def attention_spec(self, dtype=torch.float32, features=None):
         """What this layer asks of the fused attention op (``features``: the width of x)."""

@@ -7,8 +7,8 @@ from torch import nn
 from .. import checks as C
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
-from ._common import (check_backend, check_input, check_strategy, load_from_pyg,
-                      no_edge_features, resolve_graph)
+from ._common import (as_one_graph, check_backend, check_input, check_strategy,
+                      load_from_pyg, no_edge_features, resolve_graph, take_rows)
 
 
 class GATConv(nn.Module):
@@ -31,7 +31,9 @@ class GATConv(nn.Module):
 
     Shapes:
         x ``[N, in_channels]``, edge_index ``[2, E]`` or a ``hector.Graph``
-        -> ``[N, heads * out_channels]`` (concat) or ``[N, out_channels]``.
+        -> ``[N, heads * out_channels]`` (concat) or ``[N, out_channels]``.  Bipartite:
+        x ``(x_src, x_dst)`` with a ``[2, E]`` edge_index, or x (destinations first) or
+        ``(x_src, x_dst)`` with a block from ``hector.loader`` -> ``[num_dst, ...]``.
     """
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
@@ -67,17 +69,20 @@ class GATConv(nn.Module):
 
     def forward(self, x, edge_index, edge_attr=None):
         no_edge_features(edge_attr, "GATConv")
+        x, edge_index, _, rows, loops = as_one_graph(x, edge_index,
+                                                     add_self_loops=self.add_self_loops)
         check_input(self, x, width=self.in_channels)
-        graph = resolve_graph(x, edge_index, self.add_self_loops)
+        graph = resolve_graph(x, edge_index, loops)
         H, C = self.heads, self.out_channels
         z = self.lin(x).view(-1, H, C)
         out = edge_attention(graph, z, a_src=(z * self.att_src).sum(-1),
                              a_dst=(z * self.att_dst).sum(-1), negative_slope=self.negative_slope,
                              dropout=self.dropout, training=self.training, strategy=self.strategy,
                              backend=self.backend)
+        out = take_rows(out, rows)      # a block's destination rows only
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.res is not None:
-            out = out + self.res(x)
+            out = out + self.res(take_rows(x, rows))
         return out + self.bias if self.bias is not None else out
 
     def attention_spec(self, dtype=torch.float32, features=None):

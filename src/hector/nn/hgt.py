@@ -51,7 +51,8 @@ class HGTConv(nn.Module):
     Shapes:
         forward(x_dict, edge_index_dict) -> {node type: [N_t, out_channels]} for every node
         type that is a destination in ``metadata``; ``edge_index_dict`` may be a prebuilt
-        ``hector.Graph`` (built with ``Graph.from_hetero`` in metadata order).
+        ``hector.Graph`` (built with ``Graph.from_hetero`` in metadata order) or a block of
+        ``hector.loader`` (x_dict: each type's source nodes; output: its destination rows).
     """
 
     def __init__(self, in_channels, out_channels: int, metadata, heads: int = 1, **compiler):
@@ -154,7 +155,10 @@ class HGTConv(nn.Module):
         """(node type, first row, end row) of each destination type in the output: Python
         ints (the compiler reads the node-type pointer from the graph once)."""
         ptr = node_type_bounds(graph)
-        return tuple((t, ptr[i], ptr[i + 1]) for i, t in enumerate(self.node_types)
+        # On a block, type t's destinations are its first sources (hector.graph.block).
+        ends = ([ptr[i] + graph.dst_type_ptr[i + 1] - graph.dst_type_ptr[i]
+                 for i in range(len(self.node_types))] if graph.is_block else ptr[1:])
+        return tuple((t, ptr[i], ends[i]) for i, t in enumerate(self.node_types)
                      if t in self.dst_node_types)
 
     def forward(self, x_dict: Dict[str, torch.Tensor], edge_index_dict) -> Dict[str, torch.Tensor]:

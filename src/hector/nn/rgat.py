@@ -10,7 +10,7 @@ from torch import nn
 from .. import checks as C
 from ..compiler import models
 from ..compiler.program import Program
-from ._common import check_input, load_from_pyg
+from ._common import as_one_graph, check_input, load_from_pyg, take_rows
 from .rgcn import compiler_options, glorot_, relational_graph, unsupported
 
 
@@ -35,7 +35,8 @@ class RGATConv(nn.Module):
 
     Shapes:
         x ``[N, in_channels]``, edge_index ``[2, E]`` + edge_type ``[E]`` or a
-        ``hector.Graph`` -> ``[N, heads * out_channels]`` (concat) or ``[N, out_channels]``.
+        ``hector.Graph`` -> ``[N, heads * out_channels]`` (concat) or ``[N, out_channels]``;
+        on a block (``hector.loader``) or with ``x = (x_src, x_dst)``: ``num_dst`` rows.
     """
 
     def __init__(self, in_channels: int, out_channels: int, num_relations: int,
@@ -107,9 +108,11 @@ class RGATConv(nn.Module):
         if edge_attr is not None or size is not None or return_attention_weights is not None:
             raise NotImplementedError("RGATConv: edge_attr, size and return_attention_weights "
                                       "are not supported; leave them None")
+        x, edge_index, edge_type, rows, _ = as_one_graph(x, edge_index, edge_type,
+                                                         num_relations=self.num_relations)
         check_input(self, x, width=self.in_channels)
         graph = relational_graph(x, edge_index, edge_type, self.num_relations)
-        return self.program(graph, {"x": x}, self._weights())[0]
+        return take_rows(self.program(graph, {"x": x}, self._weights())[0], rows)
 
     @classmethod
     def from_pyg(cls, module, **compiler) -> "RGATConv":

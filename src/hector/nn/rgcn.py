@@ -11,7 +11,7 @@ from .. import checks as C
 from ..compiler import models
 from ..compiler.program import Program
 from ..graph import Graph, graph_of
-from ._common import check_input, load_from_pyg
+from ._common import as_one_graph, check_input, load_from_pyg, take_rows
 
 
 def glorot_(p: Optional[torch.Tensor]) -> None:
@@ -67,7 +67,9 @@ class RGCNConv(nn.Module):
 
     Shapes:
         x ``[N, in_channels]``, edge_index ``[2, E]`` + edge_type ``[E]`` or a
-        ``hector.Graph`` -> ``[N, out_channels]``.
+        ``hector.Graph`` -> ``[N, out_channels]``; on a block (``hector.loader``) or with
+        ``x = (x_src, x_dst)`` -> ``[num_dst, out_channels]`` (computed on the block's
+        source nodes, then its destination rows taken).
     """
 
     def __init__(self, in_channels: int, out_channels: int, num_relations: int,
@@ -116,11 +118,13 @@ class RGCNConv(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor, edge_index, edge_type: Optional[torch.Tensor] = None):
+        x, edge_index, edge_type, rows, _ = as_one_graph(x, edge_index, edge_type,
+                                                         num_relations=self.num_relations)
         check_input(self, x, width=self.in_channels)
         graph = relational_graph(x, edge_index, edge_type, self.num_relations)
         weights = {n: p for n, p in (("weight", self.weight), ("comp", self.comp),
                                       ("root", self.root), ("bias", self.bias)) if p is not None}
-        return self.program(graph, {"x": x}, weights)[0]
+        return take_rows(self.program(graph, {"x": x}, weights)[0], rows)
 
     @classmethod
     def from_pyg(cls, module, **compiler) -> "RGCNConv":

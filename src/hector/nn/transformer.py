@@ -10,8 +10,8 @@ from torch import nn
 from .. import checks as C
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
-from ._common import (check_backend, check_input, check_strategy, load_from_pyg,
-                      no_edge_features, resolve_graph)
+from ._common import (as_one_graph, check_backend, check_input, check_strategy,
+                      load_from_pyg, no_edge_features, resolve_graph, take_rows)
 
 
 class TransformerConv(nn.Module):
@@ -29,7 +29,8 @@ class TransformerConv(nn.Module):
     ``"auto"``, ``"triton"`` or ``"torch"``.
 
     Shapes: x ``[N, in_channels]`` -> ``[N, heads * out_channels]`` (concat) or
-    ``[N, out_channels]``.
+    ``[N, out_channels]``; on a block (``hector.loader``) or with ``x = (x_src, x_dst)``:
+    ``num_dst`` rows.
     """
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
@@ -63,6 +64,7 @@ class TransformerConv(nn.Module):
 
     def forward(self, x, edge_index, edge_attr=None):
         no_edge_features(edge_attr, "TransformerConv")
+        x, edge_index, _, rows, _ = as_one_graph(x, edge_index)
         check_input(self, x, width=self.in_channels)
         graph = resolve_graph(x, edge_index, add_self_loops=False)
         H, C = self.heads, self.out_channels
@@ -72,9 +74,10 @@ class TransformerConv(nn.Module):
         out = edge_attention(graph, v, q=q, k=k, scale=1.0 / math.sqrt(C), dropout=self.dropout,
                              training=self.training, strategy=self.strategy,
                              backend=self.backend)
+        out = take_rows(out, rows)      # a block's destination rows only
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.lin_skip is not None:
-            x_r = self.lin_skip(x)
+            x_r = self.lin_skip(take_rows(x, rows))
             if self.lin_beta is not None:
                 b = torch.sigmoid(self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)))
                 out = b * x_r + (1 - b) * out

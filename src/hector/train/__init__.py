@@ -42,10 +42,42 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", help="save model, optimizer, epoch and best state here "
                                         "after every epoch")
     p.add_argument("--resume", help="continue from a checkpoint written by --checkpoint")
+    p.add_argument("--batch-size", type=int,
+                   help="train by mini-batches of this many seed nodes with sampled "
+                        "neighbourhoods (hector.loader); default: full graph, unless it would "
+                        "not fit on the device")
+    p.add_argument("--fanout", default=None,
+                   help="neighbours sampled per layer, first hop first (default 25,20; -1: "
+                        "all)")
+    p.add_argument("--devices", type=int, default=1,
+                   help="processes (one per GPU; gloo processes with --device cpu) training "
+                        "with DistributedDataParallel, each on its share of the seeds; "
+                        "implies mini-batches.  Under torchrun the group comes from torchrun")
     p.add_argument("--log-every", type=int, default=10, help="log line interval (epochs)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
-    train(args)
+    import torch
+    from . import distributed
+    if distributed.under_torchrun():
+        distributed.init(torch.device(args.device))
+    elif (args.devices or 1) > 1:
+        resolve_config(args)          # bad options fail here, once, not in N processes
+        distributed.spawn(_worker, args.devices, args)
+        return 0
+    try:
+        train(args)
+    finally:
+        distributed.shutdown()
     return 0
+
+
+def _worker(rank: int, world: int, args: argparse.Namespace) -> None:
+    import torch
+    from . import distributed
+    distributed.init(torch.device(args.device), rank, world)
+    try:
+        train(args)
+    finally:
+        distributed.shutdown()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import statistics
 import sys
 import time
@@ -13,11 +14,13 @@ import torch.nn.functional as F
 
 from .. import datasets
 from ..checks import check_device_option
-from . import checkpoint
+from . import checkpoint, distributed, minibatch
 from .defaults import MODELS, defaults as model_defaults
 from .models import build
 
 DTYPES = ("fp32", "bf16")
+_NO_MINIBATCH_RESUME = ("--resume with mini-batches (--batch-size, --devices) is not supported "
+                        "yet: the loader's generators are not checkpointed")
 _OVERRIDES = ("epochs", "lr", "weight_decay", "hidden", "heads", "dropout", "patience")
 
 
@@ -64,8 +67,20 @@ def resolve_config(args) -> dict:
     backend = getattr(args, "backend", None) or ("torch" if device.type == "cpu" else "auto")
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"--backend must be auto, torch or triton, got {backend!r}")
+    batch_size = getattr(args, "batch_size", None)
+    if batch_size is not None:
+        _check_positive("batch_size", batch_size)
+    fanout = getattr(args, "fanout", None)
+    devices = getattr(args, "devices", None)
+    devices = 1 if devices is None else devices
+    _check_positive("devices", devices)
+    if device.type == "cuda" and devices > torch.cuda.device_count() and not distributed.under_torchrun():
+        raise ValueError(f"--devices {devices}: only {torch.cuda.device_count()} CUDA devices here")
     cfg.update(model=model, dataset=key, seed=int(getattr(args, "seed", 0) or 0), dtype=dtype,
-               device=str(device), backend=backend, log_every=log_every)
+               device=str(device), backend=backend, log_every=log_every, batch_size=batch_size,
+               fanout=minibatch.parse_fanout(fanout if fanout is not None
+                                             else minibatch.DEFAULT_FANOUT),
+               devices=devices)
     return cfg
 
 
@@ -74,7 +89,10 @@ def settings_line(cfg: dict, root=None) -> str:
     keys = ("model", "dataset", "epochs", "lr", "weight_decay", "hidden", "heads", "dropout",
             "patience", "num_bases", "first_layer", "dtype", "device", "backend", "seed")
     threads = f" cpu_threads={torch.get_num_threads()}" if cfg["device"] == "cpu" else ""
-    return ("settings " + " ".join(f"{k}={cfg[k]}" for k in keys) + threads
+    batches = (f" batch_size={cfg['batch_size']} fanout={','.join(map(str, cfg['fanout']))}"
+               f" devices={cfg['devices']}" if cfg.get("batch_size") or cfg.get("devices", 1) > 1
+               else "")
+    return ("settings " + " ".join(f"{k}={cfg[k]}" for k in keys) + batches + threads
             + (f" root={root}" if root else ""))
 
 
@@ -132,7 +150,16 @@ def _train(args, out=None) -> dict:
     t_start = time.perf_counter()
     cfg = resolve_config(args)
     device = torch.device(cfg["device"])
+    ctx = distributed.context()
+    if ctx.world > 1:
+        if device.type == "cuda":
+            device = torch.device("cuda", ctx.local_rank)
+            cfg["device"] = str(device)
+        if not ctx.main:          # one process reports
+            out = open(os.devnull, "w")
     resume = getattr(args, "resume", None)
+    if resume and (cfg["batch_size"] is not None or ctx.world > 1):
+        raise ValueError(_NO_MINIBATCH_RESUME)
     # read and check the checkpoint before the (possibly slow) dataset load
     ck = checkpoint.load(resume, device, cfg) if resume else None
     print(settings_line(cfg, getattr(args, "root", None)), file=out, flush=True)
@@ -154,19 +181,46 @@ def _train(args, out=None) -> dict:
         x = x / x.sum(1, keepdim=True).clamp(min=1e-12)
     edge_index, edge_type = data.edge_index, data.edge_type
 
+    # Mini-batches when asked for, with several processes, or when full-graph training
+    # would not fit (then inference is sampled too).
+    sampled_eval = False
+    if cfg["batch_size"] is None and ctx.world == 1:
+        fits, need, free = minibatch.fits_full_graph(data, cfg, device)
+        if not fits:
+            cfg["batch_size"], sampled_eval = minibatch.DEFAULT_BATCH_SIZE, True
+            print(f"full-graph training needs about {need / 2**30:.1f} GiB, more than "
+                  f"{minibatch.HEADROOM:.0%} of the {free / 2**30:.1f} GiB free on {device}: "
+                  f"training by mini-batches (--batch-size {cfg['batch_size']} --fanout "
+                  f"{','.join(map(str, cfg['fanout']))}) with sampled inference", file=out)
+    if cfg["batch_size"] is None:
+        cfg["batch_size"] = minibatch.DEFAULT_BATCH_SIZE if ctx.world > 1 else None
+    loader = (None if cfg["batch_size"] is None else
+              minibatch.make_loader(data.graph, train_idx, cfg, ctx.rank, ctx.world))
+
     torch.manual_seed(cfg["seed"])
     model = build(cfg["model"], data, cfg, backend=cfg["backend"]).to(device)
     if cfg["dtype"] == "bf16":
         model = model.to(torch.bfloat16)
         x = None if x is None else x.to(torch.bfloat16)
+    net = (distributed.wrap(model, device, unused_parameters=cfg["model"] == "rgat")
+           if ctx.world > 1 else model)   # what trains
     opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    eval_nodes = torch.cat([i for i in (train_idx, val_idx, test_idx) if i is not None])
+
+    def predict():
+        if sampled_eval:
+            return minibatch.predict_sampled(model, data.graph, x, eval_nodes, cfg,
+                                             data.num_classes)
+        return model(x, edge_index, edge_type).float()
 
     start_epoch, best = 1, dict(val_acc=-1.0, val_loss=math.inf, epoch=0, state=None)
     bad_epochs, loss_floor = 0, math.inf
+    if ck is not None and loader is not None:    # switched to mini-batches above
+        raise ValueError(_NO_MINIBATCH_RESUME)
     if ck is not None:
         start_epoch, best, bad_epochs, loss_floor = checkpoint.restore(ck, resume, model, opt)
         print(f"resumed from {resume} at epoch {ck['epoch']}", file=out)
-    ckpt_path = getattr(args, "checkpoint", None)
+    ckpt_path = getattr(args, "checkpoint", None) if ctx.main else None
 
     def save(epoch):
         checkpoint.save(ckpt_path, model=model.state_dict(), optimizer=opt.state_dict(),
@@ -181,22 +235,26 @@ def _train(args, out=None) -> dict:
                disable=getattr(args, "no_progress", False) or None)
     for epoch in bar:
         t0 = time.perf_counter()
-        model.train()
-        opt.zero_grad(set_to_none=True)
-        with _autocast(cfg):
-            logits = model(x, edge_index, edge_type)
-        loss = F.cross_entropy(logits[train_idx].float(), y[train_idx])
-        loss.backward()
-        opt.step()
-        model.eval()
+        net.train()
+        if loader is not None:
+            loss = minibatch.train_epoch(net, opt, loader, x, y)
+        else:
+            opt.zero_grad(set_to_none=True)
+            with _autocast(cfg):
+                logits = model(x, edge_index, edge_type)
+            loss = F.cross_entropy(logits[train_idx].float(), y[train_idx])
+            loss.backward()
+            opt.step()
+            loss = loss.item()
+        net.eval()
         with torch.no_grad(), _autocast(cfg):
-            logits = model(x, edge_index, edge_type).float()
+            logits = predict()
         _sync(device)
         dt = time.perf_counter() - t0
         train_time += dt
         epoch_times.append(dt)
         train_acc = _accuracy(logits, y, train_idx)
-        msg = (f"epoch {epoch:4d}  loss {loss.item():.4f}  train_acc {train_acc:.4f}")
+        msg = (f"epoch {epoch:4d}  loss {loss:.4f}  train_acc {train_acc:.4f}")
         if has_val:
             val_loss = float(F.cross_entropy(logits[val_idx], y[val_idx]))
             val_acc = _accuracy(logits, y, val_idx)
@@ -213,7 +271,7 @@ def _train(args, out=None) -> dict:
                 bad_epochs += 1
             loss_floor = min(loss_floor, val_loss)
         msg += f"  time {dt:.3f}s"
-        bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{train_acc:.3f}")
+        bar.set_postfix(loss=f"{loss:.3f}", acc=f"{train_acc:.3f}")
         last_epoch = epoch
         if has_val and patience is not None and bad_epochs >= patience:
             stopped = True
@@ -230,7 +288,7 @@ def _train(args, out=None) -> dict:
         model.load_state_dict(best["state"])
     model.eval()
     with torch.no_grad(), _autocast(cfg):
-        logits = model(x, edge_index, edge_type).float()
+        logits = predict()
     result = dict(model=cfg["model"], dataset=cfg["dataset"],
                   test_acc=_accuracy(logits, y, test_idx),
                   train_acc=_accuracy(logits, y, train_idx),
@@ -238,6 +296,7 @@ def _train(args, out=None) -> dict:
                   best_epoch=best["epoch"] if has_val else last_epoch,
                   epochs=last_epoch, seed=cfg["seed"], device=cfg["device"], dtype=cfg["dtype"],
                   backend=cfg["backend"], train_time=train_time,
+                  batch_size=cfg["batch_size"], devices=ctx.world,
                   # the median leaves out the first epoch's one-off work (kernel compilation)
                   epoch_time=statistics.median(epoch_times) if epoch_times else None,
                   total_time=time.perf_counter() - t_start)
@@ -246,6 +305,8 @@ def _train(args, out=None) -> dict:
             + (f"val_acc={result['val_acc']:.4f} " if has_val else "")
             + f"best_epoch={result['best_epoch']} epochs={result['epochs']} seed={result['seed']} "
             f"device={result['device']} dtype={result['dtype']} backend={result['backend']} "
+            + (f"batch_size={cfg['batch_size']} fanout={','.join(map(str, cfg['fanout']))} "
+               f"devices={ctx.world} " if cfg["batch_size"] else "")
             + (f"epoch_time={result['epoch_time'] * 1e3:.2f}ms " if epoch_times else "")
             + f"train_time_s={result['train_time']:.2f} total_time_s={result['total_time']:.2f}")
     print(line, file=out, flush=True)

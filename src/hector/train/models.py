@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..graph.block import dst_rows, take_rows
 from ..graph.cache import cached
 from ..nn import AGNNConv, GATConv, HGTConv, RGATConv, RGCNConv, TransformerConv
 
@@ -70,6 +71,31 @@ class FeaturelessRGCN(nn.Module):
         msg = w[edge_type, src] * self._norm(edge_index, edge_type).to(w.dtype)
         out = torch.zeros(N, H, dtype=msg.dtype, device=msg.device).index_add_(0, dst, msg)
         return out + self.root + self.bias
+
+    def forward_block(self, block, n_id: torch.Tensor) -> torch.Tensor:
+        """The layer on a block of ``hector.loader`` whose source nodes have global ids
+        ``n_id``: the rows of its destination nodes, in the block's destination order."""
+        R, H = self.num_relations, self.out_channels
+        ei, et = block.input_edge_index(), block.input_edge_type()
+        n_dst = block.num_dst_nodes
+        dst = dst_rows(block)
+        if isinstance(dst, slice):        # destinations are the first sources
+            dst_pos, dst_ids = ei[1], n_id[:n_dst]
+        else:                             # several node types: through dst_index
+            position = torch.full((block.num_nodes,), -1, dtype=torch.long, device=ei.device)
+            position[dst] = torch.arange(n_dst, device=ei.device)
+            dst_pos, dst_ids = position[ei[1]], n_id[dst]
+        src = n_id[ei[0]]
+        # Only the weight rows the block's edges read (one per edge, not per node).
+        if self.comp is not None:
+            w = torch.einsum("eb,ebh->eh", self.comp[et], self.weight[:, src].transpose(0, 1))
+        else:
+            w = self.weight[et, src]
+        slot = dst_pos * R + et
+        count = torch.bincount(slot, minlength=n_dst * R)
+        msg = w * (1.0 / count[slot].clamp(min=1).to(w.dtype)).unsqueeze(1)
+        out = torch.zeros(n_dst, H, dtype=msg.dtype, device=msg.device).index_add_(0, dst_pos, msg)
+        return out + self.root[dst_ids] + self.bias
 
 
 class Net(nn.Module):
@@ -137,7 +163,12 @@ class Net(nn.Module):
     def _drop(self, x):
         return F.dropout(x, p=self.dropout, training=self.training) if self.dropout else x
 
-    def forward(self, x, edge_index, edge_type=None):
+    def forward(self, x, edge_index, edge_type=None, n_id=None):
+        """Logits of every node (full graph), or with ``edge_index`` a list of blocks from
+        ``hector.loader`` (``x``: features of the first block's sources, None when
+        featureless; ``n_id``: their global ids), logits of the last block's destinations."""
+        if isinstance(edge_index, list):
+            return self._forward_blocks(x, edge_index, n_id)
         m = self.model
         if edge_type is None:
             edge_type = torch.zeros(edge_index.shape[1], dtype=torch.long,
@@ -177,6 +208,40 @@ class Net(nn.Module):
             h = F.elu(self.conv1(self._drop(x), edge_index))
             return self.conv2(self._drop(h), edge_index)
         raise AssertionError(m)
+
+    def _forward_blocks(self, x, blocks, n_id):
+        m, (b1, b2) = self.model, blocks
+        if self.embed is not None:
+            x = self.embed.weight[n_id]
+        if m in ("rgcn", "rgat") and (self.featureless if m == "rgcn" else self.rgcn_input):
+            h = self.conv1.forward_block(b1, n_id)
+        elif m in ("rgcn", "rgat"):
+            h = self.conv1(self._drop(x), b1)
+        if m == "rgcn":
+            return self.conv2(self._drop(F.relu(h)), b2)
+        if m == "rgat":
+            return self.conv2(self._drop(F.elu(h)), b2)
+        if m == "hgt":
+            if self.rgcn_input:
+                h = F.relu(self.conv1.forward_block(b1, n_id))
+            else:
+                h = F.relu(self.lin_in(self._drop(x)))
+                h = F.relu(self._hgt_block(self.conv1, h, b1))
+            h = self._hgt_block(self.conv2, self._drop(h), b2)
+            return self.lin_out(self._drop(F.relu(h)))
+        if m == "agnn":
+            h = F.relu(self.lin_in(self._drop(x)))
+            return self.lin_out(self._drop(self.conv2(self.conv1(h, b1), b2)))
+        # gat, transformer
+        h = F.elu(self.conv1(self._drop(x), b1))
+        return self.conv2(self._drop(h), b2)
+
+    def _hgt_block(self, conv, h, block):
+        """HGTConv (built for one node type) on a block: the block's relations as the
+        layer's ``edge_index_dict``, then the block's destination rows."""
+        ei, et = block.input_edge_index(), block.input_edge_type()
+        eid = {e: ei[:, et == r] for r, e in enumerate(self._meta[1])}
+        return take_rows(conv({"n": h}, eid)["n"], dst_rows(block))
 
 
 def build(model: str, data, cfg: dict, backend: str = "torch") -> Net:

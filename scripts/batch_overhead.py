@@ -1,0 +1,170 @@
+"""Per-batch cost of mini-batch training: what a new graph costs next to the batch's compute.
+
+    python scripts/batch_overhead.py [--device cuda] [--profile mag] [--scale 0.05]
+                                     [--models rgcn,rgat,hgt] [--fanout 25,20]
+                                     [--batch-size 1024] [--batches 10] [--threads N] [--pyg]
+
+For each batch of ``NeighborLoader`` on a synthetic profile (features of width ``--hidden``
+drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HGTConv):
+
+* sample: ``sample_hop`` + ``relabel`` of both hops (no ``Graph`` built);
+* build: building the two block ``Graph`` s again from their edges (what a batch adds);
+* first: forward + backward on the new blocks (plans compiled for the new shapes, graph
+  indices built, autotune on CUDA);
+* compute: forward + backward again on the same blocks (everything cached);
+* plan = first - compute: the per-shape compiler cost a batch pays;
+* pyg compute (with ``--pyg``): PyG's namesake layers, whose parameters ours take over
+  (``from_pyg``), on the same blocks: forward + backward after a warm-up on the batch.
+
+Prints medians in milliseconds per batch, one row per model.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+
+from hector import Graph
+from hector.datasets import synthetic
+from hector.graph.block import mark_block
+from hector.loader import NeighborLoader, relabel, sample_hop
+from hector.nn import HGTConv, RGATConv, RGCNConv
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def clock(fn, device):
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - t0, out
+
+
+def rebuild(block):
+    g = Graph(block.input_edge_index(), edge_type=block.input_edge_type(),
+              num_nodes=block.num_nodes, num_relations=block.num_relations,
+              node_type=block.node_type.long(), num_node_types=block.num_node_types,
+              node_type_names=block.node_type_names, relation_names=block.relation_names)
+    return mark_block(g, block.num_dst_nodes, block.dst_index, block.dst_type_ptr)
+
+
+def make_model(kind, graph, width, device, pyg=None):
+    """Two hector layers of ``kind``; with ``pyg`` (torch_geometric.nn) also PyG's two,
+    whose parameters ours take over: ``(ours, pyg's or None)``."""
+    R = graph.num_relations
+    meta = (graph.node_type_names, graph.relation_names)
+    args = {"rgcn": [(width, width, R), (width, width, R)],
+            "rgat": [(width, width // 4, R), (width, width, R)],
+            "hgt": [(width, width, meta), (width, width, meta)]}[kind]
+    kw = {"rgcn": [{}, {}], "rgat": [dict(heads=4), {}], "hgt": [dict(heads=4)] * 2}[kind]
+    ours_cls = {"rgcn": RGCNConv, "rgat": RGATConv, "hgt": HGTConv}[kind]
+    if pyg is None:
+        return torch.nn.ModuleList(ours_cls(*a, **k) for a, k in zip(args, kw)).to(device), None
+    ref_cls = {"rgcn": pyg.RGCNConv, "rgat": pyg.RGATConv, "hgt": pyg.HGTConv}[kind]
+    refs = torch.nn.ModuleList(ref_cls(*a, **k) for a, k in zip(args, kw)).to(device)
+    return torch.nn.ModuleList(ours_cls.from_pyg(r) for r in refs).to(device), refs
+
+
+def step(kind, model, graph, batch, x, pyg_layers=False):
+    """Forward + backward of the two layers on the batch's blocks (``pyg_layers``: PyG's,
+    called on the block's local edge_index, keeping the destination rows)."""
+    h = x.index_select(0, batch.n_id)
+    for conv, block in zip(model, batch.blocks):
+        if pyg_layers and kind != "hgt":
+            ei, et = block.input_edge_index(), block.input_edge_type()
+            h = torch.relu(conv(h, ei, et)[:block.num_dst_nodes] if block.dst_index is None
+                           else conv(h, ei, et)[block.dst_index.long()])
+        elif kind == "hgt":
+            ptr = block.node_type_ptr.tolist()
+            x_dict = {t: h[ptr[i]:ptr[i + 1]] for i, t in enumerate(graph.node_type_names)}
+            out = conv(x_dict, _per_type_edges(block, graph) if pyg_layers else block)
+            if pyg_layers:     # PyG returns every source row: keep each type's destinations
+                out = {t: out[t][:block.dst_type_ptr[i + 1] - block.dst_type_ptr[i]]
+                       for i, t in enumerate(graph.node_type_names) if out.get(t) is not None}
+            # A type no relation enters has no output: its rows keep their features.
+            h = torch.cat([out[t] if t in out else
+                           h[ptr[i]:ptr[i] + block.dst_type_ptr[i + 1] - block.dst_type_ptr[i]]
+                           for i, t in enumerate(graph.node_type_names)])
+        else:
+            h = torch.relu(conv(h, block))
+    h.float().square().mean().backward()
+
+
+def _per_type_edges(block, graph):
+    """The block's edges per relation in PyG's hetero layout (ids within each type)."""
+    ptr, names = block.node_type_ptr.tolist(), graph.node_type_names
+    ei, et = block.input_edge_index(), block.input_edge_type()
+    out = {}
+    for r, (s, rel, d) in enumerate(graph.relation_names):
+        e = ei[:, et == r]
+        out[(s, rel, d)] = torch.stack([e[0] - ptr[names.index(s)], e[1] - ptr[names.index(d)]])
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--profile", default="mag")
+    p.add_argument("--scale", type=float, default=None)
+    p.add_argument("--models", default="rgcn,rgat,hgt")
+    p.add_argument("--fanout", default="25,20")
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--batches", type=int, default=10)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--pyg", action="store_true", help="also time PyG's layers on the blocks")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.05)
+    data = synthetic.load(args.profile, device=device, scale=scale)
+    graph = data.graph
+    x = torch.randn(graph.num_nodes, args.hidden, device=device)
+    seeds = data.node_type_names[0] if data.node_type_names else None
+    fanouts = [int(f) for f in args.fanout.split(",")]
+    loader = NeighborLoader(graph, fanouts, input_nodes=seeds, batch_size=args.batch_size,
+                            shuffle=True, seed=0)
+    print(f"device={device} profile={args.profile} scale={scale} nodes={graph.num_nodes:,} "
+          f"edges={graph.num_edges:,} fanout={fanouts} batch_size={args.batch_size} "
+          f"threads={torch.get_num_threads()}")
+    pyg = None
+    if args.pyg:
+        import torch_geometric.nn as pyg
+    head = ("model", "edges/batch", "sample", "build", "plan", "compute", "(build+plan)/compute",
+            "pyg compute")
+    print("| " + " | ".join(head) + " |  (ms per batch, medians)")
+    print("|" + "---|" * len(head))
+    for kind in args.models.split(","):
+        model, refs = make_model(kind, graph, args.hidden, device, pyg)
+        rows = []
+        for i, batch in zip(range(args.batches + 1), loader):
+            def sample_only():
+                dst = batch.seed
+                for f in loader.fanouts:
+                    src, _, _ = sample_hop(loader.index, dst, f, loader.generator)
+                    dst = relabel(loader.index, dst, src)[0]
+            t_sample, _ = clock(sample_only, device)
+            t_build, blocks = clock(lambda: [rebuild(b) for b in batch.blocks], device)
+            batch.blocks = blocks
+            t_first, _ = clock(lambda: step(kind, model, graph, batch, x), device)
+            t_compute, _ = clock(lambda: step(kind, model, graph, batch, x), device)
+            t_pyg = float("nan")
+            if refs is not None:
+                step(kind, refs, graph, batch, x, pyg_layers=True)     # warm-up
+                t_pyg, _ = clock(lambda: step(kind, refs, graph, batch, x, pyg_layers=True),
+                                 device)
+            if i:                                  # batch 0 warms up (first compiles)
+                rows.append((sum(b.num_edges for b in blocks), t_sample, t_build,
+                             t_first - t_compute, t_compute, t_pyg))
+        med = [statistics.median(c) for c in zip(*rows)]
+        print(f"| {kind} | {int(med[0]):,} | " + " | ".join(f"{1e3 * v:.1f}" for v in med[1:5])
+              + f" | {(med[2] + med[3]) / med[4]:.2f} | {1e3 * med[5]:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

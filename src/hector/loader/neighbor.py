@@ -1,0 +1,215 @@
+"""``NeighborLoader``: mini-batches of seed nodes with their sampled multi-hop neighbourhood,
+as bipartite ``Graph`` blocks every hector layer accepts (PyG's ``NeighborLoader`` and DGL's
+blocks in one object)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Union
+
+import torch
+
+from .. import checks as C
+from ..graph import Graph
+from ..graph.block import mark_block
+from .sampler import SamplingIndex, relabel, sample_hop
+
+
+@dataclass
+class Batch:
+    """One mini-batch.
+
+    Attributes:
+        blocks: one block per layer, outermost first (``blocks[0]`` feeds the first layer;
+            ``blocks[-1]``'s destinations are the seeds).  Block ``l``'s destinations are
+            block ``l + 1``'s sources, in the same order.
+        node_ids: global ids of each block's source nodes, in the block's local order.
+        n_id: ``node_ids[0]``: the nodes whose features the first layer reads.
+        seed: global ids of the seeds, in the order of the last layer's output rows.
+        batch_size: number of seeds.
+    """
+    blocks: List[Graph]
+    node_ids: List[torch.Tensor]
+    seed: torch.Tensor
+    node_type_ptr: List[int]            # the full graph's, to map global ids to per-type ids
+    node_type_names: Optional[List[str]]
+
+    @property
+    def n_id(self) -> torch.Tensor:
+        return self.node_ids[0]
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.seed.numel())
+
+    def n_id_dict(self) -> Dict[str, torch.Tensor]:
+        """Per node type, the ids *within the type* of the first block's sources (what indexes
+        a PyG-style ``x_dict[type]``), in the block's local order."""
+        block, out = self.blocks[0], {}
+        names = self.node_type_names or [str(t) for t in range(len(self.node_type_ptr) - 1)]
+        ptr = block.node_type_ptr.tolist()
+        for t, name in enumerate(names):
+            out[name] = self.n_id[ptr[t]:ptr[t + 1]] - self.node_type_ptr[t]
+        return out
+
+    def x_dict(self, x_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """The first block's source features, per node type, from full-graph ``x_dict``."""
+        return {t: x_dict[t].index_select(0, ids.to(x_dict[t].device))
+                for t, ids in self.n_id_dict().items() if t in x_dict}
+
+    def to(self, device) -> "Batch":
+        return Batch([b.to(device) for b in self.blocks], [n.to(device) for n in self.node_ids],
+                     self.seed.to(device), self.node_type_ptr, self.node_type_names)
+
+
+class NeighborLoader:
+    """Iterate over mini-batches of ``input_nodes`` with sampled neighbourhoods.
+
+    Args:
+        graph: a ``hector.Graph`` (homogeneous or heterogeneous; with several node types,
+            each type must be a contiguous id range, as ``Graph.from_hetero`` builds it).
+        num_neighbors: fan-out per hop, PyG's convention: ``num_neighbors[0]`` is sampled
+            around the seeds (it feeds the last layer).  Each entry an int (edges per
+            destination over all relations; ``-1``: all) or a dict {relation: int} giving a
+            fan-out per relation (keys: a relation's name, ``(src, rel, dst)`` tuple or id;
+            every relation must be listed).
+        input_nodes: the seeds: global ids (``None``: every node), a node-type name (every
+            node of that type) or ``(type name, ids within the type)``.
+        batch_size, shuffle, drop_last: as in ``torch.utils.data.DataLoader``.
+        seed: seeds the shuffle and the sampler (``torch.Generator`` s on the graph's
+            device), so two loaders with the same seed yield the same batches.  The shuffle
+            generator is the same for every part (so parts stay disjoint every epoch), the
+            sampler's differs per part.
+        num_parts, part: iterate over part ``part`` of ``num_parts`` equal shares of the
+            (shuffled) seeds, every part with the same number of batches (for data-parallel
+            training: rank ``part`` of ``num_parts``); the remainder seeds are left out.
+
+    Sampling runs on the graph's device; move the graph first (``graph.to('cuda')``).
+    """
+
+    def __init__(self, graph: Graph, num_neighbors: Sequence, input_nodes=None,
+                 batch_size: int = 1, shuffle: bool = False, seed: Optional[int] = None,
+                 drop_last: bool = False, num_parts: int = 1, part: int = 0):
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
+        if graph.num_node_types > 1 and not graph.node_types_contiguous:
+            raise ValueError("graph: node types must be contiguous id ranges (build it with "
+                             "Graph.from_hetero) so each block keeps them contiguous")
+        if C.check_count(batch_size, "batch_size") < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if C.check_count(num_parts, "num_parts") < 1 or not 0 <= C.check_count(part, "part") < num_parts:
+            raise ValueError(f"part must be in [0, num_parts={num_parts}), got {part}")
+        if seed is not None and not isinstance(seed, int):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        self.graph, self.batch_size = graph, batch_size
+        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
+        self.num_parts, self.part = num_parts, part
+        self.fanouts = [self._fanout(f, i) for i, f in enumerate(_as_list(num_neighbors))]
+        self.seeds = self._input_nodes(input_nodes)
+        self.index = SamplingIndex.of(graph)
+        seed = seed if seed is not None else int(torch.seed() % 2 ** 31)
+        self.shuffle_generator = torch.Generator(device=graph.device)
+        self.shuffle_generator.manual_seed(seed)
+        self.generator = torch.Generator(device=graph.device)
+        self.generator.manual_seed(seed + 7919 * part)
+        self.node_type_ptr = graph.node_type_ptr.tolist()
+
+    # -- argument parsing -----------------------------------------------------------------
+    def _fanout(self, f, hop: int) -> Union[int, torch.Tensor]:
+        name = f"num_neighbors[{hop}]"
+        if isinstance(f, dict):
+            fans = [None] * self.graph.num_relations
+            for key, v in f.items():
+                r = self.graph.relation_index(key)
+                fans[r] = _check_fanout(v, f"{name}[{key!r}]")
+            missing = [self.graph.relation_names[r] if self.graph.relation_names else r
+                       for r, v in enumerate(fans) if v is None]
+            if missing:
+                raise ValueError(f"{name} has no fan-out for relation(s) {missing}; give every "
+                                 "relation one (-1 for all edges, 0 for none)")
+            return torch.tensor(fans, dtype=torch.int64, device=self.graph.device)
+        return _check_fanout(f, name)
+
+    def _input_nodes(self, input_nodes) -> torch.Tensor:
+        ids = self._seed_ids(input_nodes)
+        # A seed twice would be one destination node sampled twice (twice the fan-out).
+        if ids.unique().numel() != ids.numel():
+            raise ValueError("input_nodes has duplicate ids; give each seed once")
+        return ids
+
+    def _seed_ids(self, input_nodes) -> torch.Tensor:
+        g = self.graph
+        if input_nodes is None:
+            return torch.arange(g.num_nodes, device=g.device)
+        if isinstance(input_nodes, str):
+            return g.nodes_of_type(input_nodes)
+        if isinstance(input_nodes, tuple):
+            if len(input_nodes) != 2 or not isinstance(input_nodes[0], str):
+                raise TypeError("input_nodes as a tuple must be (node type name, ids), got "
+                                f"{input_nodes!r}")
+            of_type = g.nodes_of_type(input_nodes[0])
+            ids = C.check_index(input_nodes[1], "input_nodes[1]", 1)
+            C.check_range(ids, "input_nodes[1]", of_type.numel(),
+                          f"the number of {input_nodes[0]!r} nodes")
+            return of_type[ids.to(g.device).long()]
+        ids = C.check_index(input_nodes, "input_nodes", 1)
+        C.check_range(ids, "input_nodes", g.num_nodes, "graph.num_nodes")
+        ids = ids.to(g.device).long()
+        if g.num_node_types > 1:   # the last block's destinations must be ordered by type
+            ids = ids[torch.sort(g.node_type.long()[ids], stable=True).indices]
+        return ids
+
+    # -- iteration ------------------------------------------------------------------------
+    def _part_seeds(self) -> torch.Tensor:
+        seeds = self.seeds
+        if self.shuffle:
+            seeds = seeds[torch.randperm(seeds.numel(), generator=self.shuffle_generator,
+                                         device=seeds.device)]
+        share = seeds.numel() // self.num_parts if self.num_parts > 1 else seeds.numel()
+        return seeds[self.part * share:(self.part + 1) * share]
+
+    def __len__(self) -> int:
+        n = self.seeds.numel() // self.num_parts if self.num_parts > 1 else self.seeds.numel()
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self):
+        seeds = self._part_seeds()
+        for b in range(len(self)):
+            chunk = seeds[b * self.batch_size:(b + 1) * self.batch_size]
+            if self.graph.num_node_types > 1:
+                chunk = chunk[torch.sort(self.index.node_type[chunk], stable=True).indices]
+            yield self.sample(chunk)
+
+    def sample(self, seeds: torch.Tensor) -> Batch:
+        """The batch of these seeds (global ids, ordered by node type)."""
+        g, blocks, node_ids = self.graph, [], []
+        dst = seeds
+        for fanout in self.fanouts:
+            src, dst_pos, rel = sample_hop(self.index, dst, fanout, self.generator)
+            nodes, dst_local, src_local = relabel(self.index, dst, src)
+            ntype = self.index.node_type[nodes]
+            block = Graph(torch.stack([src_local, dst_local[dst_pos]]), edge_type=rel,
+                          num_nodes=nodes.numel(), num_relations=g.num_relations,
+                          node_type=ntype, num_node_types=g.num_node_types,
+                          node_type_names=g.node_type_names, relation_names=g.relation_names)
+            dst_counts = torch.bincount(self.index.node_type[dst], minlength=g.num_node_types)
+            dst_ptr = [0] + torch.cumsum(dst_counts, 0).tolist()
+            # One node type: the destinations are exactly the first sources (no index needed).
+            mark_block(block, dst.numel(), dst_local if g.num_node_types > 1 else None, dst_ptr)
+            blocks.append(block)
+            node_ids.append(nodes)
+            dst = nodes
+        return Batch(blocks[::-1], node_ids[::-1], seeds, self.node_type_ptr, g.node_type_names)
+
+
+def _as_list(num_neighbors) -> list:
+    if isinstance(num_neighbors, (int, dict)) or not isinstance(num_neighbors, Sequence) \
+            or isinstance(num_neighbors, str) or len(num_neighbors) == 0:
+        raise TypeError("num_neighbors must be a non-empty list (one entry per layer) of ints "
+                        f"or dicts {{relation: int}}, got {num_neighbors!r}")
+    return list(num_neighbors)
+
+
+def _check_fanout(v, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < -1:
+        raise ValueError(f"{name} must be an int >= -1 (-1: every neighbour), got {v!r}")
+    return v

@@ -1,0 +1,100 @@
+"""Mini-batch training for ``hector train --batch-size B --fanout 25,20``: the loader over the
+training nodes, one epoch of batches, sampled inference, and the estimate that decides when
+full-graph training would not fit on the device."""
+from __future__ import annotations
+
+import os
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..loader import NeighborLoader
+
+DEFAULT_BATCH_SIZE = 1024
+DEFAULT_FANOUT = (25, 20)
+#: Full-graph training keeps, per layer, a few activations per edge (messages, scores and
+#: their gradients) and per node: this many [rows, width] fp32 arrays of each.
+EDGE_ARRAYS, NODE_ARRAYS = 4, 6
+#: Fraction of the free memory full-graph training may plan to use.
+HEADROOM = 0.7
+
+
+def parse_fanout(text) -> List[int]:
+    """``"25,20"`` -> ``[25, 20]`` (one fan-out per layer, PyG's order: the first hop around
+    the seeds first; -1 = every neighbour)."""
+    if isinstance(text, (list, tuple)):
+        values = list(text)
+    else:
+        try:
+            values = [int(v) for v in str(text).split(",")]
+        except ValueError:
+            raise ValueError(f"--fanout must be comma-separated ints (e.g. 25,20), got {text!r}")
+    if len(values) != 2 or any(v < -1 for v in values):
+        raise ValueError(f"--fanout needs one int >= -1 per layer of the 2-layer models, got "
+                         f"{text!r}")
+    return values
+
+
+def full_graph_bytes(num_nodes: int, num_edges: int, width: int, in_width: int) -> int:
+    """A deliberately simple estimate of full-graph training memory: per layer
+    ``EDGE_ARRAYS`` edge-wise and ``NODE_ARRAYS`` node-wise fp32 arrays of the hidden width
+    (forward values kept for the backward, and their gradients), plus the input features."""
+    per_layer = 4 * width * (EDGE_ARRAYS * num_edges + NODE_ARRAYS * num_nodes)
+    return 2 * per_layer + 4 * in_width * num_nodes
+
+
+def free_bytes(device: torch.device) -> Optional[int]:
+    """Free memory on ``device`` (CUDA: the driver's count; CPU: available physical memory
+    where the OS says; None when unknown)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def fits_full_graph(data, cfg: dict, device: torch.device):
+    """(fits?, estimated bytes, free bytes) for full-graph training of ``cfg`` on ``data``."""
+    width = cfg["hidden"] * max(cfg["heads"], 1)
+    in_width = 0 if data.x is None else int(data.x.shape[1])
+    need = full_graph_bytes(data.num_nodes, data.num_edges, width, in_width)
+    free = free_bytes(device)
+    return (free is None or need <= HEADROOM * free), need, free
+
+
+def make_loader(graph, nodes, cfg: dict, rank: int = 0, world: int = 1) -> NeighborLoader:
+    """The training loader: shuffled each epoch (the same order on every rank), rank
+    ``rank`` sampling its ``1 / world`` share of the seeds, every rank the same number of
+    batches (so the gradient all-reduces of DistributedDataParallel pair up)."""
+    return NeighborLoader(graph, cfg["fanout"], input_nodes=nodes, batch_size=cfg["batch_size"],
+                          shuffle=True, seed=cfg["seed"], num_parts=world, part=rank)
+
+
+def train_epoch(model, opt, loader, x, y) -> float:
+    """One pass over ``loader``'s batches, one optimizer step per batch; mean loss."""
+    total, seen = 0.0, 0
+    for batch in loader:
+        opt.zero_grad(set_to_none=True)
+        x_b = None if x is None else x.index_select(0, batch.n_id)
+        logits = model(x_b, batch.blocks, n_id=batch.n_id)
+        loss = F.cross_entropy(logits.float(), y[batch.seed])
+        loss.backward()
+        opt.step()
+        total += loss.item() * batch.batch_size
+        seen += batch.batch_size
+    return total / max(seen, 1)
+
+
+@torch.no_grad()
+def predict_sampled(model, graph, x, nodes: torch.Tensor, cfg: dict, num_classes: int):
+    """Logits of ``nodes`` by sampled inference (the training fan-outs, fixed seed); rows of
+    other nodes are zero.  For graphs whose full-graph forward would not fit."""
+    out = torch.zeros(graph.num_nodes, num_classes, device=nodes.device)
+    loader = NeighborLoader(graph, cfg["fanout"], input_nodes=nodes, batch_size=cfg["batch_size"],
+                            seed=cfg["seed"])
+    for batch in loader:
+        x_b = None if x is None else x.index_select(0, batch.n_id)
+        out[batch.seed] = model(x_b, batch.blocks, n_id=batch.n_id).float()
+    return out

@@ -1,0 +1,154 @@
+"""Mini-batch training: every model on blocks equals the full-graph model where sampling
+keeps every neighbour, DistributedDataParallel over two gloo processes gives the gradients
+of the union batch, the loop switches to mini-batches when the graph would not fit, and
+``hector train --batch-size`` runs."""
+import argparse
+import io
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hector import Graph
+from hector.datasets.base import Dataset
+from hector.loader import NeighborLoader
+from hector.train import configure, distributed, minibatch, train
+from hector.train.defaults import MODELS
+from hector.train.models import build
+
+NUM_NODES, NUM_RELATIONS, NUM_CLASSES = 40, 3, 4
+
+
+def tiny_data(features=True, seed=0, node_types=1):
+    """40 nodes, 200 edges of 3 relations; with ``node_types`` 2, nodes 0-19 and 20-39 are
+    two node types (blocks then order their sources by type: destinations are no prefix)."""
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, NUM_NODES, (2, 200), generator=g)
+    et = torch.randint(0, NUM_RELATIONS, (200,), generator=g)
+    x = torch.randn(NUM_NODES, 6, generator=g) if features else None
+    y = torch.randint(0, NUM_CLASSES, (NUM_NODES,), generator=g)
+    typed = dict(node_type=torch.arange(NUM_NODES) // 20, node_type_names=["a", "b"]) \
+        if node_types == 2 else {}
+    return Dataset(name="tiny", edge_index=ei, num_nodes=NUM_NODES, edge_type=et,
+                   num_relations=NUM_RELATIONS, x=x, y=y, train_idx=torch.arange(16),
+                   test_idx=torch.arange(16, 40), num_classes=NUM_CLASSES, **typed)
+
+
+def tiny_model(model, data, seed=0):
+    cfg = dict(hidden=8, heads=2, dropout=0.0, num_bases=2 if model == "rgcn" else None,
+               first_layer="rgcn")
+    torch.manual_seed(seed)
+    return build(model, data, cfg, backend="torch")
+
+
+def parse(*argv):
+    p = argparse.ArgumentParser()
+    configure(p)
+    return p.parse_args(list(argv) + ["--no-progress"])
+
+
+@pytest.mark.parametrize("node_types", [1, 2])
+@pytest.mark.parametrize("features", [True, False])
+@pytest.mark.parametrize("model", MODELS)
+def test_blocks_with_every_neighbour_equal_the_full_graph(model, features, node_types):
+    """Fan-out -1 keeps each seed's whole 2-hop neighbourhood: the logits of the seeds must
+    be the full-graph logits' rows (every model, with features and featureless, with one
+    node type and with two, where the destinations are not the first sources)."""
+    data = tiny_data(features, node_types=node_types)
+    net = tiny_model(model, data).eval()
+    full = net(data.x, data.edge_index, data.edge_type)
+    batch = next(iter(NeighborLoader(data.graph, [-1, -1], batch_size=9, shuffle=True, seed=1)))
+    assert (batch.blocks[0].dst_index is not None) == (node_types == 2)
+    x = None if data.x is None else data.x[batch.n_id]
+    out = net(x, batch.blocks, n_id=batch.n_id)
+    assert out.shape == (9, NUM_CLASSES)
+    torch.testing.assert_close(out, full[batch.seed], rtol=1e-4, atol=1e-5)
+
+
+def _ddp_worker(rank, world, folder):
+    distributed.init(torch.device("cpu"), rank, world)
+    try:
+        data = tiny_data()
+        model = tiny_model("rgcn", data)
+        net = distributed.wrap(model, torch.device("cpu"))
+        loader = NeighborLoader(data.graph, [-1, -1], input_nodes=data.train_idx, batch_size=4,
+                                shuffle=True, seed=3, num_parts=world, part=rank)
+        batch = next(iter(loader))
+        logits = net(data.x[batch.n_id], batch.blocks, n_id=batch.n_id)
+        F.cross_entropy(logits, data.y[batch.seed]).backward()
+        torch.save({"seed": batch.seed, "batches": len(loader),
+                    "grads": {n: p.grad for n, p in model.named_parameters()}},
+                   f"{folder}/rank{rank}.pt")
+    finally:
+        distributed.shutdown()
+
+
+def test_two_gloo_processes_give_the_union_batch_gradients(tmp_path):
+    distributed.spawn(_ddp_worker, 2, str(tmp_path))
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    seeds = torch.cat([r["seed"] for r in ranks])
+    assert seeds.unique().numel() == 8                     # disjoint shares of 4
+    assert ranks[0]["batches"] == ranks[1]["batches"] == 2  # 16 seeds / 2 ranks / 4
+    # One process, the union batch: the mean loss over 8 seeds is the mean of the two
+    # ranks' means, so its gradient is DDP's average.
+    data = tiny_data()
+    model = tiny_model("rgcn", data)
+    batch = NeighborLoader(data.graph, [-1, -1], input_nodes=seeds).sample(seeds)
+    F.cross_entropy(model(data.x[batch.n_id], batch.blocks, n_id=batch.n_id),
+                    data.y[seeds]).backward()
+    for name, p in model.named_parameters():
+        for r in ranks:
+            torch.testing.assert_close(r["grads"][name], p.grad, rtol=1e-4, atol=1e-6)
+    # ...and not the gradient of one rank's batch alone.
+    assert not torch.allclose(ranks[0]["grads"]["conv2.weight"],
+                              _one_rank_grad(data, ranks[0]["seed"]), rtol=1e-3)
+
+
+def _one_rank_grad(data, seeds):
+    model = tiny_model("rgcn", data)
+    batch = NeighborLoader(data.graph, [-1, -1], input_nodes=seeds).sample(seeds)
+    F.cross_entropy(model(data.x[batch.n_id], batch.blocks, n_id=batch.n_id),
+                    data.y[seeds]).backward()
+    return model.conv2.weight.grad
+
+
+def test_switches_to_mini_batches_when_the_graph_would_not_fit(monkeypatch):
+    monkeypatch.setattr(minibatch, "free_bytes", lambda device: 10_000)
+    out = io.StringIO()
+    result = train(parse("--model", "gat", "--dataset", "synthetic:cora", "--epochs", "1",
+                         "--hidden", "4", "--heads", "1"), out=out)
+    text = out.getvalue()
+    assert "training by mini-batches" in text and "sampled inference" in text
+    assert result["batch_size"] == minibatch.DEFAULT_BATCH_SIZE
+    assert re.search(r"RESULT .*batch_size=1024 fanout=25,20 devices=1", text)
+
+
+def test_full_graph_estimate_grows_with_the_graph():
+    small = minibatch.full_graph_bytes(100, 1000, 16, 8)
+    assert minibatch.full_graph_bytes(200, 2000, 16, 8) == 2 * small
+    assert minibatch.full_graph_bytes(100, 1000, 32, 8) > small
+
+
+@pytest.mark.parametrize("model", ["rgcn", "hgt"])
+def test_hector_train_batch_size_runs(model):
+    out = io.StringIO()
+    result = train(parse("--model", model, "--dataset", "synthetic:cora", "--epochs", "2",
+                         "--hidden", "8", "--heads", "2", "--batch-size", "64",
+                         "--fanout", "5,5", "--log-every", "1"), out=out)
+    assert result["batch_size"] == 64 and 0.0 <= result["test_acc"] <= 1.0
+    text = out.getvalue()
+    assert len(re.findall(r"^epoch\s+\d+\s+loss", text, re.M)) == 2
+    assert re.match(r"settings .* batch_size=64 fanout=5,5 devices=1", text)
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--batch-size", "0"], "--batch-size"),
+    (["--batch-size", "8", "--fanout", "5"], "--fanout"),
+    (["--batch-size", "8", "--fanout", "a,b"], "--fanout"),
+    (["--devices", "0"], "--devices"),
+    (["--batch-size", "8", "--resume", "nowhere.pt"], "--resume"),
+])
+def test_bad_minibatch_options_name_the_option(argv, option):
+    with pytest.raises(ValueError, match=option):
+        train(parse("--model", "gat", "--dataset", "synthetic:cora", *argv), out=io.StringIO())
