@@ -4,10 +4,11 @@ without end."""
 import pytest
 import torch
 
-from hector import Graph, models
+from hector import Graph
+from hector.compiler import models
 from hector.compiler.program import PLAN_CACHE_SIZE, Program
 from hector.loader import NeighborLoader
-from hector.passes.common import GraphStats
+from hector.compiler.passes.common import GraphStats
 
 
 def blocks(n):
