@@ -22,19 +22,22 @@ import torch
 from .ir import Value, toposort
 from .plan import Plan, Step
 from .steps_torch import GraphIndex, eval_body, eval_op
-from .steps_triton import run_attention, run_gemm, run_wgrad
+from .steps_triton import run_attention, run_gemm, run_traversal, run_wgrad
 
 
 def triton_step(step: Step) -> bool:
     """Whether the Triton backend runs ``step`` on a Triton kernel (the rest: torch ops)."""
     return step.template == "attention" or (
-        step.template == "gemm" and step.body.op in ("linear", "wgrad"))
+        step.template == "gemm" and step.body.op in ("linear", "wgrad")) or (
+        step.template == "traversal" and step.spec.linear is not None)
 
 
 def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str) -> torch.Tensor:
     if backend == "triton" and triton_step(step):
         if step.template == "attention":
             return run_attention(step, args, ix, "triton")
+        if step.template == "traversal":
+            return run_traversal(step, args, ix)
         if step.body.op == "wgrad":
             return run_wgrad(step, args[0], args[1], ix)
         x, w = args

@@ -15,7 +15,8 @@ import torch
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.segment_mm.spec import GemmSpec
 from .ir import CDST, CSRC, EDGE, NODE, Value, WEIGHT, toposort
-from .plan import Plan, RowSegments, Step, TraversalSpec
+from ..kernels.traversal.spec import MAX_ADDENDS
+from .plan import LinearTraversal, Plan, RowSegments, Step, TraversalSpec
 
 LEAVES = ("input", "param", "saved", "grad_output", "arg")
 
@@ -128,10 +129,89 @@ def traversal_spec(body: Value) -> TraversalSpec:
         if b.op == "scatter":
             reductions.append(line)
     space = _space(body)
-    sched = "node-parallel" if body.op == "scatter" and body.kind in (NODE, CDST, CSRC) \
-        else "edge-parallel" if space == EDGE else "row-parallel"
+    linear, declined = linear_traversal(body)
+    if linear is not None:   # one program per output row walking its CSR entries
+        sched = "node-parallel"
+    else:
+        sched = "node-parallel" if body.op == "scatter" and body.kind in (NODE, CDST, CSRC) \
+            else "edge-parallel" if space == EDGE else "row-parallel"
     return TraversalSpec(space=space, statements=tuple(statements),
-                         reductions=tuple(reductions), schedule=sched)
+                         reductions=tuple(reductions), schedule=sched, linear=linear,
+                         declined=declined)
+
+
+class _Decline(Exception):
+    """A traversal body the ``traversal_csr`` kernel cannot run (the message says why)."""
+
+
+def linear_traversal(body: Value) -> Tuple[object, str]:
+    """(:class:`LinearTraversal`, "") when ``body`` is ``M arg + sum c_i arg_i + bias`` with
+    ``M`` a chain of gathers, scatters (sum/mean) and scales; else (None, the reason)."""
+    try:
+        form = _terms(body)
+        if form["source"] is None or all(m[0] == "scale" for m in form["source"][1]):
+            raise _Decline("no gather or scatter to run")
+        src, movements = form["source"]
+        if src.shape != body.shape:
+            raise _Decline(f"source shape {src.shape} differs from the output's {body.shape}")
+        for a, _ in form["addends"]:
+            if a.kind != body.kind or a.shape != body.shape:
+                raise _Decline(f"addend {a.kind}{a.shape} is not shaped like the output "
+                               f"{body.kind}{body.shape}")
+        if len(form["addends"]) > MAX_ADDENDS:
+            raise _Decline(f"more than {MAX_ADDENDS} addends")
+        if len(form["bias"]) > 1 or any(c != 1.0 for _, c in form["bias"]):
+            raise _Decline("more than one weight vector added, or one subtracted")
+        bias = form["bias"][0][0].attr("index") if form["bias"] else None
+        return LinearTraversal(
+            source=src.attr("index"), movements=tuple(movements),
+            addends=tuple((a.attr("index"), c) for a, c in form["addends"]),
+            bias=bias), ""
+    except _Decline as why:
+        return None, str(why)
+
+
+def _terms(v: Value) -> dict:
+    """``v`` as {source: (arg, movements) or None, addends: [(arg, coef)], bias: [(arg, coef)]}."""
+    if v.op == "arg":
+        if v.kind == WEIGHT:
+            if v.per is not None:
+                raise _Decline(f"a per-{v.per} weight vector is read per row")
+            return dict(source=None, addends=[], bias=[(v, 1.0)])
+        return dict(source=None, addends=[(v, 1.0)], bias=[])
+    if v.op in ("gather", "scatter", "scale", "neg"):
+        return dict(source=_chain(v), addends=[], bias=[])
+    if v.op in ("add", "sub"):
+        x, y = _terms(v.args[0]), _terms(v.args[1])
+        sign = -1.0 if v.op == "sub" else 1.0
+        if x["source"] is not None and y["source"] is not None:
+            raise _Decline("two moved operands are added (one source per kernel)")
+        if sign < 0 and y["source"] is not None:
+            raise _Decline("a moved operand is subtracted")
+        return dict(source=x["source"] or y["source"],
+                    addends=x["addends"] + [(a, sign * c) for a, c in y["addends"]],
+                    bias=x["bias"] + [(a, sign * c) for a, c in y["bias"]])
+    raise _Decline(f"statement {v.op!r} is not a movement or an addition")
+
+
+def _chain(v: Value):
+    """(source arg, movements innermost first) of a chain of gathers/scatters/scales."""
+    if v.op == "arg":
+        if v.kind == WEIGHT:
+            raise _Decline("a weight is moved")
+        return v, []
+    if v.op in ("scale", "neg"):
+        src, ms = _chain(v.args[0])
+        return src, ms + [("scale", -1.0 if v.op == "neg" else float(v.attr("factor")))]
+    if v.op == "gather":
+        src, ms = _chain(v.args[0])
+        return src, ms + [("gather", v.args[0].kind, v.kind, v.attr("end"), v.attr("norm"))]
+    if v.op == "scatter":
+        if v.attr("reduce") not in ("sum", "mean"):
+            raise _Decline(f"scatter reduce {v.attr('reduce')!r}")
+        src, ms = _chain(v.args[0])
+        return src, ms + [("scatter", v.kind, v.args[0].kind, v.attr("end"), v.attr("reduce"))]
+    raise _Decline(f"statement {v.op!r} inside a movement chain")
 
 
 def _space(body: Value) -> str:

@@ -40,14 +40,48 @@ class RowSegments:
 
 
 @dataclass(frozen=True)
+class LinearTraversal:
+    """A traversal whose statements are data movements and additions only:
+    ``out = M in[source] + sum_i coef_i in[i] + in[bias]``, ``M`` the product of
+    ``movements`` (innermost first), run by the ``traversal_csr`` kernel on ``M``'s weighted
+    CSR (composed once per graph).  A movement is ``("gather", one, many, end, norm)``,
+    ``("scatter", one, many, end, reduce)`` or ``("scale", factor)``."""
+    source: int
+    movements: Tuple[tuple, ...]
+    addends: Tuple[Tuple[int, float], ...] = ()
+    bias: Optional[int] = None
+
+    def describe(self) -> str:
+        terms = [f"M in{self.source}"]
+        terms += [f"{'+' if c > 0 else '-'} {abs(c):g} in{i}" for i, c in self.addends]
+        if self.bias is not None:
+            terms.append(f"+ in{self.bias} (bias)")
+        moves = " . ".join(_movement(m) for m in reversed(self.movements))
+        return f"kernel traversal_csr: out = {' '.join(terms)}; M = {moves}"
+
+
+def _movement(m: tuple) -> str:
+    if m[0] == "scale":
+        return f"scale({m[1]:g})"
+    op, one, many, end, how = m
+    frm, to = (one, many) if op == "gather" else (many, one)
+    return f"{op}[{frm}->{to} by {end}{', ' + how if how else ''}]"
+
+
+@dataclass(frozen=True)
 class TraversalSpec:
     """A traversal kernel's semantics: ``space`` is what one program iterates ('edge' rows,
     'node' rows via CSR by destination, compact rows), ``statements`` the fused operator
-    chain (one line each, in the order they run), ``reductions`` the scatters it ends with."""
+    chain (one line each, in the order they run), ``reductions`` the scatters it ends with.
+    ``linear``: the kernel form when the statements are movements and additions (the Triton
+    backend runs it on ``traversal_csr``); else ``declined`` says why the step runs as torch
+    ops."""
     space: str
     statements: Tuple[str, ...]
     reductions: Tuple[str, ...]
     schedule: str   # 'edge-parallel' (one lane per row) or 'node-parallel' (one program per CSR row)
+    linear: Optional[LinearTraversal] = None
+    declined: str = ""
 
 
 @dataclass(frozen=True)
@@ -88,11 +122,13 @@ class Plan:
                 lines.append(f"      {s.note}")
             if isinstance(s.spec, TraversalSpec):
                 lines.extend(f"      | {st}" for st in s.spec.statements)
+                lines.append("      " + (s.spec.linear.describe() if s.spec.linear else
+                                         f"torch ops (no traversal kernel: {s.spec.declined})"))
         return "\n".join(lines)
 
 
 def _short(spec) -> str:
     fields = getattr(spec, "__dataclass_fields__", {})
     parts = [f"{k}={getattr(spec, k)!s}" for k in fields
-             if k not in ("statements", "reductions", "dtype")]
+             if k not in ("statements", "reductions", "dtype", "linear", "declined")]
     return "(" + ", ".join(parts) + ")"

@@ -1,5 +1,8 @@
-"""The Triton backend's two kernel templates as the compiler calls them.
+"""The Triton backend's kernel templates as the compiler calls them.
 
+* ``traversal`` steps whose spec has a :class:`~hector.compiler.plan.LinearTraversal` ->
+  :func:`hector.kernels.traversal.op.traverse` on the movement chain's weighted CSR, composed
+  once per graph (:func:`movement_csr`);
 * ``gemm`` steps -> :func:`hector.kernels.segment_mm.op.segment_mm` (segment GEMM with
   gather/scatter);
 * ``attention`` steps -> :func:`hector.kernels.attention.op.edge_attention`.  That op takes
@@ -27,7 +30,9 @@ from ..kernels.attention.op import edge_attention
 from ..kernels.segment_mm.launch import launch_wgrad
 from ..kernels.segment_mm.op import segment_mm
 from ..kernels.segment_mm.spec import GemmSpec, default_schedule
-from .ir import CDST, CSRC, EDGE, NODE, Value
+from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, scaled
+from ..kernels.traversal.op import traverse
+from .ir import CDST, CSRC, EDGE, NODE, Value, toposort
 from .plan import RowSegments
 from .steps_torch import GraphIndex, _operand, attention_score, edge_side, edge_softmax
 
@@ -125,6 +130,52 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     if headwise:   # [(head, slice), K, N] -> [slice, head, K, N]
         dw = dw.view(H, S // H, K, N).transpose(0, 1).contiguous()
     return dw[0] if v.per is None else dw
+
+
+def _movement_factor(ix: GraphIndex, move: tuple) -> WeightedCSR:
+    """One gather (``[many, one]``, an entry per ``many`` row) or scatter (``[one, many]``) as
+    a weighted CSR; a mean weighs each entry by ``1 / count`` of its ``one`` row."""
+    op, one, many, end, how = move
+    idx = ix.move(one, many, end)
+    val = ix.counts(one, many, end).index_select(0, idx).reciprocal() if how == "mean" else None
+    rows = torch.arange(ix.rows[many], device=idx.device)
+    if op == "gather":
+        return from_coo(rows, idx, val, ix.rows[many], ix.rows[one])
+    return from_coo(idx, rows, val, ix.rows[one], ix.rows[many])
+
+
+def movement_csr(ix: GraphIndex, movements: tuple) -> WeightedCSR:
+    """The product of a traversal's movements (innermost first) as one weighted CSR: built
+    from the graph's index arrays on the first call, memoised on the graph's index."""
+    key = ("traversal_csr", movements)
+    if key not in ix.memo:
+        m, factor = None, 1.0
+        for move in movements:
+            if move[0] == "scale":
+                factor *= move[1]
+                continue
+            f = _movement_factor(ix, move)
+            m = f if m is None else compose(f, m)
+        ix.memo[key] = scaled(m, factor) if factor != 1.0 else m
+    return ix.memo[key]
+
+
+def run_traversal(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
+    """A movement-and-addition traversal on the ``traversal_csr`` kernel: rows read in place
+    through the composed CSR, addends and bias fused into the same pass."""
+    lt = step.spec.linear
+    m = movement_csr(ix, lt.movements)
+    bias = None
+    if lt.bias is not None:   # a weight vector broadcast to one output row (weight-sized)
+        bias = _bias_row(step, inputs[lt.bias], lt.bias, ix)
+    return traverse(m, inputs[lt.source], [inputs[i] for i, _ in lt.addends],
+                    [c for _, c in lt.addends], bias, backend="triton")
+
+
+def _bias_row(step, t: torch.Tensor, index: int, ix: GraphIndex) -> torch.Tensor:
+    """The bias weight as one output row, broadcast the way the torch backend's ``add`` does."""
+    arg = next(b for b in toposort([step.body]) if b.op == "arg" and b.attr("index") == index)
+    return _operand(t, arg, step.body.kind, ix).expand((1,) + tuple(step.body.shape)).reshape(-1)
 
 
 def _derived_graph(ix: GraphIndex, src_kind: str):
