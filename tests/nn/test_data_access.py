@@ -75,7 +75,7 @@ def test_triton_traversals_match_torch_backend(name, fuse, autodiff):
         assert rel_err(a, b) < 1e-4
 
 
-@pytest.mark.parametrize("name", ["rgcn", "hgt"])
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_bf16_storage_matches_fp32_reference(name):
     m, g, d = _module(name, "triton")
     out, got = _run(m, g, d, torch.bfloat16)
@@ -135,3 +135,24 @@ def test_rgcn_has_no_edge_sized_torch_gather_or_scatter():
 @pytest.mark.parametrize("name", ["rgat", "hgt"])
 def test_attention_layers_have_no_edge_sized_torch_gather_or_scatter(name):
     assert _count_edge_moves(name) == []
+
+
+@pytest.mark.parametrize("name", ["rgcn", "hgt"])
+def test_half_inputs_stay_half_in_the_kernels(name, monkeypatch):
+    """bf16 storage: the GEMM and traversal kernels receive bf16 rows and weights (the
+    program used to upcast everything to fp32 first)."""
+    from hector.compiler import steps_triton
+    seen = []
+
+    def spy(fn):
+        def wrapped(*args, **kwargs):
+            seen.extend(a.dtype for a in args[:2] if isinstance(a, torch.Tensor)
+                        and a.is_floating_point())
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(steps_triton, "segment_mm", spy(steps_triton.segment_mm))
+    monkeypatch.setattr(steps_triton, "traverse", spy(steps_triton.traverse))
+    m, g, d = _module(name, "triton")
+    out, _ = _run(m, g, d, torch.bfloat16)
+    assert seen and set(seen) == {torch.bfloat16}
