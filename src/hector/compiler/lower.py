@@ -8,6 +8,7 @@ segmentation for a typed linear, an ``AttentionSpec`` for a fused attention, a
 """
 from __future__ import annotations
 
+import math
 from typing import List, Sequence, Tuple
 
 import torch
@@ -145,73 +146,67 @@ class _Decline(Exception):
 
 
 def linear_traversal(body: Value) -> Tuple[object, str]:
-    """(:class:`LinearTraversal`, "") when ``body`` is ``M arg + sum c_i arg_i + bias`` with
-    ``M`` a chain of gathers, scatters (sum/mean) and scales; else (None, the reason)."""
+    """(:class:`LinearTraversal`, "") when ``body`` is a sum of moved inputs (chains of
+    gathers, scatters with sum/mean, scales), unmoved inputs shaped like the output and at
+    most one bias vector; else (None, the reason)."""
     try:
-        form = _terms(body)
-        if form["source"] is None or all(m[0] == "scale" for m in form["source"][1]):
+        terms, biases = _terms(body)
+        sources = [(a, tuple(ms), c) for a, ms, c in terms if ms]
+        addends = [(a, c) for a, ms, c in terms if not ms]
+        if not sources:
             raise _Decline("no gather or scatter to run")
-        src, movements = form["source"]
-        if src.shape != body.shape:
-            raise _Decline(f"source shape {src.shape} differs from the output's {body.shape}")
-        for a, _ in form["addends"]:
-            if a.kind != body.kind or a.shape != body.shape:
+        width = math.prod(body.shape)   # rows are read flat: a reshape costs nothing
+        for a, _, _ in sources:
+            if math.prod(a.shape) != width:
+                raise _Decline(f"moved input shape {a.shape} differs from the output's "
+                               f"{body.shape}")
+        for a, _ in addends:
+            if a.kind != body.kind or math.prod(a.shape) != width:
                 raise _Decline(f"addend {a.kind}{a.shape} is not shaped like the output "
                                f"{body.kind}{body.shape}")
-        if len(form["addends"]) > MAX_ADDENDS:
+        if len(addends) > MAX_ADDENDS:
             raise _Decline(f"more than {MAX_ADDENDS} addends")
-        if len(form["bias"]) > 1 or any(c != 1.0 for _, c in form["bias"]):
-            raise _Decline("more than one weight vector added, or one subtracted")
-        bias = form["bias"][0][0].attr("index") if form["bias"] else None
+        if len(biases) > 1 or any(c != 1.0 for _, c in biases):
+            raise _Decline("more than one weight vector added, or one scaled")
         return LinearTraversal(
-            source=src.attr("index"), movements=tuple(movements),
-            addends=tuple((a.attr("index"), c) for a, c in form["addends"]),
-            bias=bias), ""
+            sources=tuple((a.attr("index"), ms, c) for a, ms, c in sources),
+            addends=tuple((a.attr("index"), c) for a, c in addends),
+            bias=biases[0][0].attr("index") if biases else None), ""
     except _Decline as why:
         return None, str(why)
 
 
-def _terms(v: Value) -> dict:
-    """``v`` as {source: (arg, movements) or None, addends: [(arg, coef)], bias: [(arg, coef)]}."""
+def _terms(v: Value):
+    """``v`` as ([(arg, movements innermost first, coef)], [(weight arg, coef)]): movements
+    distribute over sums (``scatter(a + b) = scatter(a) + scatter(b)``)."""
     if v.op == "arg":
-        if v.kind == WEIGHT:
-            if v.per is not None:
-                raise _Decline(f"a per-{v.per} weight vector is read per row")
-            return dict(source=None, addends=[], bias=[(v, 1.0)])
-        return dict(source=None, addends=[(v, 1.0)], bias=[])
-    if v.op in ("gather", "scatter", "scale", "neg"):
-        return dict(source=_chain(v), addends=[], bias=[])
-    if v.op in ("add", "sub"):
-        x, y = _terms(v.args[0]), _terms(v.args[1])
-        sign = -1.0 if v.op == "sub" else 1.0
-        if x["source"] is not None and y["source"] is not None:
-            raise _Decline("two moved operands are added (one source per kernel)")
-        if sign < 0 and y["source"] is not None:
-            raise _Decline("a moved operand is subtracted")
-        return dict(source=x["source"] or y["source"],
-                    addends=x["addends"] + [(a, sign * c) for a, c in y["addends"]],
-                    bias=x["bias"] + [(a, sign * c) for a, c in y["bias"]])
-    raise _Decline(f"statement {v.op!r} is not a movement or an addition")
-
-
-def _chain(v: Value):
-    """(source arg, movements innermost first) of a chain of gathers/scatters/scales."""
-    if v.op == "arg":
-        if v.kind == WEIGHT:
-            raise _Decline("a weight is moved")
-        return v, []
-    if v.op in ("scale", "neg"):
-        src, ms = _chain(v.args[0])
-        return src, ms + [("scale", -1.0 if v.op == "neg" else float(v.attr("factor")))]
-    if v.op == "gather":
-        src, ms = _chain(v.args[0])
-        return src, ms + [("gather", v.args[0].kind, v.kind, v.attr("end"), v.attr("norm"))]
-    if v.op == "scatter":
-        if v.attr("reduce") not in ("sum", "mean"):
+        if v.kind != WEIGHT:
+            return [(v, [], 1.0)], []
+        if v.per is not None:
+            raise _Decline(f"a per-{v.per} weight vector is read per row")
+        return [], [(v, 1.0)]
+    if v.op in ("gather", "scatter"):
+        if v.op == "scatter" and v.attr("reduce") not in ("sum", "mean"):
             raise _Decline(f"scatter reduce {v.attr('reduce')!r}")
-        src, ms = _chain(v.args[0])
-        return src, ms + [("scatter", v.kind, v.args[0].kind, v.attr("end"), v.attr("reduce"))]
-    raise _Decline(f"statement {v.op!r} inside a movement chain")
+        terms, biases = _terms(v.args[0])
+        if biases:
+            raise _Decline("a weight is moved")
+        move = (("gather", v.args[0].kind, v.kind, v.attr("end"), v.attr("norm"))
+                if v.op == "gather" else
+                ("scatter", v.kind, v.args[0].kind, v.attr("end"), v.attr("reduce")))
+        return [(a, ms + [move], c) for a, ms, c in terms], []
+    if v.op == "reshape":   # same row, other (heads, features) split
+        return _terms(v.args[0])
+    if v.op in ("scale", "neg"):
+        f = -1.0 if v.op == "neg" else float(v.attr("factor"))
+        terms, biases = _terms(v.args[0])
+        return [(a, ms, c * f) for a, ms, c in terms], [(a, c * f) for a, c in biases]
+    if v.op in ("add", "sub"):
+        (tx, bx), (ty, by) = _terms(v.args[0]), _terms(v.args[1])
+        sign = -1.0 if v.op == "sub" else 1.0
+        return (tx + [(a, ms, sign * c) for a, ms, c in ty],
+                bx + [(a, sign * c) for a, c in by])
+    raise _Decline(f"statement {v.op!r} is not a movement, a scale or an addition")
 
 
 def _space(body: Value) -> str:

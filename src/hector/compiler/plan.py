@@ -42,27 +42,31 @@ class RowSegments:
 @dataclass(frozen=True)
 class LinearTraversal:
     """A traversal whose statements are data movements and additions only:
-    ``out = M in[source] + sum_i coef_i in[i] + in[bias]``, ``M`` the product of
-    ``movements`` (innermost first), run by the ``traversal_csr`` kernel on ``M``'s weighted
-    CSR (composed once per graph).  A movement is ``("gather", one, many, end, norm)``,
-    ``("scatter", one, many, end, reduce)`` or ``("scale", factor)``."""
-    source: int
-    movements: Tuple[tuple, ...]
+    ``out = sum_s c_s M_s in[s] + sum_i c_i in[i] + in[bias]``, each ``M_s`` the product of
+    its movements (innermost first), run by the ``traversal_csr`` kernel on ``c_s M_s``'s
+    weighted CSR (composed once per graph), one launch per source, the addends and bias
+    fused into the first.  A movement is ``("gather", one, many, end, norm)`` or
+    ``("scatter", one, many, end, reduce)``."""
+    sources: Tuple[Tuple[int, Tuple[tuple, ...], float], ...]
     addends: Tuple[Tuple[int, float], ...] = ()
     bias: Optional[int] = None
 
     def describe(self) -> str:
-        terms = [f"M in{self.source}"]
-        terms += [f"{'+' if c > 0 else '-'} {abs(c):g} in{i}" for i, c in self.addends]
+        terms = [f"{_coef(c, k == 0)}M{k} in{i}" for k, (i, _, c) in enumerate(self.sources)]
+        terms += [f"{_coef(c, False)}in{i}" for i, c in self.addends]
         if self.bias is not None:
             terms.append(f"+ in{self.bias} (bias)")
-        moves = " . ".join(_movement(m) for m in reversed(self.movements))
-        return f"kernel traversal_csr: out = {' '.join(terms)}; M = {moves}"
+        maps = "; ".join(f"M{k} = " + " . ".join(_movement(m) for m in reversed(ms))
+                         for k, (_, ms, _) in enumerate(self.sources))
+        return f"kernel traversal_csr: out = {' '.join(terms)}; {maps}"
+
+
+def _coef(c: float, first: bool) -> str:
+    sign = ("-" if c < 0 else "") if first else ("- " if c < 0 else "+ ")
+    return sign + ("" if abs(c) == 1 else f"{abs(c):g} ")
 
 
 def _movement(m: tuple) -> str:
-    if m[0] == "scale":
-        return f"scale({m[1]:g})"
     op, one, many, end, how = m
     frm, to = (one, many) if op == "gather" else (many, one)
     return f"{op}[{frm}->{to} by {end}{', ' + how if how else ''}]"

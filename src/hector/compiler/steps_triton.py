@@ -144,32 +144,40 @@ def _movement_factor(ix: GraphIndex, move: tuple) -> WeightedCSR:
     return from_coo(idx, rows, val, ix.rows[one], ix.rows[many])
 
 
-def movement_csr(ix: GraphIndex, movements: tuple) -> WeightedCSR:
-    """The product of a traversal's movements (innermost first) as one weighted CSR: built
-    from the graph's index arrays on the first call, memoised on the graph's index."""
-    key = ("traversal_csr", movements)
+def movement_csr(ix: GraphIndex, movements: tuple, coef: float = 1.0) -> WeightedCSR:
+    """``coef`` times the product of a traversal's movements (innermost first) as one
+    weighted CSR: built from the graph's index arrays on the first call, memoised on the
+    graph's index."""
+    key = ("traversal_csr", movements, coef)
     if key not in ix.memo:
-        m, factor = None, 1.0
+        m = None
         for move in movements:
-            if move[0] == "scale":
-                factor *= move[1]
-                continue
             f = _movement_factor(ix, move)
             m = f if m is None else compose(f, m)
-        ix.memo[key] = scaled(m, factor) if factor != 1.0 else m
+        ix.memo[key] = scaled(m, coef) if coef != 1.0 else m
     return ix.memo[key]
 
 
 def run_traversal(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
     """A movement-and-addition traversal on the ``traversal_csr`` kernel: rows read in place
-    through the composed CSR, addends and bias fused into the same pass."""
+    through each source's composed CSR; the addends and the bias are fused into the first
+    launch, and each further source adds onto the previous launch's output."""
     lt = step.spec.linear
-    m = movement_csr(ix, lt.movements)
-    bias = None
-    if lt.bias is not None:   # a weight vector broadcast to one output row (weight-sized)
-        bias = _bias_row(step, inputs[lt.bias], lt.bias, ix)
-    return traverse(m, inputs[lt.source], [inputs[i] for i, _ in lt.addends],
-                    [c for _, c in lt.addends], bias, backend="triton")
+    bias = None if lt.bias is None else _bias_row(step, inputs[lt.bias], lt.bias, ix)
+    shape = tuple(step.body.shape)
+
+    def rows(t):   # a reshape in the body is a view of the same row
+        return t.reshape((t.shape[0],) + shape)
+
+    out = None
+    for index, movements, coef in lt.sources:
+        m = movement_csr(ix, movements, coef)
+        if out is None:
+            out = traverse(m, rows(inputs[index]), [rows(inputs[i]) for i, _ in lt.addends],
+                           [c for _, c in lt.addends], bias, backend="triton")
+        else:
+            out = traverse(m, rows(inputs[index]), [out], [1.0], backend="triton")
+    return out
 
 
 def _bias_row(step, t: torch.Tensor, index: int, ix: GraphIndex) -> torch.Tensor:
