@@ -8,7 +8,7 @@
    tests/nn/test_data_access.py, tests/compiler/test_autodiff.py, tests/compiler/test_wgrad_steps.py.
 2. Times one training step (forward + backward of the compiled layer, Triton backend) on
    synthetic graphs with the statistics of aifb and ogbn-mag, fp32 and bf16: GPU ms per step
-   (CUDA events, median of --repeats after 2 warm-ups), peak memory of one step, and from
+   (hector.bench.timing: CUDA events, median), peak memory of one step, and from
    torch.profiler the CUDA time of torch's index_select / index_add / index_copy / scatter /
    gather ops against the generated Triton kernels (traversal_csr, segment_mm, attention).
 
@@ -17,7 +17,6 @@ TRITON_INTERPRET=1; uses --scale 0.001 by default there).  Exit status 1 when a 
 """
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -65,22 +64,18 @@ def step_fn(m, g, x, cot):
 
 
 def time_step(step, device, repeats: int):
-    for _ in range(2):
-        step()
+    """(median ms of one step by hector's bench timing, peak bytes of one step above the
+    memory held before it)."""
+    from hector.bench.timing import timed
+    ms = timed(step, device, repeats)["ms"]
     if device.type != "cuda":
-        return float("nan"), 0
+        return ms, 0
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times), torch.cuda.max_memory_allocated() - base
+    step()
+    torch.cuda.synchronize()
+    return ms, torch.cuda.max_memory_allocated() - base
 
 
 def profile(step, device):
