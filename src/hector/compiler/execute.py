@@ -29,7 +29,7 @@ def triton_step(step: Step) -> bool:
     """Whether the Triton backend runs ``step`` on a Triton kernel (the rest: torch ops)."""
     return step.template == "attention" or (
         step.template == "gemm" and step.body.op in ("linear", "wgrad")) or (
-        step.template == "traversal" and step.spec.linear is not None)
+        step.template == "traversal" and step.spec.kernel is not None)
 
 
 def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str) -> torch.Tensor:

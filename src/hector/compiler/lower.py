@@ -131,14 +131,27 @@ def traversal_spec(body: Value) -> TraversalSpec:
             reductions.append(line)
     space = _space(body)
     linear, declined = linear_traversal(body)
-    if linear is not None:   # one program per output row walking its CSR entries
+    softmax = edge_softmax_form(body)
+    if linear is not None or softmax is not None:   # one program per output row (CSR walk)
         sched = "node-parallel"
+        declined = ""
     else:
         sched = "node-parallel" if body.op == "scatter" and body.kind in (NODE, CDST, CSRC) \
             else "edge-parallel" if space == EDGE else "row-parallel"
     return TraversalSpec(space=space, statements=tuple(statements),
                          reductions=tuple(reductions), schedule=sched, linear=linear,
-                         declined=declined)
+                         declined=declined, softmax=softmax)
+
+
+def edge_softmax_form(body: Value):
+    """(input index, leaky slope or None) when ``body`` is ``edge_softmax`` of an edge input,
+    optionally through ``leaky_relu`` (the ``edge_softmax`` kernel's form); else None."""
+    if body.op != "edge_softmax":
+        return None
+    x, slope = body.args[0], None
+    if x.op == "leaky_relu":
+        x, slope = x.args[0], float(x.attr("slope"))
+    return (x.attr("index"), slope) if x.op == "arg" and x.kind == EDGE else None
 
 
 class _Decline(Exception):

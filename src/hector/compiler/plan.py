@@ -86,6 +86,12 @@ class TraversalSpec:
     schedule: str   # 'edge-parallel' (one lane per row) or 'node-parallel' (one program per CSR row)
     linear: Optional[LinearTraversal] = None
     declined: str = ""
+    softmax: Optional[Tuple[int, Optional[float]]] = None   # (input, leaky slope): edge_softmax
+
+    @property
+    def kernel(self) -> Optional[str]:
+        """The Triton kernel the step runs on the Triton backend (None: torch ops)."""
+        return "traversal_csr" if self.linear else "edge_softmax" if self.softmax else None
 
 
 @dataclass(frozen=True)
@@ -126,13 +132,22 @@ class Plan:
                 lines.append(f"      {s.note}")
             if isinstance(s.spec, TraversalSpec):
                 lines.extend(f"      | {st}" for st in s.spec.statements)
-                lines.append("      " + (s.spec.linear.describe() if s.spec.linear else
-                                         f"torch ops (no traversal kernel: {s.spec.declined})"))
+                lines.append("      " + _traversal_kernel(s.spec))
         return "\n".join(lines)
+
+
+def _traversal_kernel(spec: TraversalSpec) -> str:
+    if spec.linear:
+        return spec.linear.describe()
+    if spec.softmax:
+        i, slope = spec.softmax
+        act = f"leaky_relu(in{i}, {slope:g})" if slope is not None else f"in{i}"
+        return f"kernel edge_softmax: softmax of {act} over each destination's edges (CSR by dst)"
+    return f"torch ops (no traversal kernel: {spec.declined})"
 
 
 def _short(spec) -> str:
     fields = getattr(spec, "__dataclass_fields__", {})
     parts = [f"{k}={getattr(spec, k)!s}" for k in fields
-             if k not in ("statements", "reductions", "dtype", "linear", "declined")]
+             if k not in ("statements", "reductions", "dtype", "linear", "declined", "softmax")]
     return "(" + ", ".join(parts) + ")"

@@ -31,7 +31,7 @@ from ..kernels.segment_mm.launch import launch_wgrad
 from ..kernels.segment_mm.op import segment_mm
 from ..kernels.segment_mm.spec import GemmSpec, default_schedule
 from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, scaled
-from ..kernels.traversal.op import traverse
+from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
 from .ir import CDST, CSRC, EDGE, NODE, Value, toposort
 from .plan import RowSegments
 from .steps_torch import GraphIndex, _operand, attention_score, edge_side, edge_softmax
@@ -162,6 +162,12 @@ def run_traversal(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Ten
     """A movement-and-addition traversal on the ``traversal_csr`` kernel: rows read in place
     through each source's composed CSR; the addends and the bias are fused into the first
     launch, and each further source adds onto the previous launch's output."""
+    if step.spec.softmax is not None:
+        index, slope = step.spec.softmax
+        s = inputs[index]
+        # The kernel has no autograd; torch autodiff (recording) takes the torch ops.
+        recording = torch.is_grad_enabled() and s.requires_grad
+        return edge_softmax_kernel(ix.graph, s, slope, backend="torch" if recording else "triton")
     lt = step.spec.linear
     bias = None if lt.bias is None else _bias_row(step, inputs[lt.bias], lt.bias, ix)
     shape = tuple(step.body.shape)
@@ -274,9 +280,13 @@ def _attention_by_dst_relation(body: Value, roles, ix: GraphIndex, backend: str)
     if a_src is not None:
         score = score + (a_src if src_kind == EDGE else
                          a_src.index_select(0, ix.move(src_kind, EDGE, "src")))
-    if slope is not None:
-        score = F.leaky_relu(score, slope)
-    alpha = edge_softmax(score.unsqueeze(-1), ix.move(NODE, EDGE, "dst"), g.num_nodes)
+    if backend == "triton" and not (torch.is_grad_enabled() and score.requires_grad):
+        # (the kernel has no autograd: the IR-autodiff forward runs without recording)
+        alpha = edge_softmax_kernel(g, score.unsqueeze(-1), slope, backend=backend)
+    else:
+        if slope is not None:
+            score = F.leaky_relu(score, slope)
+        alpha = edge_softmax(score.unsqueeze(-1), ix.move(NODE, EDGE, "dst"), g.num_nodes)
     w = alpha.new_zeros((ix.rows[CDST],) + alpha.shape[1:]).index_add(0, grp, alpha)
     dg = _group_graph(ix, src_kind)
     rows = dg.num_nodes

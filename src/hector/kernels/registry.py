@@ -78,6 +78,7 @@ KERNELS: Mapping[str, Entry] = MappingProxyType({
     "row_dot": Entry("row_dot.py.j2", "row_dot_kernel", {}),
     "traversal_csr": Entry("traversal_csr.py.j2", "traversal_csr_kernel",
                            dict(num_addends=(0, 1, 2, 3), has_bias=_BOOL)),
+    "edge_softmax": Entry("edge_softmax.py.j2", "edge_softmax_kernel", dict(has_leaky=_BOOL)),
 })
 
 _lock = threading.RLock()

@@ -69,3 +69,17 @@ class TraversalFunction(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[-1]:
             db = dy.reshape(dy.shape[0], -1).float().sum(0).to(dy.dtype).reshape(ctx.bias_shape)
         return (None, None, None, dx, *da, *([db] if ctx.has_bias else []))
+
+
+def launch_edge_softmax(ptr: torch.Tensor, eid: torch.Tensor, s: torch.Tensor,
+                        slope: Optional[float]) -> torch.Tensor:
+    """``softmax`` of ``s [E, H, 1]`` (after ``leaky_relu(slope)`` when given) over each CSR
+    row's edges, written in ``s``'s edge order and dtype."""
+    out = torch.empty_like(s)
+    rows, heads = ptr.shape[0] - 1, int(s[0].numel()) if s.shape[0] else 0
+    if rows == 0 or s.shape[0] == 0:
+        return out.zero_()
+    kern = registry.kernel("edge_softmax", has_leaky=slope is not None)
+    kern[(rows,)](ptr, eid, s.contiguous(), out, heads, float(slope or 0.0),
+                  BLOCK_E=BLOCK_E, BLOCK_H=_next_pow2(heads))
+    return out

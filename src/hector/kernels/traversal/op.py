@@ -8,8 +8,8 @@ import torch
 from ...checks import check_tensor
 from ...device import choose_backend
 from .csr import WeightedCSR
-from .launch import TraversalFunction
-from .reference import traverse_torch
+from .launch import TraversalFunction, launch_edge_softmax
+from .reference import edge_softmax_torch, traverse_torch
 from .spec import MAX_ADDENDS
 
 
@@ -56,3 +56,21 @@ def traverse(m: WeightedCSR, x: torch.Tensor, addends: Sequence[torch.Tensor] = 
         return traverse_torch(m, x, addends, coefs, bias)
     rest = list(addends) + ([bias] if bias is not None else [])
     return TraversalFunction.apply(m, coefs, bias is not None, x, *rest)
+
+
+def edge_softmax(graph, s: torch.Tensor, negative_slope: Optional[float] = None,
+                 backend: str = "auto") -> torch.Tensor:
+    """Softmax of the edge scores ``s [E, H, 1]`` (canonical edge order) over each
+    destination's incoming edges, after ``leaky_relu(negative_slope)`` when given; one
+    node-parallel kernel over ``graph.csr_in`` on the Triton backend (forward only: the
+    compiler's IR autodiff differentiates it)."""
+    s = check_tensor(s, "s")
+    if s.dim() < 2 or s.shape[0] != graph.num_edges:
+        raise ValueError(f"s must be [num_edges={graph.num_edges}, ...], got {tuple(s.shape)}")
+    if not s.is_floating_point():
+        raise TypeError(f"s must be a floating tensor, got {s.dtype}")
+    if negative_slope is not None and not isinstance(negative_slope, (int, float)):
+        raise TypeError(f"negative_slope must be a number or None, got {negative_slope!r}")
+    if choose_backend(backend, s, "s") == "torch":
+        return edge_softmax_torch(graph.dst.long(), graph.num_nodes, s, negative_slope)
+    return launch_edge_softmax(graph.csr_in.ptr, graph.csr_in.eid, s, negative_slope)
