@@ -156,3 +156,29 @@ def test_half_inputs_stay_half_in_the_kernels(name, monkeypatch):
     m, g, d = _module(name, "triton")
     out, _ = _run(m, g, d, torch.bfloat16)
     assert seen and set(seen) == {torch.bfloat16}
+
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs CUDA: AIFB's 58k edges are too slow for the Triton interpreter")
+@pytest.mark.parametrize("name", ["rgcn", "rgat", "hgt"])
+def test_real_graph_triton_matches_torch_backend(name):
+    root = DATA / "aifb"
+    if not root.exists():
+        pytest.skip(f"dataset folder {root} is absent")
+    from hector import datasets
+    ds = datasets.load("aifb", root=str(root))
+    g = hector.Graph(ds.edge_index, edge_type=ds.edge_type, num_nodes=ds.num_nodes,
+                     num_relations=ds.num_relations).to("cuda")
+    model, dims = CASES[name]
+    results = []
+    for backend in ("triton", "torch"):
+        torch.manual_seed(3)
+        m = hcompile(model, backend=backend, num_relations=g.num_relations, **dims).to("cuda")
+        results.append(_run(m, g, dims["in_dim"]))
+    (out, got), (ref_out, ref) = results
+    assert rel_err(out, ref_out) < 1e-4
+    for a, b in zip(got, ref):
+        assert rel_err(a, b) < 1e-3
