@@ -10,7 +10,8 @@ Two ways to differentiate:
   IR-level autodiff produced and the same passes and lowering compiled.
 
 Backends: ``torch`` evaluates every step with plain torch ops; ``triton`` runs GEMM steps on
-the segment-GEMM kernels and attention steps on the fused attention kernels, and the small
+the segment-GEMM kernels, attention steps on the fused attention kernels, traversal steps
+whose spec names a kernel (``TraversalSpec.kernel``) on the traversal kernels, and the
 remaining traversal and weight steps with torch ops.
 """
 from __future__ import annotations
