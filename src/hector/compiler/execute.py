@@ -10,7 +10,8 @@ Two ways to differentiate:
   IR-level autodiff produced and the same passes and lowering compiled.
 
 Backends: ``torch`` evaluates every step with plain torch ops; ``triton`` runs GEMM steps on
-the segment-GEMM kernels and attention steps on the fused attention kernels, and the small
+the segment-GEMM kernels, attention steps on the fused attention kernels, traversal steps
+whose spec names a kernel (``TraversalSpec.kernel``) on the traversal kernels, and the
 remaining traversal and weight steps with torch ops.
 """
 from __future__ import annotations
@@ -22,19 +23,22 @@ import torch
 from .ir import Op, Value, toposort
 from .plan import Plan, Step
 from .steps_torch import GraphIndex, eval_body, eval_op
-from .steps_triton import run_attention, run_gemm, run_wgrad
+from .steps_triton import run_attention, run_gemm, run_traversal, run_wgrad
 
 
 def triton_step(step: Step) -> bool:
     """Whether the Triton backend runs ``step`` on a Triton kernel (the rest: torch ops)."""
     return step.template == "attention" or (
-        step.template == "gemm" and step.body.op in (Op.LINEAR, Op.WGRAD))
+        step.template == "gemm" and step.body.op in (Op.LINEAR, Op.WGRAD)) or (
+        step.template == "traversal" and step.spec.kernel is not None)
 
 
 def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str) -> torch.Tensor:
     if backend == "triton" and triton_step(step):
         if step.template == "attention":
             return run_attention(step, args, ix, "triton")
+        if step.template == "traversal":
+            return run_traversal(step, args, ix)
         if step.body.op == Op.WGRAD:
             return run_wgrad(step, args[0], args[1], ix)
         x, w = args

@@ -35,6 +35,9 @@ _OPS = {"gemm": "hector.kernels.segment_mm.op.segment_mm (Triton segment GEMM; "
         "traversal": "torch index_select / index_add traversal",
         "weight": "torch (weight-only, once per call)"}
 
+_TRAVERSAL_KERNEL = ("hector.kernels.traversal.op ({} Triton kernel; "
+                     "torch backend: index_select / index_add)")
+
 MODELS = ("rgcn", "rgat", "hgt")
 
 
@@ -86,7 +89,8 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
             continue
         out += ["", f"== {title} ({len(plan.steps)} kernels)", plan.describe(), "", "ops called:"]
         for i, step in enumerate(plan.steps):
-            out.append(f"  [{i}] {_OPS[step.template]}")
+            kern = step.spec.kernel if step.template == "traversal" else None
+            out.append(f"  [{i}] {_TRAVERSAL_KERNEL.format(kern) if kern else _OPS[step.template]}")
             out.extend(f"      {line}" for line in _step_kernels(step, graph, kernels))
     return "\n".join(out + kernels.sources())
 

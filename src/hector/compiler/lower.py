@@ -8,6 +8,7 @@ segmentation for a typed linear, an ``AttentionSpec`` for a fused attention, a
 """
 from __future__ import annotations
 
+import math
 from typing import List, Sequence, Tuple
 
 import torch
@@ -15,7 +16,8 @@ import torch
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.segment_mm.spec import GemmSpec
 from .ir import CDST, CSRC, EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, attention_roles, kernel, toposort
-from .plan import AttentionRows, Plan, RowSegments, Step, TraversalSpec
+from ..kernels.traversal.spec import MAX_ADDENDS
+from .plan import AttentionRows, LinearTraversal, Plan, RowSegments, Step, TraversalSpec
 
 def template_of(v: Value) -> str:
     if v.op == Op.WGRAD:   # segment-grouped outer products: the GEMM template's weight gradient
@@ -143,10 +145,96 @@ def traversal_spec(body: Value) -> TraversalSpec:
         if b.op == Op.SCATTER:
             reductions.append(line)
     space = _space(body)
-    sched = "node-parallel" if body.op == Op.SCATTER and body.kind in (NODE, CDST, CSRC) \
-        else "edge-parallel" if space == EDGE else "row-parallel"
+    linear, declined = linear_traversal(body)
+    softmax = edge_softmax_form(body)
+    if linear is not None or softmax is not None:   # one program per output row (CSR walk)
+        sched = "node-parallel"
+        declined = ""
+    else:
+        sched = "node-parallel" if body.op == Op.SCATTER and body.kind in (NODE, CDST, CSRC) \
+            else "edge-parallel" if space == EDGE else "row-parallel"
     return TraversalSpec(space=space, statements=tuple(statements),
-                         reductions=tuple(reductions), schedule=sched)
+                         reductions=tuple(reductions), schedule=sched, linear=linear,
+                         declined=declined, softmax=softmax)
+
+
+def edge_softmax_form(body: Value):
+    """(input index, leaky slope or None) when ``body`` is ``edge_softmax`` of an edge input,
+    optionally through ``leaky_relu`` (the ``edge_softmax`` kernel's form); else None."""
+    if body.op != "edge_softmax":
+        return None
+    x, slope = body.args[0], None
+    if x.op == "leaky_relu":
+        x, slope = x.args[0], float(x.attr("slope"))
+    return (x.attr("index"), slope) if x.op == "arg" and x.kind == EDGE else None
+
+
+class _Decline(Exception):
+    """A traversal body the ``traversal_csr`` kernel cannot run (the message says why)."""
+
+
+def linear_traversal(body: Value) -> Tuple[object, str]:
+    """(:class:`LinearTraversal`, "") when ``body`` is a sum of moved inputs (chains of
+    gathers, scatters with sum/mean, scales), unmoved inputs shaped like the output and at
+    most one bias vector; else (None, the reason)."""
+    try:
+        terms, biases = _terms(body)
+        sources = [(a, tuple(ms), c) for a, ms, c in terms if ms]
+        addends = [(a, c) for a, ms, c in terms if not ms]
+        if not sources:
+            raise _Decline("no gather or scatter to run")
+        width = math.prod(body.shape)   # rows are read flat: a reshape costs nothing
+        for a, _, _ in sources:
+            if math.prod(a.shape) != width:
+                raise _Decline(f"moved input shape {a.shape} differs from the output's "
+                               f"{body.shape}")
+        for a, _ in addends:
+            if a.kind != body.kind or math.prod(a.shape) != width:
+                raise _Decline(f"addend {a.kind}{a.shape} is not shaped like the output "
+                               f"{body.kind}{body.shape}")
+        if len(addends) > MAX_ADDENDS:
+            raise _Decline(f"more than {MAX_ADDENDS} addends")
+        if len(biases) > 1 or any(c != 1.0 for _, c in biases):
+            raise _Decline("more than one weight vector added, or one scaled")
+        return LinearTraversal(
+            sources=tuple((a.attr("index"), ms, c) for a, ms, c in sources),
+            addends=tuple((a.attr("index"), c) for a, c in addends),
+            bias=biases[0][0].attr("index") if biases else None), ""
+    except _Decline as why:
+        return None, str(why)
+
+
+def _terms(v: Value):
+    """``v`` as ([(arg, movements innermost first, coef)], [(weight arg, coef)]): movements
+    distribute over sums (``scatter(a + b) = scatter(a) + scatter(b)``)."""
+    if v.op == "arg":
+        if v.kind != WEIGHT:
+            return [(v, [], 1.0)], []
+        if v.per is not None:
+            raise _Decline(f"a per-{v.per} weight vector is read per row")
+        return [], [(v, 1.0)]
+    if v.op in ("gather", "scatter"):
+        if v.op == "scatter" and v.attr("reduce") not in ("sum", "mean"):
+            raise _Decline(f"scatter reduce {v.attr('reduce')!r}")
+        terms, biases = _terms(v.args[0])
+        if biases:
+            raise _Decline("a weight is moved")
+        move = (("gather", v.args[0].kind, v.kind, v.attr("end"), v.attr("norm"))
+                if v.op == "gather" else
+                ("scatter", v.kind, v.args[0].kind, v.attr("end"), v.attr("reduce")))
+        return [(a, ms + [move], c) for a, ms, c in terms], []
+    if v.op == "reshape":   # same row, other (heads, features) split
+        return _terms(v.args[0])
+    if v.op in ("scale", "neg"):
+        f = -1.0 if v.op == "neg" else float(v.attr("factor"))
+        terms, biases = _terms(v.args[0])
+        return [(a, ms, c * f) for a, ms, c in terms], [(a, c * f) for a, c in biases]
+    if v.op in ("add", "sub"):
+        (tx, bx), (ty, by) = _terms(v.args[0]), _terms(v.args[1])
+        sign = -1.0 if v.op == "sub" else 1.0
+        return (tx + [(a, ms, sign * c) for a, ms, c in ty],
+                bx + [(a, sign * c) for a, c in by])
+    raise _Decline(f"statement {v.op!r} is not a movement, a scale or an addition")
 
 
 def _space(body: Value) -> str:

@@ -57,14 +57,58 @@ class AttentionRows:
 
 
 @dataclass(frozen=True)
+class LinearTraversal:
+    """A traversal whose statements are data movements and additions only:
+    ``out = sum_s c_s M_s in[s] + sum_i c_i in[i] + in[bias]``, each ``M_s`` the product of
+    its movements (innermost first), run by the ``traversal_csr`` kernel on ``c_s M_s``'s
+    weighted CSR (composed once per graph), one launch per source, the addends and bias
+    fused into the first.  A movement is ``("gather", one, many, end, norm)`` or
+    ``("scatter", one, many, end, reduce)``."""
+    sources: Tuple[Tuple[int, Tuple[tuple, ...], float], ...]
+    addends: Tuple[Tuple[int, float], ...] = ()
+    bias: Optional[int] = None
+
+    def describe(self) -> str:
+        terms = [f"{_coef(c, k == 0)}M{k} in{i}" for k, (i, _, c) in enumerate(self.sources)]
+        terms += [f"{_coef(c, False)}in{i}" for i, c in self.addends]
+        if self.bias is not None:
+            terms.append(f"+ in{self.bias} (bias)")
+        maps = "; ".join(f"M{k} = " + " . ".join(_movement(m) for m in reversed(ms))
+                         for k, (_, ms, _) in enumerate(self.sources))
+        return f"kernel traversal_csr: out = {' '.join(terms)}; {maps}"
+
+
+def _coef(c: float, first: bool) -> str:
+    sign = ("-" if c < 0 else "") if first else ("- " if c < 0 else "+ ")
+    return sign + ("" if abs(c) == 1 else f"{abs(c):g} ")
+
+
+def _movement(m: tuple) -> str:
+    op, one, many, end, how = m
+    frm, to = (one, many) if op == "gather" else (many, one)
+    return f"{op}[{frm}->{to} by {end}{', ' + how if how else ''}]"
+
+
+@dataclass(frozen=True)
 class TraversalSpec:
     """A traversal kernel's semantics: ``space`` is what one program iterates ('edge' rows,
     'node' rows via CSR by destination, compact rows), ``statements`` the fused operator
-    chain (one line each, in the order they run), ``reductions`` the scatters it ends with."""
+    chain (one line each, in the order they run), ``reductions`` the scatters it ends with.
+    ``linear``: the kernel form when the statements are movements and additions (the Triton
+    backend runs it on ``traversal_csr``); else ``declined`` says why the step runs as torch
+    ops."""
     space: str
     statements: Tuple[str, ...]
     reductions: Tuple[str, ...]
     schedule: str   # 'edge-parallel' (one lane per row) or 'node-parallel' (one program per CSR row)
+    linear: Optional[LinearTraversal] = None
+    declined: str = ""
+    softmax: Optional[Tuple[int, Optional[float]]] = None   # (input, leaky slope): edge_softmax
+
+    @property
+    def kernel(self) -> Optional[str]:
+        """The Triton kernel the step runs on the Triton backend (None: torch ops)."""
+        return "traversal_csr" if self.linear else "edge_softmax" if self.softmax else None
 
 
 @dataclass(frozen=True)
@@ -105,11 +149,22 @@ class Plan:
                 lines.append(f"      {s.note}")
             if isinstance(s.spec, TraversalSpec):
                 lines.extend(f"      | {st}" for st in s.spec.statements)
+                lines.append("      " + _traversal_kernel(s.spec))
         return "\n".join(lines)
+
+
+def _traversal_kernel(spec: TraversalSpec) -> str:
+    if spec.linear:
+        return spec.linear.describe()
+    if spec.softmax:
+        i, slope = spec.softmax
+        act = f"leaky_relu(in{i}, {slope:g})" if slope is not None else f"in{i}"
+        return f"kernel edge_softmax: softmax of {act} over each destination's edges (CSR by dst)"
+    return f"torch ops (no traversal kernel: {spec.declined})"
 
 
 def _short(spec) -> str:
     fields = getattr(spec, "__dataclass_fields__", {})
     parts = [f"{k}={getattr(spec, k)!s}" for k in fields
-             if k not in ("statements", "reductions", "dtype")]
+             if k not in ("statements", "reductions", "dtype", "linear", "declined", "softmax")]
     return "(" + ", ".join(parts) + ")"

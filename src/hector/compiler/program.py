@@ -137,10 +137,12 @@ class Program:
         self.check_graph(graph)
         leaves = self.leaves(graph, inputs, weights)
         dtype = next(iter(self.leaves_dtype(leaves)))
-        # fp32 accumulation: half inputs are computed in fp32 and the outputs cast back.
-        work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        # Half inputs: the Triton kernels keep features, messages and weights in the input
+        # dtype (storage) and accumulate in fp32; the torch backend computes in fp32.
+        half = dtype in (torch.float16, torch.bfloat16)
+        backend = resolve_backend(self.backend, graph.device, dtype)
+        work = torch.float32 if half and backend == "torch" else dtype
         leaves = {v: t.to(work) for v, t in leaves.items()}
-        backend = resolve_backend(self.backend, graph.device, work)
         cp = self.compiled_for(graph, work, backward=False)   # execute lowers it when needed
         outs = execute(cp, GraphIndex.of(graph), leaves, backend, self.autodiff)
         return [o.flatten(1).to(dtype) for o in outs]

@@ -12,6 +12,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
+from ..kernels.traversal.reference import edge_softmax_torch
 from .ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, attention_roles, toposort
 
 
@@ -139,11 +140,7 @@ def gelu_grad(x: torch.Tensor) -> torch.Tensor:
 
 def edge_softmax(s: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
     """Softmax of ``s [E, H, 1]`` over each destination's incoming edges (row max subtracted)."""
-    mx = s.new_full((num_nodes,) + s.shape[1:], float("-inf"))
-    mx = mx.scatter_reduce(0, dst.view(-1, 1, 1).expand_as(s), s.detach(), "amax")
-    e = torch.exp(s - mx.index_select(0, dst))
-    den = s.new_zeros((num_nodes,) + s.shape[1:]).index_add(0, dst, e)
-    return e / den.index_select(0, dst)
+    return edge_softmax_torch(dst, num_nodes, s)
 
 
 def eval_op(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:

@@ -1,5 +1,8 @@
-"""The Triton backend's two kernel templates as the compiler calls them.
+"""The Triton backend's kernel templates as the compiler calls them.
 
+* ``traversal`` steps whose spec has a :class:`~hector.compiler.plan.LinearTraversal` ->
+  :func:`hector.kernels.traversal.op.traverse` on the movement chain's weighted CSR, composed
+  once per graph (:func:`movement_csr`);
 * ``gemm`` steps -> :func:`hector.kernels.segment_mm.op.segment_mm` (segment GEMM with
   gather/scatter);
 * ``attention`` steps -> :func:`hector.kernels.attention.op.edge_attention`.  That op takes
@@ -32,7 +35,9 @@ from ..kernels.attention.spec import AttentionSpec
 from ..kernels.segment_mm.launch import launch_wgrad
 from ..kernels.segment_mm.op import segment_mm
 from ..kernels.segment_mm.spec import GemmSpec, default_schedule
-from .ir import CDST, CSRC, EDGE, NODE, Value, attention_roles
+from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, scaled
+from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
+from .ir import CDST, CSRC, EDGE, NODE, Value, attention_roles, toposort
 from .plan import AttentionRows, RowSegments
 from .steps_torch import GraphIndex, _operand, attention_score, edge_side, edge_softmax
 
@@ -130,6 +135,66 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     if headwise:   # [(head, slice), K, N] -> [slice, head, K, N]
         dw = dw.view(H, S // H, K, N).transpose(0, 1).contiguous()
     return dw[0] if v.per is None else dw
+
+
+def _movement_factor(ix: GraphIndex, move: tuple) -> WeightedCSR:
+    """One gather (``[many, one]``, an entry per ``many`` row) or scatter (``[one, many]``) as
+    a weighted CSR; a mean weighs each entry by ``1 / count`` of its ``one`` row."""
+    op, one, many, end, how = move
+    idx = ix.move(one, many, end)
+    val = ix.counts(one, many, end).index_select(0, idx).reciprocal() if how == "mean" else None
+    rows = torch.arange(ix.rows[many], device=idx.device)
+    if op == "gather":
+        return from_coo(rows, idx, val, ix.rows[many], ix.rows[one])
+    return from_coo(idx, rows, val, ix.rows[one], ix.rows[many])
+
+
+def movement_csr(ix: GraphIndex, movements: tuple, coef: float = 1.0) -> WeightedCSR:
+    """``coef`` times the product of a traversal's movements (innermost first) as one
+    weighted CSR: built from the graph's index arrays on the first call, memoised on the
+    graph's index."""
+    key = ("traversal_csr", movements, coef)
+    if key not in ix.memo:
+        m = None
+        for move in movements:
+            f = _movement_factor(ix, move)
+            m = f if m is None else compose(f, m)
+        ix.memo[key] = scaled(m, coef) if coef != 1.0 else m
+    return ix.memo[key]
+
+
+def run_traversal(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
+    """A movement-and-addition traversal on the ``traversal_csr`` kernel: rows read in place
+    through each source's composed CSR; the addends and the bias are fused into the first
+    launch, and each further source adds onto the previous launch's output."""
+    if step.spec.softmax is not None:
+        index, slope = step.spec.softmax
+        s = inputs[index]
+        # The kernel has no autograd; torch autodiff (recording) takes the torch ops.
+        recording = torch.is_grad_enabled() and s.requires_grad
+        return edge_softmax_kernel(ix.graph, s, slope, backend="torch" if recording else "triton")
+    lt = step.spec.linear
+    bias = None if lt.bias is None else _bias_row(step, inputs[lt.bias], lt.bias, ix)
+    shape = tuple(step.body.shape)
+
+    def rows(t):   # a reshape in the body is a view of the same row
+        return t.reshape((t.shape[0],) + shape)
+
+    out = None
+    for index, movements, coef in lt.sources:
+        m = movement_csr(ix, movements, coef)
+        if out is None:
+            out = traverse(m, rows(inputs[index]), [rows(inputs[i]) for i, _ in lt.addends],
+                           [c for _, c in lt.addends], bias, backend="triton")
+        else:
+            out = traverse(m, rows(inputs[index]), [out], [1.0], backend="triton")
+    return out
+
+
+def _bias_row(step, t: torch.Tensor, index: int, ix: GraphIndex) -> torch.Tensor:
+    """The bias weight as one output row, broadcast the way the torch backend's ``add`` does."""
+    arg = next(b for b in toposort([step.body]) if b.op == "arg" and b.attr("index") == index)
+    return _operand(t, arg, step.body.kind, ix).expand((1,) + tuple(step.body.shape)).reshape(-1)
 
 
 def _derived_graph(ix: GraphIndex, src_kind: str):
@@ -233,9 +298,13 @@ def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
     if a_src is not None:
         score = score + (a_src if src_kind == EDGE else
                          a_src.index_select(0, ix.move(src_kind, EDGE, "src")))
-    if slope is not None:
-        score = F.leaky_relu(score, slope)
-    alpha = edge_softmax(score.unsqueeze(-1), ix.move(NODE, EDGE, "dst"), g.num_nodes)
+    if backend == "triton" and not (torch.is_grad_enabled() and score.requires_grad):
+        # (the kernel has no autograd: the IR-autodiff forward runs without recording)
+        alpha = edge_softmax_kernel(g, score.unsqueeze(-1), slope, backend=backend)
+    else:
+        if slope is not None:
+            score = F.leaky_relu(score, slope)
+        alpha = edge_softmax(score.unsqueeze(-1), ix.move(NODE, EDGE, "dst"), g.num_nodes)
     w = alpha.new_zeros((ix.rows[CDST],) + alpha.shape[1:]).index_add(0, grp, alpha)
     spec, plan = attention_launch(step, ix)
     dg = attention_graph(step.spec[1], ix)

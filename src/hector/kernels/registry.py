@@ -41,7 +41,7 @@ from .._version import __version__
 _HERE = Path(__file__).parent
 #: Where templates are looked up, in order: the shared macros, then each kernel family's own.
 TEMPLATE_DIRS = (_HERE / "templates", _HERE / "attention" / "templates",
-                 _HERE / "segment_mm" / "templates")
+                 _HERE / "segment_mm" / "templates", _HERE / "traversal" / "templates")
 #: Shared macros every template may import; their text is part of every kernel's hash.
 MACROS = ("_macros.py.j2",)
 #: Default cache folder (``$HECTOR_CACHE_DIR`` overrides it).
@@ -76,6 +76,9 @@ KERNELS: Mapping[str, Entry] = MappingProxyType({
                                dict(_SCORE, need_dk=_BOOL, need_dv=_BOOL, need_dsrc=_BOOL)),
     "combine_sum": Entry("attention_combine.py.j2", "combine_sum_kernel", {}),
     "row_dot": Entry("row_dot.py.j2", "row_dot_kernel", {}),
+    "traversal_csr": Entry("traversal_csr.py.j2", "traversal_csr_kernel",
+                           dict(num_addends=(0, 1, 2, 3), has_bias=_BOOL)),
+    "edge_softmax": Entry("edge_softmax.py.j2", "edge_softmax_kernel", dict(has_leaky=_BOOL)),
 })
 
 _lock = threading.RLock()
