@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import datasets
+from ..graph import Graph
 from ..checks import check_device_option
 from . import checkpoint
+from .capture import attention_dropout_layers, capture_step
 from .defaults import MODELS, defaults as model_defaults
 from .models import build
 
@@ -123,6 +125,30 @@ def train(args, out=None) -> dict:
         torch.set_flush_denormal(False)
 
 
+#: Models whose training step can be captured (their layers take a prebuilt Graph).
+CAPTURE_MODELS = ("gat", "agnn", "transformer")
+
+
+def _capture_wanted(args, cfg, device, model, out) -> bool:
+    """Capture the step on CUDA unless ``--no-capture``; models or settings that cannot be
+    captured yet train eagerly, with a note saying why."""
+    if device.type != "cuda" or getattr(args, "no_capture", False):
+        return False
+    why = None
+    if cfg["model"] not in CAPTURE_MODELS:
+        why = f"model {cfg['model']} (capture supports {', '.join(CAPTURE_MODELS)})"
+    elif cfg["dtype"] != "fp32":
+        why = f"--dtype {cfg['dtype']}"
+    elif attention_dropout_layers(model):
+        why = ("attention dropout (its mask would repeat every step); "
+               "set --dropout 0 to capture")
+    if why:
+        print(f"note: training step not captured: {why}; --no-capture silences this",
+              file=out)
+        return False
+    return True
+
+
 def _train(args, out=None) -> dict:
     """Run one training as ``hector train`` does; print progress and the RESULT line to
     ``out`` (stdout); return the result as a dict."""
@@ -159,7 +185,9 @@ def _train(args, out=None) -> dict:
     if cfg["dtype"] == "bf16":
         model = model.to(torch.bfloat16)
         x = None if x is None else x.to(torch.bfloat16)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    capture = _capture_wanted(args, cfg, device, model, out)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"],
+                           capturable=capture)
 
     start_epoch, best = 1, dict(val_acc=-1.0, val_loss=math.inf, epoch=0, state=None)
     bad_epochs, loss_floor = 0, math.inf
@@ -179,15 +207,30 @@ def _train(args, out=None) -> dict:
     bar = tqdm(range(start_epoch, epochs + 1), desc=f"{cfg['model']}/{cfg['dataset']}",
                unit="epoch", file=sys.stderr, leave=False,
                disable=getattr(args, "no_progress", False) or None)
+    step = None
+    if capture:
+        # The captured step reads a prebuilt Graph: a raw edge_index would be looked up in
+        # the graph cache (a device sync) inside the capture.
+        graph = Graph(edge_index, num_nodes=data.num_nodes)
+        model.train()
+        step = capture_step(model, opt, lambda logits: F.cross_entropy(
+            logits[train_idx].float(), y[train_idx]), x, graph)
+        edge_index = graph
+    step_times = []
     for epoch in bar:
         t0 = time.perf_counter()
         model.train()
-        opt.zero_grad(set_to_none=True)
-        with _autocast(cfg):
-            logits = model(x, edge_index, edge_type)
-        loss = F.cross_entropy(logits[train_idx].float(), y[train_idx])
-        loss.backward()
-        opt.step()
+        if step is not None:
+            loss = step()
+        else:
+            opt.zero_grad(set_to_none=True)
+            with _autocast(cfg):
+                logits = model(x, edge_index, edge_type)
+            loss = F.cross_entropy(logits[train_idx].float(), y[train_idx])
+            loss.backward()
+            opt.step()
+        _sync(device)
+        step_times.append(time.perf_counter() - t0)
         model.eval()
         with torch.no_grad(), _autocast(cfg):
             logits = model(x, edge_index, edge_type).float()
@@ -240,13 +283,18 @@ def _train(args, out=None) -> dict:
                   backend=cfg["backend"], train_time=train_time,
                   # the median leaves out the first epoch's one-off work (kernel compilation)
                   epoch_time=statistics.median(epoch_times) if epoch_times else None,
+                  # forward, loss, backward and optimizer step only (no evaluation)
+                  step_time=statistics.median(step_times) if step_times else None,
+                  captured=step is not None,
                   total_time=time.perf_counter() - t_start)
     line = (f"RESULT model={result['model']} dataset={result['dataset']} "
             f"test_acc={result['test_acc']:.4f} train_acc={result['train_acc']:.4f} "
             + (f"val_acc={result['val_acc']:.4f} " if has_val else "")
             + f"best_epoch={result['best_epoch']} epochs={result['epochs']} seed={result['seed']} "
             f"device={result['device']} dtype={result['dtype']} backend={result['backend']} "
-            + (f"epoch_time={result['epoch_time'] * 1e3:.2f}ms " if epoch_times else "")
+            + (f"epoch_time={result['epoch_time'] * 1e3:.2f}ms "
+               f"step_time={result['step_time'] * 1e3:.3f}ms "
+               f"captured={'yes' if result['captured'] else 'no'} " if epoch_times else "")
             + f"train_time_s={result['train_time']:.2f} total_time_s={result['total_time']:.2f}")
     print(line, file=out, flush=True)
     return result
