@@ -58,3 +58,26 @@ def test_edge_attention_op_rejects_a_freed_graph_handle():
     with pytest.raises(RuntimeError, match="graph handle"):
         attention_launch.edge_attention_op(10 ** 9, v, None, None, None, None, 1.0, None, 0.0,
                                            0, "auto")
+
+
+def test_segment_mm_wgrad_op_passes_opcheck():
+    g = torch.Generator().manual_seed(1)
+    dev = _device()
+    x = torch.randn(7, 4, generator=g).to(dev)
+    dy = torch.randn(7, 5, generator=g).to(dev)
+    torch.library.opcheck(gemm_launch.segment_mm_wgrad_op, (x, dy, None, None, [0, 2, 2, 7]),
+                          test_utils=("test_schema", "test_faketensor"))
+    dw = gemm_launch.segment_mm_wgrad_op(x, dy, None, None, [0, 2, 2, 7])
+    want = torch.stack([x[:2].T @ dy[:2], torch.zeros(4, 5, device=dev), x[2:].T @ dy[2:]])
+    torch.testing.assert_close(dw, want, rtol=1e-4, atol=1e-5)
+
+
+def test_segment_mm_takes_seg_ptr_as_python_ints():
+    from hector.kernels.segment_mm.op import segment_mm
+    x, w = torch.randn(5, 3), torch.randn(2, 3, 4)
+    want = segment_mm(x, w, torch.tensor([0, 2, 5]), backend="torch")
+    torch.testing.assert_close(segment_mm(x, w, (0, 2, 5), backend="torch"), want)
+    with pytest.raises(TypeError, match="seg_ptr"):
+        segment_mm(x, w, [0, 2.0, 5], backend="torch")
+    with pytest.raises(ValueError, match="seg_ptr"):
+        segment_mm(x, w, [0, 5], backend="torch")

@@ -32,7 +32,7 @@ import torch
 from ...device import interpreting, num_sms
 from .. import autotune
 from .. import registry
-from .spec import GemmSchedule, GemmSpec, tune_configs
+from .spec import GemmSchedule, GemmSpec, default_schedule, tune_configs
 
 #: Weight-gradient programs aimed for per SM (long row runs, so a handful are enough).
 WGRAD_PROGRAMS_PER_SM = 4
@@ -279,6 +279,26 @@ def _autograd_backward(ctx, dout):
 
 
 segment_mm_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("hector::segment_mm_wgrad", mutates_args=())
+def segment_mm_wgrad_op(x: torch.Tensor, dy: torch.Tensor, gather: Optional[torch.Tensor],
+                        scatter: Optional[torch.Tensor], bounds: List[int]) -> torch.Tensor:
+    """``dW [S, K, N]``, ``dW[s] = sum_{r in s} x_{g(r)}^T dy_{c(r)}`` (the compiler's
+    weight-gradient steps), tiled by the heuristic schedule."""
+    spec = GemmSpec.of(x, gather, scatter, False, dy.shape[1])
+    sched = default_schedule(spec, interpreting=interpreting())
+    like = _wgrad_fake(x, dy, bounds, "meta")
+    return launch_wgrad(spec, sched, tuple(bounds), x, gather, dy, scatter, like)
+
+
+def _wgrad_fake(x, dy, bounds, device=None):
+    return torch.empty((len(bounds) - 1, x.shape[1], dy.shape[1]), dtype=x.dtype,
+                       device=device or x.device)
+
+
+segment_mm_wgrad_op.register_fake(
+    lambda x, dy, gather, scatter, bounds: _wgrad_fake(x, dy, bounds))
 
 
 def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[int],
