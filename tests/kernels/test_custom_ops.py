@@ -81,3 +81,13 @@ def test_segment_mm_takes_seg_ptr_as_python_ints():
         segment_mm(x, w, [0, 2.0, 5], backend="torch")
     with pytest.raises(ValueError, match="seg_ptr"):
         segment_mm(x, w, [0, 5], backend="torch")
+
+
+def test_a_deep_copied_graph_gets_its_own_handle():
+    import copy
+    graph = Graph(torch.tensor([[0, 1, 2], [1, 2, 0]]), num_nodes=3)
+    h = attention_launch.graph_handle(graph)
+    twin = copy.deepcopy(graph)                                 # carries a copy of the mark
+    assert attention_launch.graph_handle(graph) == h            # memoised
+    assert attention_launch.graph_handle(twin) != h
+    assert attention_launch._graph(attention_launch.graph_handle(twin)) is twin

@@ -358,16 +358,21 @@ def _scalars(params: tuple):
 _GRAPHS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
 
+#: handle -> the token stored on its Graph; a deep copy or unpickled Graph carries a copy of
+#: its original's token (a new object), so it is told apart and gets its own handle.
+_TOKENS: dict = {}
+
+
 def graph_handle(graph) -> int:
     """A process-unique int naming ``graph`` for the custom ops (memoised on the graph)."""
-    handle = graph.__dict__.get("_attention_op_handle")
-    if handle is None:
-        handle = len(_GRAPHS) + 1
-        while handle in _GRAPHS:
-            handle += 1
-        graph._attention_op_handle = handle
+    mark = graph.__dict__.get("_attention_op_handle")
+    if mark is None or _TOKENS.get(mark[0]) is not mark[1]:
+        handle = len(_TOKENS) + 1
+        mark = (handle, object())
+        graph._attention_op_handle = mark
+        _TOKENS[handle] = mark[1]
         _GRAPHS[handle] = graph
-    return handle
+    return mark[0]
 
 
 def _graph(handle: int):
