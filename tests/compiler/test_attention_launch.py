@@ -51,12 +51,12 @@ CASES = {  # model, dims, node types, the op graph lowering must pick (plan.Atte
 def test_attention_step_launches_lowerings_spec_and_cached_schedules(monkeypatch, name):
     fn, dims, node_types, want_rows = CASES[name]
     launched = []
-    real = launch.EdgeAttentionFunction.apply
+    real = launch.attention_forward      # what the custom op (and the Function) runs
 
     def spy(graph, spec, plan, params, *tensors):
         launched.append((graph, spec, plan))
         return real(graph, spec, plan, params, *tensors)
-    monkeypatch.setattr(launch.EdgeAttentionFunction, "apply", spy)
+    monkeypatch.setattr(launch, "attention_forward", spy)
     torch.manual_seed(0)
     g = _graph(node_types)
     module = hector.compile(fn, backend="triton", **dims).to(g.device)
@@ -119,7 +119,7 @@ def test_op_rejects_a_spec_or_plan_that_does_not_fit(monkeypatch):
     dev = device_for("triton")
     g = Graph(torch.tensor([[0, 1, 2], [1, 2, 0]]), num_nodes=3).to(dev)
     v, a = torch.randn(3, 2, 4, device=dev), torch.randn(3, 2, device=dev)
-    monkeypatch.setattr(launch.EdgeAttentionFunction, "apply",
+    monkeypatch.setattr(launch, "attention_forward",
                         lambda *args: pytest.fail("a kernel ran before the checks"))
     wrong = AttentionSpec.of(v, a_src=a)                     # says a_src; a_dst is given
     with pytest.raises(ValueError, match="spec"):

@@ -59,7 +59,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="leave PyG out: not timed, not imported (hector's layers are then "
                         "seeded on their own and their output is not checked: 'no ref')")
     p.add_argument("--no-compile", action="store_true",
-                   help="do not time PyG under torch.compile (on CUDA it is timed by default)")
+                   help="do not time PyG under torch.compile and torch.compile(mode="
+                        "'reduce-overhead') (on CUDA both are timed by default)")
+    p.add_argument("--no-capture", action="store_true",
+                   help="do not time hector captured in CUDA graphs (on CUDA it is timed by "
+                        "default)")
     p.add_argument("--no-grad-check", action="store_true",
                    help="check hector's output only, not its input gradient")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -75,6 +79,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        datasets=getattr(args, "datasets", None),
                        data_root=getattr(args, "data_root", None),
                        compile_pyg=False if getattr(args, "no_compile", False) else None,
+                       capture=False if getattr(args, "no_capture", False) else None,
                        check_grad=not getattr(args, "no_grad_check", False),
                        threads=getattr(args, "threads", None))
 

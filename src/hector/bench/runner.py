@@ -37,6 +37,7 @@ class BenchConfig:
     suite: Optional[str] = None        # 'hetero', 'attention', 'all': the paper settings
     data_root: Optional[str] = None    # folder holding the real graphs of --suite attention
     compile_pyg: Optional[bool] = None  # None: on CUDA only
+    capture: Optional[bool] = None     # time hector captured in CUDA graphs; None: on CUDA only
     check_grad: bool = True            # also compare the input gradient against PyG's
     datasets: Optional[List[str]] = None  # with --suite: only these datasets (profile names)
     threads: Optional[int] = None      # torch CPU threads while timing; None: 1 on the CPU
@@ -111,8 +112,12 @@ def resolve(cfg: BenchConfig) -> BenchConfig:
     if cfg.root is not None and cfg.dataset is None:
         raise ValueError("--root needs --dataset (the default datasets are synthetic)")
     compile_pyg = cuda if cfg.compile_pyg is None else bool(cfg.compile_pyg)
+    if cfg.capture and not cuda:
+        raise ValueError("--capture needs CUDA (hector captured is timed as CUDA graphs)")
+    capture = cuda if cfg.capture is None else bool(cfg.capture)
     return replace(cfg, layers=layers, features=features, device=str(device),
-                   compile_pyg=compile_pyg, datasets=datasets, threads=threads)
+                   compile_pyg=compile_pyg, capture=capture, datasets=datasets,
+                   threads=threads)
 
 
 def cases_of(cfg: BenchConfig) -> tuple:
@@ -171,6 +176,9 @@ def measure(peer: suites.Peer, x: torch.Tensor, device: torch.device, repeats: i
         xg.grad = None
         call(xg).sum().backward()
 
+    if peer.extra.get("captured"):
+        infer, step = captured(infer, step, module, xg)
+
     def record(stage: str, stats: dict) -> None:
         res[f"{stage}_ms"] = stats["ms"]
         res[f"{stage}_spread"] = {k: stats[k] for k in ("min_ms", "max_ms", "runs", "iqr")}
@@ -200,6 +208,28 @@ def measure(peer: suites.Peer, x: torch.Tensor, device: torch.device, repeats: i
             res["error"] = f"{stage}: {type(exc).__name__}: {str(exc)[:300]}"
     module.zero_grad(set_to_none=True)
     return res
+
+
+def captured(infer, step, module, xg):
+    """(replay of ``infer``, replay of ``step``): each recorded once in a CUDA graph after a
+    warm-up on a side stream (plans, autotuning, caches); gradients land in the training
+    graph's memory and each replay overwrites them."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            infer()
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graphs = []
+    for fn in (infer, step):
+        module.zero_grad(set_to_none=True)
+        xg.grad = None
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        graphs.append(g)
+    return graphs[0].replay, graphs[1].replay
 
 
 def _cleanup(device: torch.device) -> None:
@@ -314,8 +344,8 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
     if cuda:
         meta["gpu"] = torch.cuda.get_device_name(device)
     cases = sorted(cases, key=lambda c: str(c.workload_key))   # one workload alive at a time
-    n_peers = {c: (0 if cfg.no_pyg else (1 + cfg.compile_pyg))
-               + (2 if c.layer in suites.RELATIONAL else 1) for c in cases}
+    n_peers = {c: (0 if cfg.no_pyg else (1 + 2 * cfg.compile_pyg))
+               + (2 if c.layer in suites.RELATIONAL else 1) + bool(cfg.capture) for c in cases}
     rows: List[dict] = []
     W, W_key = None, None
     bar = _tqdm(sum(n_peers.values()), cfg.progress)
@@ -341,7 +371,8 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                                  f"relations > {COMPILE_MAX_RELATIONS}: torch.compile unrolls "
                                  "PyG's per-relation loop and takes minutes)")
                 ref, peers = suites.peers(case.layer, W, case.features, case.heads, backend,
-                                          with_pyg=not cfg.no_pyg, compile_pyg=compile_here)
+                                          with_pyg=not cfg.no_pyg, compile_pyg=compile_here,
+                                          capture=bool(cfg.capture))
             except Exception as exc:             # noqa: BLE001
                 what = "OOM" if is_oom(exc) else f"{type(exc).__name__}: {str(exc)[:300]}"
                 rows.append(dict(base, peer="*", check="OOM" if is_oom(exc) else "ERR",

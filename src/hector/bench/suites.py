@@ -233,8 +233,10 @@ def caller(layer: str, module, W: Workload, pyg: bool) -> Callable:
 
 
 def peers(layer: str, W: Workload, features: int, heads: int, backend: str,
-          with_pyg: bool = True, compile_pyg: bool = False):
-    """(reference PyG module, [Peer, ...]): PyG eager, PyG compiled (CUDA), hector, hector
+          with_pyg: bool = True, compile_pyg: bool = False, capture: bool = False):
+    """(reference PyG module, [Peer, ...]): PyG eager, PyG compiled and compiled with
+    mode="reduce-overhead" (CUDA), hector, hector captured in CUDA graphs (``capture``: the
+    runner replays one graph per inference call and one per training step), hector
     unoptimised (relational layers).  Without PyG (``with_pyg=False``) torch_geometric is not
     imported: the reference is None and hector's layers are built on their own, seeded."""
     out: List[Peer] = []
@@ -246,6 +248,9 @@ def peers(layer: str, W: Workload, features: int, heads: int, backend: str,
             compiled = torch.compile(ref)
             out.append(Peer("PyG compile", ref, caller(layer, compiled, W, True),
                             "pyg-compiled"))
+            overhead = torch.compile(ref, mode="reduce-overhead")
+            out.append(Peer("PyG compile RO", ref, caller(layer, overhead, W, True),
+                            "pyg-compiled", note='torch.compile(mode="reduce-overhead")'))
 
     def make(**switches):
         if ref is None:
@@ -253,6 +258,9 @@ def peers(layer: str, W: Workload, features: int, heads: int, backend: str,
         return hector_layer(layer, ref, backend, **switches).to(W.device)
     ours = make()
     out.append(Peer("hector", ours, caller(layer, ours, W, False), "hector"))
+    if capture:
+        out.append(Peer("hector captured", ours, caller(layer, ours, W, False), "hector",
+                        note="CUDA graph replay", extra={"captured": True}))
     if layer in RELATIONAL:
         plain = make(**UNOPTIMISED)
         out.append(Peer("hector unopt", plain, caller(layer, plain, W, False), "hector",

@@ -57,6 +57,8 @@ def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
             else:
                 raise ValueError(f"plan leaf {leaf.op}({dict(leaf.attrs)}) has no value")
     for step in plan.steps:
+        if step.output in leaves:      # a weight root the caller evaluated already
+            continue
         env[step.output] = run_step(step, [env[i] for i in step.inputs], ix, backend)
     return env
 
@@ -64,10 +66,12 @@ def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
 class PlanFunction(torch.autograd.Function):
     """Forward plan in ``forward``, backward plan in ``backward`` (IR-level autodiff).
 
-    ``leaves``: the forward plan's leaf values, in the order of ``tensors``.  The backward
-    plan yields gradients of the node inputs and of the *weight roots*; a root that is not a
-    parameter itself (``W_r @ k``, a basis combination) is a tiny weight expression, whose
-    gradient torch autograd carries on to the parameters.
+    ``leaves``: the Values of ``tensors``, in order: the forward plan's leaves, then the
+    *weight roots* that are not leaves themselves (``W_r @ k``, a basis combination).  The
+    caller evaluates those roots with torch ops outside this function (see
+    :func:`eval_weight_roots`), so the backward only returns their gradients and torch
+    autograd carries them on to the parameters: no ``torch.autograd.grad`` inside the
+    backward, which ``torch.compile`` cannot trace, and nothing recomputed there.
     """
 
     @staticmethod
@@ -75,33 +79,21 @@ class PlanFunction(torch.autograd.Function):
         env = run_plan(compiled.forward_plan, ix, dict(zip(leaves, tensors)), backend)
         outs = tuple(env[o] for o in compiled.forward_plan.outputs)
         ctx.compiled, ctx.ix, ctx.backend, ctx.leaves = compiled, ix, backend, leaves
-        ctx.save_for_backward(*[env[v] for v in compiled.saved_values], *tensors)
+        ctx.save_for_backward(*[env[v] for v in compiled.saved_values])
         return outs if len(outs) > 1 else outs[0]
 
     @staticmethod
     def backward(ctx, *grads):
         compiled = ctx.compiled
-        n_saved = len(compiled.saved_values)
-        saved, tensors = ctx.saved_tensors[:n_saved], ctx.saved_tensors[n_saved:]
-        env = dict(zip(compiled.saved_leaves, saved))
+        env = dict(zip(compiled.saved_leaves, ctx.saved_tensors))
         outs = compiled.forward_plan.outputs
         for leaf, g, o in zip(compiled.grad_leaves, grads, outs):
             env[leaf] = g if g is not None else torch.zeros(
                 (ctx.ix.rows[o.kind],) + o.shape, device=ix_device(ctx.ix))
         env = run_plan(compiled.backward_plan, ctx.ix, env, ctx.backend)
-        by_target = dict(zip(compiled.grad_targets, (env[o] for o in compiled.backward_plan.outputs)))
-        leaf_tensor = dict(zip(ctx.leaves, tensors))
-        result: Dict[Value, torch.Tensor] = {}
-        roots = []
-        for target, g in by_target.items():
-            if target in leaf_tensor:
-                result[target] = g
-            else:
-                roots.append((target, g))
-        if roots:   # a parameter may be a root itself and feed other roots: sum both
-            for p, g in _chain_weight_roots(roots, leaf_tensor, ctx.ix).items():
-                result[p] = result[p] + g if p in result else g
-        grads_in = [result.get(leaf) if needs else None
+        by_target = dict(zip(compiled.grad_targets,
+                             (env[o] for o in compiled.backward_plan.outputs)))
+        grads_in = [by_target.get(leaf) if needs else None
                     for leaf, needs in zip(ctx.leaves, ctx.needs_input_grad[4:])]
         return (None, None, None, None, *grads_in)
 
@@ -110,20 +102,15 @@ def ix_device(ix: GraphIndex) -> torch.device:
     return ix.graph.device
 
 
-def _chain_weight_roots(roots, leaf_tensor: Dict[Value, torch.Tensor], ix: GraphIndex):
-    """Gradients of parameters from gradients of weight expressions (torch autograd over the
-    tiny weight computation, recomputed here)."""
-    with torch.enable_grad():
-        params = {v: t.detach().requires_grad_() for v, t in leaf_tensor.items()
-                  if v.op == "param"}
-        memo: Dict[Value, torch.Tensor] = dict(params)
-        for v in toposort([r for r, _ in roots]):
-            if v not in memo:
-                memo[v] = eval_op(v, [memo[a] for a in v.args], ix)
-        used = [p for p in params if any(p in toposort([r]) for r, _ in roots)]
-        gs = torch.autograd.grad([memo[r] for r, _ in roots], [params[p] for p in used],
-                                 [g for _, g in roots], allow_unused=True)
-    return {p: g for p, g in zip(used, gs) if g is not None}
+def eval_weight_roots(roots: Sequence[Value], leaves: Dict[Value, torch.Tensor],
+                      ix: GraphIndex) -> List[torch.Tensor]:
+    """The weight roots' values from the parameters, with torch ops that autograd records
+    (tiny: weight-sized expressions)."""
+    memo: Dict[Value, torch.Tensor] = dict(leaves)
+    for v in toposort(list(roots)):
+        if v not in memo:
+            memo[v] = eval_op(v, [memo[a] for a in v.args], ix)
+    return [memo[r] for r in roots]
 
 
 def execute(compiled, ix: GraphIndex, leaves: Dict[Value, torch.Tensor], backend: str,
@@ -136,6 +123,8 @@ def execute(compiled, ix: GraphIndex, leaves: Dict[Value, torch.Tensor], backend
     if autodiff == "torch" or not needs_grad or compiled.backward_plan is None:
         env = run_plan(plan, ix, leaves, backend)
         return [env[o] for o in plan.outputs]
-    order = tuple(leaves)
-    out = PlanFunction.apply(compiled, ix, backend, order, *[leaves[v] for v in order])
+    roots = tuple(t for t in compiled.grad_targets if t not in leaves)
+    order = tuple(leaves) + roots
+    tensors = [leaves[v] for v in leaves] + eval_weight_roots(roots, leaves, ix)
+    out = PlanFunction.apply(compiled, ix, backend, order, *tensors)
     return list(out) if isinstance(out, tuple) else [out]

@@ -143,7 +143,15 @@ class Program:
         backend = resolve_backend(self.backend, graph.device, dtype)
         work = torch.float32 if half and backend == "torch" else dtype
         leaves = {v: t.to(work) for v, t in leaves.items()}
-        cp = self.compiled_for(graph, work, backward=False)   # execute lowers it when needed
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in leaves.values())
+        backward = needs_grad and self.autodiff == "ir"
+        key = (GraphStats.of(graph), work)
+        cp = self._cache.get(key)
+        if cp is None or (backward and cp.differentiable and cp.backward_plan is None):
+            cp = _plan_outside_tracing(self, graph, work, backward, leaves, backend,
+                                       torch.compiler.is_compiling())
+        elif not torch.compiler.is_compiling():
+            self._cache.move_to_end(key)        # LRU order (dynamo need not trace it)
         outs = execute(cp, GraphIndex.of(graph), leaves, backend, self.autodiff)
         return [o.flatten(1).to(dtype) for o in outs]
 
@@ -153,6 +161,29 @@ class Program:
         if len(dtypes) > 1:
             raise TypeError(f"node inputs have different dtypes {sorted(map(str, dtypes))}")
         return dtypes or {torch.float32}
+
+
+@torch.compiler.disable
+def _plan_outside_tracing(program: Program, graph, dtype: torch.dtype, backward: bool,
+                          leaves: Dict[Value, torch.Tensor], backend: str,
+                          tracing: bool) -> CompiledPlan:
+    """A cache miss: run the pass pipeline and lowering eagerly.  Under ``torch.compile`` this
+    is one graph break on the first call of a graph shape (the planner builds new IR objects
+    that dynamo cannot put in a graph); later calls hit the cache and trace whole.
+
+    When ``tracing``, the plans also run once here, forward and backward, on copies of the
+    inputs: that fills the graph's lazy index memos (moves, segment layouts, derived graphs),
+    which must not be first written inside the traced autograd.Function."""
+    cp = program.compiled_for(graph, dtype, backward=backward)
+    if tracing:
+        with torch.enable_grad():
+            copies = {v: t.detach().clone().requires_grad_(backward and t.requires_grad)
+                      for v, t in leaves.items()}
+            outs = [o for o in execute(cp, GraphIndex.of(graph), copies, backend,
+                                       program.autodiff) if o.requires_grad]
+            if outs:
+                torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    return cp
 
 
 class CompiledModule(nn.Module):

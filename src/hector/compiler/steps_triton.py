@@ -27,12 +27,11 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..device import interpreting
 from ..graph import Graph
 from ..kernels.attention.launch import AttentionPlan, make_plan
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
-from ..kernels.segment_mm.launch import launch_wgrad
+from ..kernels.segment_mm.launch import segment_mm_wgrad_op
 from ..kernels.segment_mm.op import segment_mm
 from ..kernels.segment_mm.spec import GemmSpec, default_schedule
 from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, scaled
@@ -52,9 +51,10 @@ def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:
 
 
 def _gemm_layout(ix: GraphIndex, rs, rows: int, heads: int):
-    """(seg_ptr as an int64 *CPU* tensor, node permutation on the device or None) of a GEMM
-    step, memoised on the graph's index.  ``segment_mm`` reads ``seg_ptr`` on the host: a
-    device tensor would cost a device sync per step, every call.  Head-major rows
+    """(seg_ptr as a tuple of Python ints, node permutation on the device or None) of a GEMM
+    step, memoised on the graph's index.  Python ints, not a tensor: ``segment_mm`` would read
+    a tensor on the host every call (a device sync for a device tensor; a data-dependent
+    value that ends a ``torch.compile`` graph for any tensor).  Head-major rows
     (``heads`` > 0) make each (head, slice) its own segment."""
     key = ("gemm_layout", rs.rows, rs.segments, rows, heads)
     if key not in ix.memo:
@@ -65,7 +65,7 @@ def _gemm_layout(ix: GraphIndex, rs, rows: int, heads: int):
             if perm is not None:
                 offs = torch.arange(heads, device=perm.device).view(-1, 1) * rows
                 perm = (offs + perm.view(1, -1)).reshape(-1)
-        ix.memo[key] = (torch.tensor(bounds, dtype=torch.int64), perm)
+        ix.memo[key] = (tuple(bounds), perm)
     return ix.memo[key]
 
 
@@ -106,7 +106,7 @@ def _wgrad_layout(ix: GraphIndex, kind: str, per, rows: int, heads: int):
         seg = "relation" if per == "relation" else "node_type" if per == "node_type" else None
         rs = RowSegments(rows=kind, segments=seg, per_head=bool(heads), transpose_weight=False)
         ptr, perm = _gemm_layout(ix, rs, rows, heads)
-        ix.memo[key] = (tuple(ptr.tolist()), perm)
+        ix.memo[key] = (ptr, perm)
     return ix.memo[key]
 
 
@@ -128,10 +128,8 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
         xin, dyin = x.flatten(1), dy.flatten(1)   # (flatten: fine with 0 rows)
     K, N = xin.shape[1], dyin.shape[1]
     S = len(bounds) - 1
-    spec = GemmSpec.of(xin, perm, perm, False, N)
-    sched = default_schedule(spec, interpreting=interpreting())
-    like = torch.empty((S, K, N), dtype=x.dtype, device="meta")
-    dw = launch_wgrad(spec, sched, bounds, xin.contiguous(), perm, dyin.contiguous(), perm, like)
+    # A custom op (hector::segment_mm_wgrad), so that torch.compile does not trace the launch.
+    dw = segment_mm_wgrad_op(xin.contiguous(), dyin.contiguous(), perm, perm, list(bounds))
     if headwise:   # [(head, slice), K, N] -> [slice, head, K, N]
         dw = dw.view(H, S // H, K, N).transpose(0, 1).contiguous()
     return dw[0] if v.per is None else dw

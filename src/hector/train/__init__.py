@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 
 from .defaults import DEFAULTS, MODELS
+from .capture import capture_step
 from .loop import DTYPES, resolve_config, train
 
-__all__ = ["configure", "run", "train", "DEFAULTS", "MODELS", "resolve_config"]
+__all__ = ["configure", "run", "train", "capture_step", "DEFAULTS", "MODELS", "resolve_config"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -55,6 +56,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "implies mini-batches.  Under torchrun the group comes from torchrun")
     p.add_argument("--log-every", type=int, default=10, help="log line interval (epochs)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-capture", action="store_true",
+                   help="on CUDA, run the training step eagerly instead of replaying it as a "
+                        "captured CUDA graph (the default for gat, agnn and transformer)")
 
 
 def run(args: argparse.Namespace) -> int:

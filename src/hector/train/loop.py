@@ -13,8 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import datasets
+from ..graph import Graph
 from ..checks import check_device_option
 from . import checkpoint, distributed, minibatch
+from .capture import attention_dropout_layers, capture_step
 from .defaults import MODELS, defaults as model_defaults
 from .models import build
 
@@ -141,6 +143,30 @@ def train(args, out=None) -> dict:
         torch.set_flush_denormal(False)
 
 
+#: Models whose training step can be captured (their layers take a prebuilt Graph).
+CAPTURE_MODELS = ("gat", "agnn", "transformer")
+
+
+def _capture_wanted(args, cfg, device, model, out) -> bool:
+    """Capture the step on CUDA unless ``--no-capture``; models or settings that cannot be
+    captured yet train eagerly, with a note saying why."""
+    if device.type != "cuda" or getattr(args, "no_capture", False):
+        return False
+    why = None
+    if cfg["model"] not in CAPTURE_MODELS:
+        why = f"model {cfg['model']} (capture supports {', '.join(CAPTURE_MODELS)})"
+    elif cfg["dtype"] != "fp32":
+        why = f"--dtype {cfg['dtype']}"
+    elif attention_dropout_layers(model):
+        why = ("attention dropout (its mask would repeat every step); "
+               "set --dropout 0 to capture")
+    if why:
+        print(f"note: training step not captured: {why}; --no-capture silences this",
+              file=out)
+        return False
+    return True
+
+
 def _train(args, out=None) -> dict:
     """Run one training as ``hector train`` does; print progress and the RESULT line to
     ``out`` (stdout); return the result as a dict."""
@@ -204,7 +230,10 @@ def _train(args, out=None) -> dict:
         x = None if x is None else x.to(torch.bfloat16)
     net = (distributed.wrap(model, device, unused_parameters=cfg["model"] == "rgat")
            if ctx.world > 1 else model)   # what trains
-    opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    # CUDA-graph capture of the full-graph step (one process, no mini-batches).
+    capture = loader is None and ctx.world == 1 and _capture_wanted(args, cfg, device, model, out)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"],
+                           capturable=capture)
     eval_nodes = torch.cat([i for i in (train_idx, val_idx, test_idx) if i is not None])
 
     def predict():
@@ -233,11 +262,23 @@ def _train(args, out=None) -> dict:
     bar = tqdm(range(start_epoch, epochs + 1), desc=f"{cfg['model']}/{cfg['dataset']}",
                unit="epoch", file=sys.stderr, leave=False,
                disable=getattr(args, "no_progress", False) or None)
+    step = None
+    if capture:
+        # The captured step reads a prebuilt Graph: a raw edge_index would be looked up in
+        # the graph cache (a device sync) inside the capture.
+        graph = Graph(edge_index, num_nodes=data.num_nodes)
+        model.train()
+        step = capture_step(model, opt, lambda logits: F.cross_entropy(
+            logits[train_idx].float(), y[train_idx]), x, graph)
+        edge_index = graph
+    step_times = []
     for epoch in bar:
         t0 = time.perf_counter()
         net.train()
         if loader is not None:
             loss = minibatch.train_epoch(net, opt, loader, x, y)
+        elif step is not None:
+            loss = step()
         else:
             opt.zero_grad(set_to_none=True)
             with _autocast(cfg):
@@ -246,6 +287,8 @@ def _train(args, out=None) -> dict:
             loss.backward()
             opt.step()
             loss = loss.item()
+        _sync(device)
+        step_times.append(time.perf_counter() - t0)
         net.eval()
         with torch.no_grad(), _autocast(cfg):
             logits = predict()
@@ -299,6 +342,9 @@ def _train(args, out=None) -> dict:
                   batch_size=cfg["batch_size"], devices=ctx.world,
                   # the median leaves out the first epoch's one-off work (kernel compilation)
                   epoch_time=statistics.median(epoch_times) if epoch_times else None,
+                  # forward, loss, backward and optimizer step only (no evaluation)
+                  step_time=statistics.median(step_times) if step_times else None,
+                  captured=step is not None,
                   total_time=time.perf_counter() - t_start)
     line = (f"RESULT model={result['model']} dataset={result['dataset']} "
             f"test_acc={result['test_acc']:.4f} train_acc={result['train_acc']:.4f} "
@@ -307,7 +353,9 @@ def _train(args, out=None) -> dict:
             f"device={result['device']} dtype={result['dtype']} backend={result['backend']} "
             + (f"batch_size={cfg['batch_size']} fanout={','.join(map(str, cfg['fanout']))} "
                f"devices={ctx.world} " if cfg["batch_size"] else "")
-            + (f"epoch_time={result['epoch_time'] * 1e3:.2f}ms " if epoch_times else "")
+            + (f"epoch_time={result['epoch_time'] * 1e3:.2f}ms "
+               f"step_time={result['step_time'] * 1e3:.3f}ms "
+               f"captured={'yes' if result['captured'] else 'no'} " if epoch_times else "")
             + f"train_time_s={result['train_time']:.2f} total_time_s={result['total_time']:.2f}")
     print(line, file=out, flush=True)
     return result

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..graph import Graph
 from ..graph.block import dst_rows, take_rows
 from ..graph.cache import cached
 from ..nn import AGNNConv, GATConv, HGTConv, RGATConv, RGCNConv, TransformerConv
@@ -170,7 +171,9 @@ class Net(nn.Module):
         if isinstance(edge_index, list):
             return self._forward_blocks(x, edge_index, n_id)
         m = self.model
-        if edge_type is None:
+        # A prebuilt hector.Graph (attention models; what a captured step reads) goes to the
+        # layers as it is.
+        if edge_type is None and not isinstance(edge_index, Graph):
             edge_type = torch.zeros(edge_index.shape[1], dtype=torch.long,
                                     device=edge_index.device)
         if self.embed is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -200,114 +200,130 @@ def _combine_sum(csr, sched, rows, nchunks, part, out):
             csr.ptr, rows, part, out, width, sched.chunk, BLOCK_W=block_w)
 
 
+def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
+                      v, q, k, a_src, a_dst):
+    """(out, lse): the forward traversal (and the combine pass of an edge-parallel one)."""
+    n, heads, dim_v = v.shape
+    sched = plan.dst
+    csr, sel, n_rows = _rows_of(graph, graph.csr_in, sched)
+    q_r, a_dst_r = _pick(q, sel), _pick(a_dst, sel)      # destination (row) side
+    out = torch.empty(n_rows, heads, dim_v, dtype=v.dtype, device=v.device)
+    lse = torch.empty(n_rows, heads, dtype=torch.float32, device=v.device)
+    grid, rows, nchunks = _traversal(graph, csr, sched, heads)
+    if sched.strategy == "edge":
+        m_part = torch.empty(nchunks, 2, heads, dtype=torch.float32, device=v.device)
+        l_part = torch.empty_like(m_part)
+        acc_part = torch.empty(nchunks, 2, heads, dim_v, dtype=torch.float32, device=v.device)
+    else:
+        m_part = l_part = acc_part = lse
+    if n > 0:
+        args = (csr.ptr, csr.col, csr.eid, rows, _or(q_r, v), _or(k, v), v, _or(a_src, lse),
+                _or(a_dst_r, lse), out, lse, m_part, l_part, acc_part, *_scalars(params),
+                graph.num_edges, heads, spec.dim_qk, dim_v, sched.chunk)
+        _launch_traversal("attention_fwd", score_params(spec, sched.strategy), plan, sched,
+                          grid, args, _shape(n_rows, graph.num_edges, spec), v.device)
+        if nchunks > 1:
+            registry.kernel("attention_combine")[(nchunks - 1, grid[1])](
+                csr.ptr, rows, m_part, l_part, acc_part, out, lse, heads, dim_v,
+                sched.chunk, BLOCK_H=sched.block_h, BLOCK_DV=sched.block_dv)
+    return _spread(out, sel, n), _spread(lse, sel, n)
+
+
+def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
+                       needs: tuple, dout, v, q, k, a_src, a_dst, out, lse):
+    """(dv, dq, dk, d a_src, d a_dst), None where ``needs`` (same order) is False."""
+    need_v, need_q, need_k, need_src, need_dst = needs
+    n, heads, dim_v = v.shape
+    dim_k = spec.dim_qk
+    dout = dout.contiguous()
+    if n == 0 or not any((need_v, need_q, need_k, need_src, need_dst)):
+        empty = [torch.empty_like(t) if need else None for t, need in
+                 ((v, need_v), (q, need_q), (k, need_k), (a_src, need_src), (a_dst, need_dst))]
+        return tuple(empty)
+    dq = dk = dv = da_src = da_dst = None
+    delta = torch.empty(n, heads, dtype=torch.float32, device=v.device)
+    rows_total = n * heads
+    registry.kernel("row_dot")[(-(-rows_total // 16),)](
+        dout, out, delta, rows_total, dim_v, BLOCK_R=16, BLOCK_D=min(next_pow2(dim_v), 128))
+    fp32 = dict(dtype=torch.float32, device=v.device)
+
+    if need_q or need_dst:
+        # Rows are destinations: q, a_dst, dout, lse, delta are read (and dq, d a_dst
+        # written) per row; k, v, a_src per edge through the column ids.
+        sched = plan.dst
+        csr, sel, n_rows = _rows_of(graph, graph.csr_in, sched)
+        lse_r = _pick(lse, sel)
+        tensors = (_or(_pick(q, sel), v), _or(k, v), v, _or(a_src, lse_r),
+                   _or(_pick(a_dst, sel), lse_r), _pick(dout, sel), lse_r, _pick(delta, sel))
+        dq_r = torch.empty(n_rows, heads, dim_k, dtype=q.dtype, device=v.device) if need_q else None
+        dd_r = torch.empty(n_rows, heads, dtype=a_dst.dtype, device=v.device) if need_dst else None
+        grid, rows, nchunks = _traversal(graph, csr, sched, heads)
+        dq_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_q and nchunks else lse
+        dd_part = torch.empty(nchunks, 2, heads, **fp32) if need_dst and nchunks else lse
+        args = (csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dq_r, lse), _or(dd_r, lse),
+                dq_part, dd_part, *_scalars(params), graph.num_edges, heads, dim_k,
+                dim_v, sched.chunk)
+        _launch_traversal("attention_bwd_dst", dict(score_params(spec, sched.strategy),
+                                                    need_dq=need_q, need_ddst=need_dst),
+                          plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
+                          v.device)
+        if need_q:
+            _combine_sum(csr, sched, rows, nchunks, dq_part, dq_r)
+            dq = _spread(dq_r, sel, n)
+        if need_dst:
+            _combine_sum(csr, sched, rows, nchunks, dd_part, dd_r)
+            da_dst = _spread(dd_r, sel, n)
+
+    if need_k or need_v or need_src:
+        # Rows are sources: k, v, a_src are read (and dk, dv, d a_src written) per row;
+        # q, a_dst, dout, lse, delta per edge through the column ids (destinations).
+        sched = plan.src
+        csr, sel, n_rows = _rows_of(graph, graph.csr_out, sched)
+        v_r = _pick(v, sel)
+        tensors = (_or(q, v_r), _or(_pick(k, sel), v_r), v_r, _or(_pick(a_src, sel), lse),
+                   _or(a_dst, lse), dout, lse, delta)
+        new = dict(device=v.device)
+        dk_r = torch.empty(n_rows, heads, dim_k, dtype=k.dtype, **new) if need_k else None
+        dv_r = torch.empty(n_rows, heads, dim_v, dtype=v.dtype, **new) if need_v else None
+        ds_r = torch.empty(n_rows, heads, dtype=a_src.dtype, **new) if need_src else None
+        grid, rows, nchunks = _traversal(graph, csr, sched, heads)
+        dk_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_k and nchunks else lse
+        dv_part = torch.empty(nchunks, 2, heads * dim_v, **fp32) if need_v and nchunks else lse
+        ds_part = torch.empty(nchunks, 2, heads, **fp32) if need_src and nchunks else lse
+        args = (csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dk_r, lse), _or(dv_r, lse),
+                _or(ds_r, lse), dk_part, dv_part, ds_part, *_scalars(params),
+                graph.num_edges, heads, dim_k, dim_v, sched.chunk)
+        _launch_traversal("attention_bwd_src", dict(score_params(spec, sched.strategy),
+                                                    need_dk=need_k, need_dv=need_v,
+                                                    need_dsrc=need_src),
+                          plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
+                          v.device)
+        for flag, part, grad in ((need_k, dk_part, dk_r), (need_v, dv_part, dv_r),
+                                 (need_src, ds_part, ds_r)):
+            if flag:
+                _combine_sum(csr, sched, rows, nchunks, part, grad)
+        dk, dv, da_src = _spread(dk_r, sel, n), _spread(dv_r, sel, n), _spread(ds_r, sel, n)
+    return dv, dq, dk, da_src, da_dst
+
+
 class EdgeAttentionFunction(torch.autograd.Function):
+    """A call with a pinned schedule (tests, tuning scripts); the rest runs the
+    ``hector::edge_attention`` custom op (below)."""
+
     @staticmethod
     def forward(ctx, graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
                 v, q, k, a_src, a_dst):
-        n, heads, dim_v = v.shape
-        sched = plan.dst
-        csr, sel, n_rows = _rows_of(graph, graph.csr_in, sched)
-        q_r, a_dst_r = _pick(q, sel), _pick(a_dst, sel)      # destination (row) side
-        out = torch.empty(n_rows, heads, dim_v, dtype=v.dtype, device=v.device)
-        lse = torch.empty(n_rows, heads, dtype=torch.float32, device=v.device)
-        grid, rows, nchunks = _traversal(graph, csr, sched, heads)
-        if sched.strategy == "edge":
-            m_part = torch.empty(nchunks, 2, heads, dtype=torch.float32, device=v.device)
-            l_part = torch.empty_like(m_part)
-            acc_part = torch.empty(nchunks, 2, heads, dim_v, dtype=torch.float32, device=v.device)
-        else:
-            m_part = l_part = acc_part = lse
-        if n > 0:
-            args = (csr.ptr, csr.col, csr.eid, rows, _or(q_r, v), _or(k, v), v, _or(a_src, lse),
-                    _or(a_dst_r, lse), out, lse, m_part, l_part, acc_part, *_scalars(params),
-                    graph.num_edges, heads, spec.dim_qk, dim_v, sched.chunk)
-            _launch_traversal("attention_fwd", score_params(spec, sched.strategy), plan, sched,
-                              grid, args, _shape(n_rows, graph.num_edges, spec), v.device)
-            if nchunks > 1:
-                registry.kernel("attention_combine")[(nchunks - 1, grid[1])](
-                    csr.ptr, rows, m_part, l_part, acc_part, out, lse, heads, dim_v,
-                    sched.chunk, BLOCK_H=sched.block_h, BLOCK_DV=sched.block_dv)
-        out, lse = _spread(out, sel, n), _spread(lse, sel, n)
+        out, lse = attention_forward(graph, spec, plan, params, v, q, k, a_src, a_dst)
         ctx.graph, ctx.spec, ctx.plan, ctx.params = graph, spec, plan, params
         ctx.save_for_backward(v, q, k, a_src, a_dst, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        v, q, k, a_src, a_dst, out, lse = ctx.saved_tensors
-        graph, spec, plan = ctx.graph, ctx.spec, ctx.plan
-        need_v, need_q, need_k, need_src, need_dst = ctx.needs_input_grad[4:9]
-        n, heads, dim_v = v.shape
-        dim_k = spec.dim_qk
-        dout = dout.contiguous()
-        if n == 0 or not any((need_v, need_q, need_k, need_src, need_dst)):
-            empty = [torch.empty_like(t) if need else None for t, need in
-                     ((v, need_v), (q, need_q), (k, need_k), (a_src, need_src), (a_dst, need_dst))]
-            return (None, None, None, None, *empty)
-        dq = dk = dv = da_src = da_dst = None
-        delta = torch.empty(n, heads, dtype=torch.float32, device=v.device)
-        rows_total = n * heads
-        registry.kernel("row_dot")[(-(-rows_total // 16),)](
-            dout, out, delta, rows_total, dim_v, BLOCK_R=16, BLOCK_D=min(next_pow2(dim_v), 128))
-        fp32 = dict(dtype=torch.float32, device=v.device)
+        grads = attention_backward(ctx.graph, ctx.spec, ctx.plan, ctx.params,
+                                   tuple(ctx.needs_input_grad[4:9]), dout, *ctx.saved_tensors)
+        return (None, None, None, None, *grads)
 
-        if need_q or need_dst:
-            # Rows are destinations: q, a_dst, dout, lse, delta are read (and dq, d a_dst
-            # written) per row; k, v, a_src per edge through the column ids.
-            sched = plan.dst
-            csr, sel, n_rows = _rows_of(graph, graph.csr_in, sched)
-            lse_r = _pick(lse, sel)
-            tensors = (_or(_pick(q, sel), v), _or(k, v), v, _or(a_src, lse_r),
-                       _or(_pick(a_dst, sel), lse_r), _pick(dout, sel), lse_r, _pick(delta, sel))
-            dq_r = torch.empty(n_rows, heads, dim_k, dtype=q.dtype, device=v.device) if need_q else None
-            dd_r = torch.empty(n_rows, heads, dtype=a_dst.dtype, device=v.device) if need_dst else None
-            grid, rows, nchunks = _traversal(graph, csr, sched, heads)
-            dq_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_q and nchunks else lse
-            dd_part = torch.empty(nchunks, 2, heads, **fp32) if need_dst and nchunks else lse
-            args = (csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dq_r, lse), _or(dd_r, lse),
-                    dq_part, dd_part, *_scalars(ctx.params), graph.num_edges, heads, dim_k,
-                    dim_v, sched.chunk)
-            _launch_traversal("attention_bwd_dst", dict(score_params(spec, sched.strategy),
-                                                        need_dq=need_q, need_ddst=need_dst),
-                              plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
-                              v.device)
-            if need_q:
-                _combine_sum(csr, sched, rows, nchunks, dq_part, dq_r)
-                dq = _spread(dq_r, sel, n)
-            if need_dst:
-                _combine_sum(csr, sched, rows, nchunks, dd_part, dd_r)
-                da_dst = _spread(dd_r, sel, n)
-
-        if need_k or need_v or need_src:
-            # Rows are sources: k, v, a_src are read (and dk, dv, d a_src written) per row;
-            # q, a_dst, dout, lse, delta per edge through the column ids (destinations).
-            sched = plan.src
-            csr, sel, n_rows = _rows_of(graph, graph.csr_out, sched)
-            v_r = _pick(v, sel)
-            tensors = (_or(q, v_r), _or(_pick(k, sel), v_r), v_r, _or(_pick(a_src, sel), lse),
-                       _or(a_dst, lse), dout, lse, delta)
-            new = dict(device=v.device)
-            dk_r = torch.empty(n_rows, heads, dim_k, dtype=k.dtype, **new) if need_k else None
-            dv_r = torch.empty(n_rows, heads, dim_v, dtype=v.dtype, **new) if need_v else None
-            ds_r = torch.empty(n_rows, heads, dtype=a_src.dtype, **new) if need_src else None
-            grid, rows, nchunks = _traversal(graph, csr, sched, heads)
-            dk_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_k and nchunks else lse
-            dv_part = torch.empty(nchunks, 2, heads * dim_v, **fp32) if need_v and nchunks else lse
-            ds_part = torch.empty(nchunks, 2, heads, **fp32) if need_src and nchunks else lse
-            args = (csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dk_r, lse), _or(dv_r, lse),
-                    _or(ds_r, lse), dk_part, dv_part, ds_part, *_scalars(ctx.params),
-                    graph.num_edges, heads, dim_k, dim_v, sched.chunk)
-            _launch_traversal("attention_bwd_src", dict(score_params(spec, sched.strategy),
-                                                        need_dk=need_k, need_dv=need_v,
-                                                        need_dsrc=need_src),
-                              plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
-                              v.device)
-            for flag, part, grad in ((need_k, dk_part, dk_r), (need_v, dv_part, dv_r),
-                                     (need_src, ds_part, ds_r)):
-                if flag:
-                    _combine_sum(csr, sched, rows, nchunks, part, grad)
-            dk, dv, da_src = _spread(dk_r, sel, n), _spread(dv_r, sel, n), _spread(ds_r, sel, n)
-        return None, None, None, None, dv, dq, dk, da_src, da_dst
 
 
 def _shape(rows: int, edges: int, spec: AttentionSpec) -> tuple:
@@ -328,18 +344,153 @@ def _scalars(params: tuple):
             1.0 / (1.0 - p) if p > 0 else 1.0)
 
 
+# -- the custom operators (torch.library) ---------------------------------------------------
+# Opaque custom ops rather than ``triton_op``: inductor tracing into the attention template was
+# seen to re-type its running max ``m_i`` from fp32 to fp64, and the launch code around the
+# kernels (strategy choice, chunk tables, autotuning) reads host values that must stay out of
+# a traced graph anyway.  torch.compile and CUDA-graph capture see one node per direction with
+# a shape-only fake implementation.  Ops take no Python objects: the graph travels as an int
+# handle (``graph_handle``), the spec is rebuilt from the tensors, the plan is memoised per
+# (graph, spec, strategy) inside the op.  The dropout ``seed`` is an int argument, so a
+# compiled or captured graph replays the mask of the seed it was built with; training with
+# attention dropout under capture is not supported yet (eager draws a fresh seed per call).
+
+_GRAPHS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+
+
+#: handle -> the token stored on its Graph; a deep copy or unpickled Graph carries a copy of
+#: its original's token (a new object), so it is told apart and gets its own handle.
+_TOKENS: dict = {}
+
+
+def graph_handle(graph) -> int:
+    """A process-unique int naming ``graph`` for the custom ops (memoised on the graph)."""
+    mark = graph.__dict__.get("_attention_op_handle")
+    if mark is None or _TOKENS.get(mark[0]) is not mark[1]:
+        handle = len(_TOKENS) + 1
+        mark = (handle, object())
+        graph._attention_op_handle = mark
+        _TOKENS[handle] = mark[1]
+        _GRAPHS[handle] = graph
+    return mark[0]
+
+
+def _graph(handle: int):
+    graph = _GRAPHS.get(handle)
+    if graph is None:
+        raise RuntimeError(f"hector::edge_attention: graph handle {handle} is unknown or its "
+                           "Graph was freed")
+    return graph
+
+
+#: launch handle -> (spec, plan) a caller decided (the compiler's attention steps).
+_LAUNCHES: dict = {}
+
+
+def launch_handle(graph, spec: AttentionSpec, plan: AttentionPlan) -> int:
+    """A process-unique int naming the caller's (spec, plan) for the custom op, memoised on
+    the plan object (a copy gets its own), so the op launches exactly those objects."""
+    mark = plan.__dict__.get("_launch_handle")
+    if mark is None or _LAUNCHES.get(mark)[1] is not plan or _LAUNCHES[mark][0] is not spec:
+        mark = len(_LAUNCHES) + 1
+        object.__setattr__(plan, "_launch_handle", mark)     # frozen dataclass: a memo only
+        _LAUNCHES[mark] = (spec, plan)
+    return mark
+
+
+def _op_setup(handle, v, q, a_src, a_dst, negative_slope, dropout, strategy, launch=0):
+    """(graph, spec, plan) of one op call: the caller's (``launch`` > 0), or derived from the
+    tensors with the plan memoised per (graph, spec, strategy)."""
+    graph = _graph(handle)
+    if launch:
+        return (graph,) + _LAUNCHES[launch]
+    spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
+    table = _chunk_tables.setdefault(graph, {})
+    key = ("plan", spec, strategy)
+    if key not in table:
+        table[key] = make_plan(graph, spec, strategy)
+    return graph, spec, table[key]
+
+
+@torch.library.custom_op("hector::edge_attention", mutates_args=())
+def edge_attention_op(graph: int, v: torch.Tensor, q: Optional[torch.Tensor],
+                      k: Optional[torch.Tensor], a_src: Optional[torch.Tensor],
+                      a_dst: Optional[torch.Tensor], scale: float,
+                      negative_slope: Optional[float], dropout: float, seed: int,
+                      strategy: str, launch: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out ``[N, H, Dv]``, lse ``[N, H]`` fp32, kept for the backward)."""
+    g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
+                              launch)
+    return attention_forward(g, spec, plan, (scale, negative_slope, dropout, seed),
+                             v, q, k, a_src, a_dst)
+
+
+@edge_attention_op.register_fake
+def _(graph, v, q, k, a_src, a_dst, scale, negative_slope, dropout, seed, strategy, launch):
+    return torch.empty_like(v), v.new_empty(v.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op("hector::edge_attention_backward", mutates_args=())
+def edge_attention_backward_op(
+        graph: int, dout: torch.Tensor, v: torch.Tensor, q: Optional[torch.Tensor],
+        k: Optional[torch.Tensor], a_src: Optional[torch.Tensor], a_dst: Optional[torch.Tensor],
+        out: torch.Tensor, lse: torch.Tensor, scale: float, negative_slope: Optional[float],
+        dropout: float, seed: int, strategy: str, launch: int,
+        needs: List[bool]) -> List[torch.Tensor]:
+    """[dv, dq, dk, d a_src, d a_dst]; a gradient not asked for is an empty tensor (a
+    schema output cannot be None)."""
+    g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
+                              launch)
+    grads = attention_backward(g, spec, plan, (scale, negative_slope, dropout, seed),
+                               tuple(needs), dout, v, q, k, a_src, a_dst, out, lse)
+    return [gr if gr is not None else v.new_empty(0) for gr in grads]
+
+
+@edge_attention_backward_op.register_fake
+def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropout, seed,
+      strategy, launch, needs):
+    return [torch.empty_like(t) if need and t is not None else v.new_empty(0)
+            for t, need in zip((v, q, k, a_src, a_dst), needs)]
+
+
+def _setup_context(ctx, inputs, output):
+    graph, v, q, k, a_src, a_dst, *scalars = inputs
+    ctx.graph, ctx.scalars = graph, scalars
+    ctx.save_for_backward(v, q, k, a_src, a_dst, *output)
+
+
+def _autograd_backward(ctx, dout, _dlse):
+    needs = list(ctx.needs_input_grad[1:6])
+    grads = edge_attention_backward_op(ctx.graph, dout, *ctx.saved_tensors, *ctx.scalars,
+                                       needs)
+    return (None, *[g if need else None for g, need in zip(grads, needs)],
+            None, None, None, None, None, None)
+
+
+edge_attention_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
 def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0,
                           negative_slope=None, dropout=0.0, seed=None, strategy="auto",
                           schedule: Optional[Schedule] = None, *,
                           spec: Optional[AttentionSpec] = None,
                           plan: Optional[AttentionPlan] = None) -> torch.Tensor:
     """The Triton path of :func:`hector.kernels.attention.op.edge_attention` (inputs already
-    validated).  ``spec`` / ``plan``: decided by the caller (the compiler), launched as given;
-    otherwise derived from the tensors and planned here."""
+    validated): the ``hector::edge_attention`` custom op, or with a pinned ``schedule`` the
+    ``autograd.Function``.  ``spec`` / ``plan``: decided by the caller (the compiler) and
+    launched as given (the op receives them by handle); otherwise derived from the tensors
+    and planned here (inside the op, memoised per graph)."""
+    tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
+    if schedule is None:
+        if plan is not None and spec is None:
+            spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
+        launch = 0 if plan is None and spec is None else launch_handle(
+            graph, spec, plan if plan is not None else make_plan(graph, spec, strategy))
+        return edge_attention_op(graph_handle(graph), *tensors, float(scale), negative_slope,
+                                 float(dropout), int(seed or 0), strategy, launch)[0]
     if spec is None:
         spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
     if plan is None:
         plan = make_plan(graph, spec, strategy, schedule)
-    tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
     return EdgeAttentionFunction.apply(graph, spec, plan, (scale, negative_slope, dropout, seed),
                                        *tensors)

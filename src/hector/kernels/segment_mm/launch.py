@@ -25,14 +25,14 @@ Nothing per row of the weight is ever built: each program reads ``W[segment]`` i
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ...device import interpreting, num_sms
 from .. import autotune
 from .. import registry
-from .spec import GemmSchedule, GemmSpec, tune_configs
+from .spec import GemmSchedule, GemmSpec, default_schedule, tune_configs
 
 #: Weight-gradient programs aimed for per SM (long row runs, so a handful are enough).
 WGRAD_PROGRAMS_PER_SM = 4
@@ -163,19 +163,43 @@ def pick_schedule(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...
                            device)
 
 
+def _forward(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
+             num_out_rows: int, x, weight, gather, scatter):
+    """(output, schedule used): the forward launch, its schedule picked (and tuned) first."""
+    def run(sched):
+        # Allocates a fresh (zeroed, under scatter) output per call, so autotune trials
+        # never add into each other's atomics.
+        return launch_gemm(spec, sched, bounds, x, weight, gather, scatter, num_out_rows)
+    sched = pick_schedule(spec, choice, bounds, x.device, run)
+    return run(sched), sched
+
+
+def _backward(spec: GemmSpec, choice: ScheduleChoice, sched: GemmSchedule,
+              bounds: Tuple[int, ...], dout, x, weight, gather, scatter,
+              need_x: bool, need_w: bool):
+    """(dx or None, dW or None)."""
+    dx = dw = None
+    dout = dout.contiguous()
+    if need_x:
+        dspec = spec.grad_input_spec()
+
+        def run(s):
+            return launch_gemm(dspec, s, bounds, dout, weight, scatter, gather, x.shape[0])
+        dx = run(pick_schedule(dspec, choice, bounds, x.device, run))
+    if need_w:
+        dw = launch_wgrad(spec, sched, bounds, x, gather, dout, scatter, weight)
+    return dx, dw
+
+
 class SegmentMMFunction(torch.autograd.Function):
-    """Saved for backward: the inputs themselves (references, no copies) -- neither the
-    gathered rows ``a_r`` nor anything per row of the weight."""
+    """A call with a pinned schedule (tests, tuning scripts).  Saved for backward: the inputs
+    themselves (references, no copies) -- neither the gathered rows ``a_r`` nor anything per
+    row of the weight."""
 
     @staticmethod
     def forward(ctx, spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
                 num_out_rows: int, x, weight, gather, scatter):
-        def run(sched):
-            # Allocates a fresh (zeroed, under scatter) output per call, so autotune trials
-            # never add into each other's atomics.
-            return launch_gemm(spec, sched, bounds, x, weight, gather, scatter, num_out_rows)
-        sched = pick_schedule(spec, choice, bounds, x.device, run)
-        out = run(sched)
+        out, sched = _forward(spec, choice, bounds, num_out_rows, x, weight, gather, scatter)
         ctx.spec, ctx.choice, ctx.sched, ctx.bounds = spec, choice, sched, bounds
         ctx.save_for_backward(x, weight, gather, scatter)
         return out
@@ -184,20 +208,97 @@ class SegmentMMFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         x, weight, gather, scatter = ctx.saved_tensors
-        spec, bounds = ctx.spec, ctx.bounds
-        need_x, need_w = ctx.needs_input_grad[4:6]
-        dx = dw = None
-        if need_x:
-            dspec = spec.grad_input_spec()
-
-            def run(sched):
-                return launch_gemm(dspec, sched, bounds, dout, weight, scatter, gather,
-                                   x.shape[0])
-            sched = pick_schedule(dspec, ctx.choice, bounds, x.device, run)
-            dx = run(sched)
-        if need_w:
-            dw = launch_wgrad(spec, ctx.sched, bounds, x, gather, dout, scatter, weight)
+        dx, dw = _backward(ctx.spec, ctx.choice, ctx.sched, ctx.bounds, dout, x, weight,
+                           gather, scatter, *ctx.needs_input_grad[4:6])
         return None, None, None, None, dx, dw, None, None
+
+
+# -- the custom operators (torch.library) ---------------------------------------------------
+# The unpinned call is an *opaque* custom op: torch.compile and CUDA-graph capture see one
+# node with a fake (shape-only) implementation and never trace into the launch code (schedule
+# choice, autotuning, tile maps all read host values).  Static choices travel as ints/bools;
+# the segment bounds as ``int[]`` (they are Python ints already: op.py reads seg_ptr once).
+
+def _spec_of(x, weight, has_gather: bool, has_scatter: bool, transpose_weight: bool) -> GemmSpec:
+    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    return GemmSpec.of(x, x if has_gather else None, x if has_scatter else None,
+                       transpose_weight, n)
+
+
+@torch.library.custom_op("hector::segment_mm", mutates_args=())
+def segment_mm_op(x: torch.Tensor, weight: torch.Tensor, gather: Optional[torch.Tensor],
+                  scatter: Optional[torch.Tensor], bounds: List[int], num_out_rows: int,
+                  transpose_weight: bool) -> torch.Tensor:
+    spec = _spec_of(x, weight, gather is not None, scatter is not None, transpose_weight)
+    return _forward(spec, None, tuple(bounds), num_out_rows, x, weight, gather, scatter)[0]
+
+
+@segment_mm_op.register_fake
+def _(x, weight, gather, scatter, bounds, num_out_rows, transpose_weight):
+    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    rows = num_out_rows if scatter is not None else bounds[-1]
+    return x.new_empty(rows, n)
+
+
+@torch.library.custom_op("hector::segment_mm_backward", mutates_args=())
+def segment_mm_backward_op(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                           gather: Optional[torch.Tensor], scatter: Optional[torch.Tensor],
+                           bounds: List[int], transpose_weight: bool, need_x: bool,
+                           need_w: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dW); a gradient not asked for is an empty tensor (a schema output cannot be None)."""
+    spec = _spec_of(x, weight, gather is not None, scatter is not None, transpose_weight)
+    bounds = tuple(bounds)
+    # The forward's schedule: the autotuner's memo returns the same pick for the same key.
+    sched = pick_schedule(spec, None, bounds, x.device, lambda s: launch_gemm(
+        spec, s, bounds, x, weight, gather, scatter,
+        dout.shape[0] if scatter is not None else bounds[-1]))
+    dx, dw = _backward(spec, None, sched, bounds, dout, x, weight, gather, scatter, need_x,
+                       need_w)
+    return (dx if dx is not None else x.new_empty(0),
+            dw if dw is not None else weight.new_empty(0))
+
+
+@segment_mm_backward_op.register_fake
+def _(dout, x, weight, gather, scatter, bounds, transpose_weight, need_x, need_w):
+    return (torch.empty_like(x) if need_x else x.new_empty(0),
+            torch.empty_like(weight) if need_w else weight.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, gather, scatter, bounds, _, transpose_weight = inputs
+    ctx.save_for_backward(x, weight, gather, scatter)
+    ctx.bounds, ctx.transpose_weight = list(bounds), transpose_weight
+
+
+def _autograd_backward(ctx, dout):
+    x, weight, gather, scatter = ctx.saved_tensors
+    need_x, need_w = ctx.needs_input_grad[:2]
+    dx, dw = segment_mm_backward_op(dout, x, weight, gather, scatter, ctx.bounds,
+                                    ctx.transpose_weight, need_x, need_w)
+    return (dx if need_x else None, dw if need_w else None, None, None, None, None, None)
+
+
+segment_mm_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("hector::segment_mm_wgrad", mutates_args=())
+def segment_mm_wgrad_op(x: torch.Tensor, dy: torch.Tensor, gather: Optional[torch.Tensor],
+                        scatter: Optional[torch.Tensor], bounds: List[int]) -> torch.Tensor:
+    """``dW [S, K, N]``, ``dW[s] = sum_{r in s} x_{g(r)}^T dy_{c(r)}`` (the compiler's
+    weight-gradient steps), tiled by the heuristic schedule."""
+    spec = GemmSpec.of(x, gather, scatter, False, dy.shape[1])
+    sched = default_schedule(spec, interpreting=interpreting())
+    like = _wgrad_fake(x, dy, bounds, "meta")
+    return launch_wgrad(spec, sched, tuple(bounds), x, gather, dy, scatter, like)
+
+
+def _wgrad_fake(x, dy, bounds, device=None):
+    return torch.empty((len(bounds) - 1, x.shape[1], dy.shape[1]), dtype=x.dtype,
+                       device=device or x.device)
+
+
+segment_mm_wgrad_op.register_fake(
+    lambda x, dy, gather, scatter, bounds: _wgrad_fake(x, dy, bounds))
 
 
 def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[int],
@@ -206,11 +307,14 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[in
                       num_out_rows: Optional[int] = None, transpose_weight: bool = False,
                       schedule: ScheduleChoice = None) -> torch.Tensor:
     """The Triton path of :func:`hector.kernels.segment_mm.op.segment_mm` (inputs already validated;
-    ``bounds`` is ``seg_ptr`` as Python ints)."""
+    ``bounds`` is ``seg_ptr`` as Python ints).  A pinned schedule runs the
+    ``autograd.Function``; otherwise the ``hector::segment_mm`` custom op."""
     bounds = tuple(int(b) for b in bounds)
     n = weight.shape[1] if transpose_weight else weight.shape[2]
-    spec = GemmSpec.of(x, gather, scatter, transpose_weight, n)
     gather = gather.contiguous() if gather is not None else None
     scatter = scatter.contiguous() if scatter is not None else None
     rows = num_out_rows if scatter is not None else bounds[-1]
-    return SegmentMMFunction.apply(spec, schedule, bounds, rows, x, weight, gather, scatter)
+    if isinstance(schedule, GemmSchedule):
+        spec = GemmSpec.of(x, gather, scatter, transpose_weight, n)
+        return SegmentMMFunction.apply(spec, schedule, bounds, rows, x, weight, gather, scatter)
+    return segment_mm_op(x, weight, gather, scatter, list(bounds), rows, transpose_weight)

@@ -19,7 +19,7 @@ from .spec import GemmSchedule
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr: torch.Tensor, *,
+def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
                gather: Optional[torch.Tensor] = None, scatter: Optional[torch.Tensor] = None,
                num_out_rows: Optional[int] = None, transpose_weight: bool = False,
                backend: str = "auto",
@@ -43,8 +43,9 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr: torch.Tensor, *,
         weight: ``[S, K, N]`` one weight per segment (``[S, N, K]`` with
             ``transpose_weight``), same dtype as ``x``.
         seg_ptr: ``[S + 1]`` int32/int64 non-decreasing segment bounds, ``seg_ptr[0] = 0``
-            (e.g. ``graph.rel_ptr``).  Read on the host once per call (a CPU tensor saves a
-            device sync).
+            (e.g. ``graph.rel_ptr``), or the same as a list/tuple of Python ints.  A tensor
+            is read on the host once per call (a CPU tensor saves a device sync; Python ints
+            save the read, and let ``torch.compile`` trace the call).
         gather: ``[M]`` int32/int64 row of ``x`` for each logical row; without it ``M = X``.
         scatter: ``[M]`` int32/int64 output row of each logical row (summed into).
         num_out_rows: number of output rows; required with ``scatter``.
@@ -90,6 +91,22 @@ def _check_index_dtype(t: torch.Tensor, name: str) -> None:
         raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
 
 
+def _host_bounds(seg_ptr, x) -> list:
+    """``seg_ptr`` as Python ints: a tuple or list of ints is taken as it is (what the
+    compiler passes: no tensor read, so ``torch.compile`` traces the call), a tensor is read
+    on the host (the one host read of the call)."""
+    if isinstance(seg_ptr, (list, tuple)):
+        if not all(isinstance(b, int) and not isinstance(b, bool) for b in seg_ptr):
+            raise TypeError("seg_ptr given as a sequence must hold Python ints")
+        return list(seg_ptr)
+    C.check_index(seg_ptr, "seg_ptr", 1)
+    _check_index_dtype(seg_ptr, "seg_ptr")
+    if seg_ptr.device != x.device and seg_ptr.device.type != "cpu":
+        raise ValueError(f"seg_ptr is on {seg_ptr.device} but x is on {x.device}; "
+                         "it must be on x's device or the CPU")
+    return seg_ptr.tolist()
+
+
 def _check(x, weight, seg_ptr, gather, scatter, num_out_rows, transpose_weight):
     """Validates everything that needs no pass over the data; returns ``seg_ptr`` as ints
     and ``num_out_rows`` as an int (or None)."""
@@ -112,16 +129,11 @@ def _check(x, weight, seg_ptr, gather, scatter, num_out_rows, transpose_weight):
                          f"got {tuple(weight.shape)}")
     C.check_same_device([("x", x), ("weight", weight), ("gather", gather),
                          ("scatter", scatter)])
-    C.check_index(seg_ptr, "seg_ptr", 1)
-    _check_index_dtype(seg_ptr, "seg_ptr")
-    if seg_ptr.device != x.device and seg_ptr.device.type != "cpu":
-        raise ValueError(f"seg_ptr is on {seg_ptr.device} but x is on {x.device}; "
-                         "it must be on x's device or the CPU")
+    bounds = _host_bounds(seg_ptr, x)
     num_segments = weight.shape[0]
-    if seg_ptr.shape[0] != num_segments + 1:
+    if len(bounds) != num_segments + 1:
         raise ValueError(f"seg_ptr must have S + 1 = {num_segments + 1} entries (S = "
-                         f"weight.shape[0] = {num_segments}), got {seg_ptr.shape[0]}")
-    bounds = seg_ptr.tolist()      # the one host read of the call
+                         f"weight.shape[0] = {num_segments}), got {len(bounds)}")
     if bounds[0] != 0:
         raise ValueError(f"seg_ptr[0] must be 0, got {bounds[0]}")
     drops = [i for i in range(num_segments) if bounds[i + 1] < bounds[i]]

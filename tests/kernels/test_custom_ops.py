@@ -1,0 +1,93 @@
+"""The Triton paths' custom operators (``hector::segment_mm``, ``hector::edge_attention`` and
+their backward ops) pass ``torch.library.opcheck``: schema, fake (meta) implementation,
+registered autograd and dispatcher consistency.  Tiny inputs: the kernels run under Triton's
+interpreter on the CPU."""
+import pytest
+import torch
+
+from hector.graph import Graph
+from hector.kernels.attention import launch as attention_launch
+from hector.kernels.segment_mm import launch as gemm_launch
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")    # interpreter chatter
+
+
+def _device():
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("gather,scatter", [(False, False), (True, True)])
+def test_segment_mm_ops_pass_opcheck(gather, scatter):
+    dev = _device()
+    g = torch.Generator().manual_seed(0)
+    bounds = [0, 3, 3, 7]                    # an empty middle segment
+    x = torch.randn(5 if gather else 7, 4, generator=g).to(dev).requires_grad_()
+    w = torch.randn(3, 4, 6, generator=g).to(dev).requires_grad_()
+    gi = torch.randint(0, 5, (7,), generator=g).to(dev) if gather else None
+    si = torch.randint(0, 4, (7,), generator=g).to(dev) if scatter else None
+    rows = 4 if scatter else 7
+    torch.library.opcheck(gemm_launch.segment_mm_op, (x, w, gi, si, bounds, rows, False))
+    dout = torch.randn(rows, 6, generator=g).to(dev)
+    torch.library.opcheck(gemm_launch.segment_mm_backward_op,
+                          (dout, x.detach(), w.detach(), gi, si, bounds, False, True, True),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_edge_attention_ops_pass_opcheck():
+    dev = _device()
+    g = torch.Generator().manual_seed(0)
+    ei = torch.tensor([[0, 1, 2, 3, 1, 4], [1, 2, 0, 1, 1, 2]])
+    graph = Graph(ei, num_nodes=6).to(dev)  # node 5: no edge at all
+    handle = attention_launch.graph_handle(graph)
+    n, heads = 6, 2
+    v = torch.randn(n, heads, 3, generator=g).to(dev).requires_grad_()
+    a_src = torch.randn(n, heads, generator=g).to(dev).requires_grad_()
+    a_dst = torch.randn(n, heads, generator=g).to(dev).requires_grad_()
+    args = (handle, v, None, None, a_src, a_dst, 1.0, 0.2, 0.0, 0, "auto")
+    torch.library.opcheck(attention_launch.edge_attention_op, args)
+    out, lse = attention_launch.edge_attention_op(*args)
+    dout = torch.randn_like(out)
+    bwd = (handle, dout, v.detach(), None, None, a_src.detach(), a_dst.detach(), out.detach(),
+           lse, 1.0, 0.2, 0.0, 0, "auto", [True, False, False, True, False])
+    torch.library.opcheck(attention_launch.edge_attention_backward_op, bwd,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_edge_attention_op_rejects_a_freed_graph_handle():
+    v = torch.randn(3, 1, 2)
+    with pytest.raises(RuntimeError, match="graph handle"):
+        attention_launch.edge_attention_op(10 ** 9, v, None, None, None, None, 1.0, None, 0.0,
+                                           0, "auto")
+
+
+def test_segment_mm_wgrad_op_passes_opcheck():
+    g = torch.Generator().manual_seed(1)
+    dev = _device()
+    x = torch.randn(7, 4, generator=g).to(dev)
+    dy = torch.randn(7, 5, generator=g).to(dev)
+    torch.library.opcheck(gemm_launch.segment_mm_wgrad_op, (x, dy, None, None, [0, 2, 2, 7]),
+                          test_utils=("test_schema", "test_faketensor"))
+    dw = gemm_launch.segment_mm_wgrad_op(x, dy, None, None, [0, 2, 2, 7])
+    want = torch.stack([x[:2].T @ dy[:2], torch.zeros(4, 5, device=dev), x[2:].T @ dy[2:]])
+    torch.testing.assert_close(dw, want, rtol=1e-4, atol=1e-5)
+
+
+def test_segment_mm_takes_seg_ptr_as_python_ints():
+    from hector.kernels.segment_mm.op import segment_mm
+    x, w = torch.randn(5, 3), torch.randn(2, 3, 4)
+    want = segment_mm(x, w, torch.tensor([0, 2, 5]), backend="torch")
+    torch.testing.assert_close(segment_mm(x, w, (0, 2, 5), backend="torch"), want)
+    with pytest.raises(TypeError, match="seg_ptr"):
+        segment_mm(x, w, [0, 2.0, 5], backend="torch")
+    with pytest.raises(ValueError, match="seg_ptr"):
+        segment_mm(x, w, [0, 5], backend="torch")
+
+
+def test_a_deep_copied_graph_gets_its_own_handle():
+    import copy
+    graph = Graph(torch.tensor([[0, 1, 2], [1, 2, 0]]), num_nodes=3)
+    h = attention_launch.graph_handle(graph)
+    twin = copy.deepcopy(graph)                                 # carries a copy of the mark
+    assert attention_launch.graph_handle(graph) == h            # memoised
+    assert attention_launch.graph_handle(twin) != h
+    assert attention_launch._graph(attention_launch.graph_handle(twin)) is twin
