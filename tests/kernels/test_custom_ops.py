@@ -43,12 +43,12 @@ def test_edge_attention_ops_pass_opcheck():
     v = torch.randn(n, heads, 3, generator=g).to(dev).requires_grad_()
     a_src = torch.randn(n, heads, generator=g).to(dev).requires_grad_()
     a_dst = torch.randn(n, heads, generator=g).to(dev).requires_grad_()
-    args = (handle, v, None, None, a_src, a_dst, 1.0, 0.2, 0.0, 0, "auto")
+    args = (handle, v, None, None, a_src, a_dst, 1.0, 0.2, 0.0, 0, "auto", 0)
     torch.library.opcheck(attention_launch.edge_attention_op, args)
     out, lse = attention_launch.edge_attention_op(*args)
     dout = torch.randn_like(out)
     bwd = (handle, dout, v.detach(), None, None, a_src.detach(), a_dst.detach(), out.detach(),
-           lse, 1.0, 0.2, 0.0, 0, "auto", [True, False, False, True, False])
+           lse, 1.0, 0.2, 0.0, 0, "auto", 0, [True, False, False, True, False])
     torch.library.opcheck(attention_launch.edge_attention_backward_op, bwd,
                           test_utils=("test_schema", "test_faketensor"))
 
@@ -57,7 +57,7 @@ def test_edge_attention_op_rejects_a_freed_graph_handle():
     v = torch.randn(3, 1, 2)
     with pytest.raises(RuntimeError, match="graph handle"):
         attention_launch.edge_attention_op(10 ** 9, v, None, None, None, None, 1.0, None, 0.0,
-                                           0, "auto")
+                                           0, "auto", 0)
 
 
 def test_segment_mm_wgrad_op_passes_opcheck():

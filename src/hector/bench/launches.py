@@ -10,7 +10,9 @@ from collections import Counter
 from typing import Callable, Dict
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from ..device import interpreting
 
 #: aten ops that launch nothing (metadata only).
 _NO_KERNEL = {"view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t",
@@ -20,18 +22,49 @@ _NO_KERNEL = {"view", "_unsafe_view", "reshape", "expand", "permute", "transpose
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts dispatched operators by name, ``hector::`` custom ops as one each."""
+    """Counts dispatched operators by name, ``hector::`` custom ops as one each.  Under
+    Triton's interpreter a kernel launched outside a custom op (the traversal family) counts
+    as one ``triton::<kernel>`` launch; the interpreter's own tensor copies inside it are not
+    launches and are not counted."""
 
     def __init__(self):
         super().__init__()
         self.ops: Counter = Counter()
+        self._unpatch = None
+        self.inside_op = False
+
+    def __enter__(self):
+        if interpreting():
+            from triton.runtime.interpreter import GridExecutor   # only under the interpreter
+            real, ops, counter = GridExecutor.__call__, self.ops, self
+
+            def launch(executor, *args, **kwargs):
+                if not counter.inside_op:          # a custom op's kernels count as the op
+                    ops[f"triton::{getattr(executor.fn, '__name__', 'kernel')}"] += 1
+                with _disable_current_modes():
+                    return real(executor, *args, **kwargs)
+            GridExecutor.__call__ = launch
+            self._unpatch = lambda: setattr(GridExecutor, "__call__", real)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self._unpatch is not None:
+            self._unpatch()
+            self._unpatch = None
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         packet = func.overloadpacket
         name = f"{func.namespace}::{packet.__name__}"
         if func.namespace == "hector" or packet.__name__ not in _NO_KERNEL:
             self.ops[name] += 1
-        return func(*args, **(kwargs or {}))
+        if func.namespace != "hector":
+            return func(*args, **(kwargs or {}))
+        self.inside_op = True
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.inside_op = False
 
 
 def count_step(forward: Callable[[], torch.Tensor]) -> Dict[str, Counter]:

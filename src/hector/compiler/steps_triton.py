@@ -296,8 +296,10 @@ def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
     if a_src is not None:
         score = score + (a_src if src_kind == EDGE else
                          a_src.index_select(0, ix.move(src_kind, EDGE, "src")))
-    if backend == "triton" and not (torch.is_grad_enabled() and score.requires_grad):
-        # (the kernel has no autograd: the IR-autodiff forward runs without recording)
+    if backend == "triton" and not (torch.is_grad_enabled() and score.requires_grad) \
+            and not torch.compiler.is_compiling():
+        # (the kernel has no autograd: the IR-autodiff forward runs without recording; it is
+        # no custom op yet, so torch.compile traces the torch ops instead)
         alpha = edge_softmax_kernel(g, score.unsqueeze(-1), slope, backend=backend)
     else:
         if slope is not None:
