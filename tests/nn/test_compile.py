@@ -23,7 +23,16 @@ LAYERS = ("gat", "agnn", "transformer", "rgcn", "rgat", "hgt")
 
 
 def make_case(name, prebuilt=True, backend="torch"):
-    """(layer, call arguments) of one layer on a tiny random graph."""
+    """(layer, call arguments) of one layer on a tiny random graph, on the device the backend
+    runs on (CUDA for Triton where there is a GPU)."""
+    dev = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
+    layer, args = _make_case(name, prebuilt, backend)
+    move = lambda a: (a.to(dev) if isinstance(a, (torch.Tensor, Graph)) else  # noqa: E731
+                      {k: move(v) for k, v in a.items()} if isinstance(a, dict) else a)
+    return layer.to(dev), tuple(move(a) for a in args)
+
+
+def _make_case(name, prebuilt, backend):
     torch.manual_seed(0)
     ei, et = random_relational()
     x = torch.randn(24, 16)
@@ -62,7 +71,7 @@ def run(layer, args, compiled=None):
     out = (layer if compiled is None else compiled)(*call_args)
     flat = torch.cat([o.flatten() for o in out.values()]) if isinstance(out, dict) \
         else out.flatten()
-    weights = torch.linspace(-1, 1, flat.numel())       # not symmetric: every entry matters
+    weights = torch.linspace(-1, 1, flat.numel(), device=flat.device)       # not symmetric: every entry matters
     layer.zero_grad(set_to_none=True)
     (flat * weights).sum().backward()
     grads = {f"feature {k}": v.grad for k, v in feats.items()}
