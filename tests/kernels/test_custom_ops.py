@@ -91,3 +91,20 @@ def test_a_deep_copied_graph_gets_its_own_handle():
     assert attention_launch.graph_handle(graph) == h            # memoised
     assert attention_launch.graph_handle(twin) != h
     assert attention_launch._graph(attention_launch.graph_handle(twin)) is twin
+
+
+def test_a_callers_spec_without_plan_gets_one_launch_handle():
+    """Repeated calls with ``spec=`` and no ``plan=`` reuse one memoised plan and handle
+    (a new plan and handle per call would grow the launch table without bound)."""
+    from hector.kernels.attention.op import edge_attention
+    from hector.kernels.attention.spec import AttentionSpec
+    dev = _device()
+    g = Graph(torch.tensor([[0, 1, 2], [1, 2, 0]]), num_nodes=3).to(dev)
+    v, a = torch.randn(3, 2, 4, device=dev), torch.randn(3, 2, device=dev)
+    spec = AttentionSpec.of(v, a_src=a)
+    first = edge_attention(g, v, a_src=a, spec=spec, backend="triton")
+    before = len(attention_launch._LAUNCHES)
+    for _ in range(3):
+        again = edge_attention(g, v, a_src=a, spec=spec, backend="triton")
+    assert len(attention_launch._LAUNCHES) == before
+    torch.testing.assert_close(again, first)

@@ -405,11 +405,16 @@ def _op_setup(handle, v, q, a_src, a_dst, negative_slope, dropout, strategy, lau
     if launch:
         return (graph,) + _LAUNCHES[launch]
     spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
+    return graph, spec, _memo_plan(graph, spec, strategy)
+
+
+def _memo_plan(graph, spec: AttentionSpec, strategy: str) -> AttentionPlan:
+    """The heuristic plan of ``spec`` on ``graph``, made once per (graph, spec, strategy)."""
     table = _chunk_tables.setdefault(graph, {})
     key = ("plan", spec, strategy)
     if key not in table:
         table[key] = make_plan(graph, spec, strategy)
-    return graph, spec, table[key]
+    return table[key]
 
 
 @torch.library.custom_op("hector::edge_attention", mutates_args=())
@@ -484,8 +489,10 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
     if schedule is None:
         if plan is not None and spec is None:
             spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
+        # A caller's spec without a plan gets the memoised plan: one handle per (graph, spec),
+        # not a new plan and handle every call.
         launch = 0 if plan is None and spec is None else launch_handle(
-            graph, spec, plan if plan is not None else make_plan(graph, spec, strategy))
+            graph, spec, plan if plan is not None else _memo_plan(graph, spec, strategy))
         return edge_attention_op(graph_handle(graph), *tensors, float(scale), negative_slope,
                                  float(dropout), int(seed or 0), strategy, launch)[0]
     if spec is None:
