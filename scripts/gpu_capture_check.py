@@ -65,6 +65,7 @@ def host_and_wall_ms(fn, calls=200):
 
 def layer_step(layer_name, ds_name, root, features):
     from hector.bench import suites
+    from hector.train.capture import capture_graph
     dev = torch.device("cuda")
     path, name = dataset(ds_name, root)
     W = suites.Workload(name, dev, root=path)
@@ -78,17 +79,10 @@ def layer_step(layer_name, ds_name, root, features):
     rows = {}
     host, wall = host_and_wall_ms(eager)
     rows["eager"] = (host, *kernels_and_gpu_ms(eager), wall)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            eager()
-    torch.cuda.current_stream().wait_stream(side)
-    ours.zero_grad(set_to_none=True)
-    x.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        eager()
+    def reset():
+        ours.zero_grad(set_to_none=True)
+        x.grad = None
+    graph, _ = capture_graph(eager, 3, reset)
     host, wall = host_and_wall_ms(graph.replay)
     rows["captured"] = (host, *kernels_and_gpu_ms(graph.replay), wall)
     return rows

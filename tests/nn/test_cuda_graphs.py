@@ -7,6 +7,7 @@ Run on a GPU box: ``python -m pytest -q tests/nn/test_cuda_graphs.py`` (or
 import pytest
 import torch
 
+from hector.train.capture import capture_graph
 from test_compile import LAYERS, assert_same, make_case, run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -34,18 +35,11 @@ def captured_step(layer, args):
         weights = torch.linspace(-1, 1, flat.numel(), device=flat.device)
         (flat * weights).sum().backward()
         return flat
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    layer.zero_grad(set_to_none=True)
-    for t in static.values():
-        t.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        flat = step()
+    def reset():
+        layer.zero_grad(set_to_none=True)
+        for t in static.values():
+            t.grad = None
+    graph, flat = capture_graph(step, 3, reset)
     return graph, flat, static
 
 

@@ -17,7 +17,7 @@ too: its Graph is built during the warm-up).
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -80,6 +80,26 @@ def _reset_optimizer_state(optimizer, before: dict) -> None:
                         t.zero_()
 
 
+def capture_graph(fn: Callable[[], object], warmup: int = WARMUP_STEPS,
+                  reset: Optional[Callable[[], None]] = None):
+    """``(graph, out)``: ``fn`` run ``warmup`` times on a side stream (lazy state: kernel
+    compilation, autotuning, hector's plans and caches), then ``reset()`` (put back what the
+    warm-up changed), then one call of ``fn`` captured as a ``torch.cuda.CUDAGraph``; ``out``
+    is that call's result, living in the graph's memory and overwritten by each replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    if reset is not None:
+        reset()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def capture_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: Callable[[torch.Tensor], torch.Tensor], *inputs,
                  warmup: int = WARMUP_STEPS) -> Callable[[], torch.Tensor]:
@@ -99,22 +119,17 @@ def capture_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     state = {p: {k: v.detach().clone() for k, v in s.items() if isinstance(v, torch.Tensor)}
              for p, s in optimizer.state.items()}
     rng = torch.cuda.get_rng_state_all(), torch.get_rng_state()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            _one_step(model, optimizer, loss_fn, inputs)
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.no_grad():
-        for k, v in model.state_dict().items():
-            v.copy_(params[k])
-        _reset_optimizer_state(optimizer, state)
-    torch.cuda.set_rng_state_all(rng[0])
-    torch.set_rng_state(rng[1])
-    graph = torch.cuda.CUDAGraph()
-    optimizer.zero_grad(set_to_none=True)   # backward allocates .grad in the graph's pool
-    with torch.cuda.graph(graph):
-        loss = _one_step(model, optimizer, loss_fn, inputs)
+
+    def reset() -> None:
+        with torch.no_grad():
+            for k, v in model.state_dict().items():
+                v.copy_(params[k])
+            _reset_optimizer_state(optimizer, state)
+        torch.cuda.set_rng_state_all(rng[0])
+        torch.set_rng_state(rng[1])
+        optimizer.zero_grad(set_to_none=True)   # backward allocates .grad in the graph's pool
+    graph, loss = capture_graph(lambda: _one_step(model, optimizer, loss_fn, inputs),
+                                warmup, reset)
 
     def step() -> torch.Tensor:
         graph.replay()
@@ -123,4 +138,4 @@ def capture_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return step
 
 
-__all__: Sequence[str] = ("capture_step", "attention_dropout_layers")
+__all__: Sequence[str] = ("capture_step", "capture_graph", "attention_dropout_layers")
