@@ -161,12 +161,12 @@ def traversal_spec(body: Value) -> TraversalSpec:
 def edge_softmax_form(body: Value):
     """(input index, leaky slope or None) when ``body`` is ``edge_softmax`` of an edge input,
     optionally through ``leaky_relu`` (the ``edge_softmax`` kernel's form); else None."""
-    if body.op != "edge_softmax":
+    if body.op != Op.EDGE_SOFTMAX:
         return None
     x, slope = body.args[0], None
-    if x.op == "leaky_relu":
+    if x.op == Op.LEAKY_RELU:
         x, slope = x.args[0], float(x.attr("slope"))
-    return (x.attr("index"), slope) if x.op == "arg" and x.kind == EDGE else None
+    return (x.attr("index"), slope) if x.op == Op.ARG and x.kind == EDGE else None
 
 
 class _Decline(Exception):
@@ -207,31 +207,31 @@ def linear_traversal(body: Value) -> Tuple[object, str]:
 def _terms(v: Value):
     """``v`` as ([(arg, movements innermost first, coef)], [(weight arg, coef)]): movements
     distribute over sums (``scatter(a + b) = scatter(a) + scatter(b)``)."""
-    if v.op == "arg":
+    if v.op == Op.ARG:
         if v.kind != WEIGHT:
             return [(v, [], 1.0)], []
         if v.per is not None:
             raise _Decline(f"a per-{v.per} weight vector is read per row")
         return [], [(v, 1.0)]
-    if v.op in ("gather", "scatter"):
-        if v.op == "scatter" and v.attr("reduce") not in ("sum", "mean"):
+    if v.op in (Op.GATHER, Op.SCATTER):
+        if v.op == Op.SCATTER and v.attr("reduce") not in ("sum", "mean"):
             raise _Decline(f"scatter reduce {v.attr('reduce')!r}")
         terms, biases = _terms(v.args[0])
         if biases:
             raise _Decline("a weight is moved")
         move = (("gather", v.args[0].kind, v.kind, v.attr("end"), v.attr("norm"))
-                if v.op == "gather" else
+                if v.op == Op.GATHER else
                 ("scatter", v.kind, v.args[0].kind, v.attr("end"), v.attr("reduce")))
         return [(a, ms + [move], c) for a, ms, c in terms], []
-    if v.op == "reshape":   # same row, other (heads, features) split
+    if v.op == Op.RESHAPE:   # same row, other (heads, features) split
         return _terms(v.args[0])
-    if v.op in ("scale", "neg"):
-        f = -1.0 if v.op == "neg" else float(v.attr("factor"))
+    if v.op in (Op.SCALE, Op.NEG):
+        f = -1.0 if v.op == Op.NEG else float(v.attr("factor"))
         terms, biases = _terms(v.args[0])
         return [(a, ms, c * f) for a, ms, c in terms], [(a, c * f) for a, c in biases]
-    if v.op in ("add", "sub"):
+    if v.op in (Op.ADD, Op.SUB):
         (tx, bx), (ty, by) = _terms(v.args[0]), _terms(v.args[1])
-        sign = -1.0 if v.op == "sub" else 1.0
+        sign = -1.0 if v.op == Op.SUB else 1.0
         return (tx + [(a, ms, sign * c) for a, ms, c in ty],
                 bx + [(a, sign * c) for a, c in by])
     raise _Decline(f"statement {v.op!r} is not a movement, a scale or an addition")

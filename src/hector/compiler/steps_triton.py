@@ -36,7 +36,7 @@ from ..kernels.segment_mm.op import segment_mm
 from ..kernels.segment_mm.spec import GemmSpec, default_schedule
 from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, scaled
 from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
-from .ir import CDST, CSRC, EDGE, NODE, Value, attention_roles, toposort
+from .ir import CDST, CSRC, EDGE, NODE, Op, Value, attention_roles, toposort
 from .plan import AttentionRows, RowSegments
 from .steps_torch import GraphIndex, _operand, attention_score, edge_side, edge_softmax
 
@@ -191,7 +191,7 @@ def run_traversal(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Ten
 
 def _bias_row(step, t: torch.Tensor, index: int, ix: GraphIndex) -> torch.Tensor:
     """The bias weight as one output row, broadcast the way the torch backend's ``add`` does."""
-    arg = next(b for b in toposort([step.body]) if b.op == "arg" and b.attr("index") == index)
+    arg = next(b for b in toposort([step.body]) if b.op == Op.ARG and b.attr("index") == index)
     return _operand(t, arg, step.body.kind, ix).expand((1,) + tuple(step.body.shape)).reshape(-1)
 
 
