@@ -28,17 +28,19 @@ def captured_step(layer, args):
     static = {k: v.detach().clone().requires_grad_() for k, v in feats.items()}
     call = (static if isinstance(args[0], dict) else static["x"],) + tuple(args[1:])
 
+    def reset():
+        layer.zero_grad(set_to_none=True)
+        for t in static.values():
+            t.grad = None
+
     def step():
+        reset()        # each warm-up starts from no gradient, as the captured step does
         out = layer(*call)
         flat = torch.cat([o.flatten() for o in out.values()]) if isinstance(out, dict) \
             else out.flatten()
         weights = torch.linspace(-1, 1, flat.numel(), device=flat.device)
         (flat * weights).sum().backward()
         return flat
-    def reset():
-        layer.zero_grad(set_to_none=True)
-        for t in static.values():
-            t.grad = None
     graph, flat = capture_graph(step, 3, reset)
     return graph, flat, static
 
@@ -47,6 +49,9 @@ def captured_step(layer, args):
 def test_cuda_graph_capture_of_forward_and_backward_matches_eager(name):
     layer, args = on_cuda(name)
     out, grads = run(layer, args)
+    # The warm-up below would accumulate into these very tensors (backward adds into an
+    # existing .grad in place), so keep copies of the eager values.
+    grads = {k: v.clone() for k, v in grads.items()}
     graph, flat, static = captured_step(layer, args)
     for _ in range(2):            # replays overwrite, never accumulate
         graph.replay()

@@ -36,10 +36,7 @@ class GraphIndex:
 
     @staticmethod
     def of(graph) -> "GraphIndex":
-        memo = graph.__dict__.setdefault("_derived", {})
-        if "compiler_index" not in memo:
-            memo["compiler_index"] = GraphIndex(graph)
-        return memo["compiler_index"]
+        return graph.derived("compiler_index", lambda: GraphIndex(graph))
 
     def relation(self, kind: str) -> torch.Tensor:
         g = self.graph
