@@ -218,7 +218,7 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
         m_part = l_part = acc_part = lse
     if n > 0:
         args = (csr.ptr, csr.col, csr.eid, rows, _or(q_r, v), _or(k, v), v, _or(a_src, lse),
-                _or(a_dst_r, lse), out, lse, m_part, l_part, acc_part, *_scalars(params),
+                _or(a_dst_r, lse), out, lse, m_part, l_part, acc_part, *_scalars(params, lse),
                 graph.num_edges, heads, spec.dim_qk, dim_v, sched.chunk)
         _launch_traversal("attention_fwd", score_params(spec, sched.strategy), plan, sched,
                           grid, args, _shape(n_rows, graph.num_edges, spec), v.device)
@@ -261,7 +261,7 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         dq_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_q and nchunks else lse
         dd_part = torch.empty(nchunks, 2, heads, **fp32) if need_dst and nchunks else lse
         args = (csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dq_r, lse), _or(dd_r, lse),
-                dq_part, dd_part, *_scalars(params), graph.num_edges, heads, dim_k,
+                dq_part, dd_part, *_scalars(params, lse), graph.num_edges, heads, dim_k,
                 dim_v, sched.chunk)
         _launch_traversal("attention_bwd_dst", dict(score_params(spec, sched.strategy),
                                                     need_dq=need_q, need_ddst=need_dst),
@@ -291,7 +291,7 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         dv_part = torch.empty(nchunks, 2, heads * dim_v, **fp32) if need_v and nchunks else lse
         ds_part = torch.empty(nchunks, 2, heads, **fp32) if need_src and nchunks else lse
         args = (csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dk_r, lse), _or(dv_r, lse),
-                _or(ds_r, lse), dk_part, dv_part, ds_part, *_scalars(params),
+                _or(ds_r, lse), dk_part, dv_part, ds_part, *_scalars(params, lse),
                 graph.num_edges, heads, dim_k, dim_v, sched.chunk)
         _launch_traversal("attention_bwd_src", dict(score_params(spec, sched.strategy),
                                                     need_dk=need_k, need_dv=need_v,
@@ -336,12 +336,23 @@ def _or(t: Optional[torch.Tensor], dummy: torch.Tensor) -> torch.Tensor:
     return t if t is not None else dummy
 
 
-def _scalars(params: tuple):
-    """(scale, slope, seed, keep threshold, 1/(1-p)) as the kernels take them."""
+def _scalars(params: tuple, dummy: torch.Tensor):
+    """(scale, slope, seed pointer, keep threshold, 1/(1-p)) as the kernels take them; the
+    seed is read by the kernels from device memory (``dummy`` fills the slot without
+    dropout, where the kernels are rendered without the read)."""
     scale, slope, p, seed = params
     return (float(scale), float(slope if slope is not None else 0.0),
-            int(seed or 0) & 0x7FFFFFFF, dropout_threshold(p) if p > 0 else 0,
-            1.0 / (1.0 - p) if p > 0 else 1.0)
+            seed_tensor(seed, dummy.device) if p > 0 else dummy,
+            dropout_threshold(p) if p > 0 else 0, 1.0 / (1.0 - p) if p > 0 else 1.0)
+
+
+def seed_tensor(seed, device) -> torch.Tensor:
+    """The dropout seed as the one-element int64 device tensor the kernels read: a tensor
+    seed as it is (drawn on the device: see ``op.draw_seed``), an int filled in on the device
+    (a fill, not a host-to-device copy)."""
+    if isinstance(seed, torch.Tensor):
+        return seed.reshape(1).to(device=device, dtype=torch.int64)
+    return torch.full((1,), int(seed or 0) & 0x7FFFFFFF, dtype=torch.int64, device=device)
 
 
 # -- the custom operators (torch.library) ---------------------------------------------------
@@ -351,9 +362,10 @@ def _scalars(params: tuple):
 # a traced graph anyway.  torch.compile and CUDA-graph capture see one node per direction with
 # a shape-only fake implementation.  Ops take no Python objects: the graph travels as an int
 # handle (``graph_handle``), the spec is rebuilt from the tensors, the plan is memoised per
-# (graph, spec, strategy) inside the op.  The dropout ``seed`` is an int argument, so a
-# compiled or captured graph replays the mask of the seed it was built with; training with
-# attention dropout under capture is not supported yet (eager draws a fresh seed per call).
+# (graph, spec, strategy) inside the op.  The dropout seed travels as a one-element device
+# tensor (``seed_tensor``; the int ``seed`` is only used when it is None): the kernels read it
+# from memory, so a captured graph that redraws it on the device (``op.draw_seed``) drops a
+# fresh mask on every replay.
 
 _GRAPHS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
@@ -422,16 +434,22 @@ def edge_attention_op(graph: int, v: torch.Tensor, q: Optional[torch.Tensor],
                       k: Optional[torch.Tensor], a_src: Optional[torch.Tensor],
                       a_dst: Optional[torch.Tensor], scale: float,
                       negative_slope: Optional[float], dropout: float, seed: int,
-                      strategy: str, launch: int) -> Tuple[torch.Tensor, torch.Tensor]:
+                      strategy: str, launch: int, seed_tensor: Optional[torch.Tensor] = None
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out ``[N, H, Dv]``, lse ``[N, H]`` fp32, kept for the backward)."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
                               launch)
-    return attention_forward(g, spec, plan, (scale, negative_slope, dropout, seed),
-                             v, q, k, a_src, a_dst)
+    return attention_forward(g, spec, plan, (scale, negative_slope, dropout,
+                                             _seed_of(seed, seed_tensor)), v, q, k, a_src, a_dst)
+
+
+def _seed_of(seed: int, seed_tensor: Optional[torch.Tensor]):
+    return seed_tensor if seed_tensor is not None else seed
 
 
 @edge_attention_op.register_fake
-def _(graph, v, q, k, a_src, a_dst, scale, negative_slope, dropout, seed, strategy, launch):
+def _(graph, v, q, k, a_src, a_dst, scale, negative_slope, dropout, seed, strategy, launch,
+      seed_tensor=None):
     return torch.empty_like(v), v.new_empty(v.shape[:2], dtype=torch.float32)
 
 
@@ -441,35 +459,39 @@ def edge_attention_backward_op(
         k: Optional[torch.Tensor], a_src: Optional[torch.Tensor], a_dst: Optional[torch.Tensor],
         out: torch.Tensor, lse: torch.Tensor, scale: float, negative_slope: Optional[float],
         dropout: float, seed: int, strategy: str, launch: int,
-        needs: List[bool]) -> List[torch.Tensor]:
+        needs: List[bool], seed_tensor: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """[dv, dq, dk, d a_src, d a_dst]; a gradient not asked for is an empty tensor (a
     schema output cannot be None)."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
                               launch)
-    grads = attention_backward(g, spec, plan, (scale, negative_slope, dropout, seed),
+    grads = attention_backward(g, spec, plan, (scale, negative_slope, dropout,
+                                               _seed_of(seed, seed_tensor)),
                                tuple(needs), dout, v, q, k, a_src, a_dst, out, lse)
     return [gr if gr is not None else v.new_empty(0) for gr in grads]
 
 
 @edge_attention_backward_op.register_fake
 def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropout, seed,
-      strategy, launch, needs):
+      strategy, launch, needs, seed_tensor=None):
     return [torch.empty_like(t) if need and t is not None else v.new_empty(0)
             for t, need in zip((v, q, k, a_src, a_dst), needs)]
 
 
 def _setup_context(ctx, inputs, output):
-    graph, v, q, k, a_src, a_dst, *scalars = inputs
+    graph, v, q, k, a_src, a_dst, *rest = inputs
+    # rest: scale, slope, dropout, seed, strategy, launch and the optional seed_tensor.
+    scalars, seed_t = rest[:6], (rest[6] if len(rest) > 6 else None)
     ctx.graph, ctx.scalars = graph, scalars
-    ctx.save_for_backward(v, q, k, a_src, a_dst, *output)
+    # The seed tensor is saved too: the backward redraws the forward's mask from it.
+    ctx.save_for_backward(v, q, k, a_src, a_dst, *output, seed_t)
 
 
 def _autograd_backward(ctx, dout, _dlse):
     needs = list(ctx.needs_input_grad[1:6])
-    grads = edge_attention_backward_op(ctx.graph, dout, *ctx.saved_tensors, *ctx.scalars,
-                                       needs)
+    *saved, seed_t = ctx.saved_tensors
+    grads = edge_attention_backward_op(ctx.graph, dout, *saved, *ctx.scalars, needs, seed_t)
     return (None, *[g if need else None for g, need in zip(grads, needs)],
-            None, None, None, None, None, None)
+            None, None, None, None, None, None, None)
 
 
 edge_attention_op.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -493,8 +515,9 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
         # not a new plan and handle every call.
         launch = 0 if plan is None and spec is None else launch_handle(
             graph, spec, plan if plan is not None else _memo_plan(graph, spec, strategy))
+        seed_t = seed_tensor(seed, v.device) if dropout > 0 else None
         return edge_attention_op(graph_handle(graph), *tensors, float(scale), negative_slope,
-                                 float(dropout), int(seed or 0), strategy, launch)[0]
+                                 float(dropout), 0, strategy, launch, seed_t)[0]
     if spec is None:
         spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
     if plan is None:

@@ -23,7 +23,7 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
                    k: Optional[torch.Tensor] = None, a_src: Optional[torch.Tensor] = None,
                    a_dst: Optional[torch.Tensor] = None, *, scale: float = 1.0,
                    negative_slope: Optional[float] = None, dropout: float = 0.0,
-                   training: bool = False, seed: Optional[int] = None, strategy: str = "auto",
+                   training: bool = False, seed=None, strategy: str = "auto",
                    backend: str = "auto", schedule=None, spec: Optional[AttentionSpec] = None,
                    plan: Optional[AttentionPlan] = None) -> torch.Tensor:
     r"""Fused graph attention (score, edge softmax, aggregation) over the incoming edges of
@@ -50,7 +50,10 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
         dropout: probability of dropping an attention weight (only when ``training``); the
             mask is a hash of (``seed``, canonical edge id, head), identical on both backends.
         training: apply dropout.
-        seed: dropout seed (default: drawn from torch's global generator).
+        seed: dropout seed: an int, or a one-element integer tensor on ``v``'s device.  Default:
+            a fresh seed drawn *on the device* from torch's generator for ``v``'s device
+            (reproducible under ``torch.manual_seed``; no host sync; inside a captured CUDA
+            graph the draw is replayed too, so every replay drops a fresh mask).
         strategy: 'auto' | 'node' | 'edge' (Triton schedule; see ``launch.choose_strategy``).
         backend: 'auto' | 'torch' | 'triton'.
         schedule: a ``hector.kernels.attention.spec.Schedule`` pinning tile sizes and strategy
@@ -68,14 +71,14 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
         raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
     _check_inputs(graph, v, q, k, a_src, a_dst)
     scale, negative_slope, dropout = _check_scalars(scale, negative_slope, dropout, training, seed)
+    _check_seed(seed, v)
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     backend = choose_backend(backend, v, "v")
     p = dropout if training else 0.0
     _check_decided(spec, plan, schedule, v, q, a_src, a_dst, negative_slope, p)
     if p > 0 and seed is None:
-        # Drawn on the CPU generator: reproducible under torch.manual_seed, no device sync.
-        seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item())
+        seed = draw_seed(v.device)
     if backend == "torch":
         return edge_attention_torch(graph, v, q, k, a_src, a_dst, scale, negative_slope, p, seed)
     return edge_attention_triton(graph, v, q, k, a_src, a_dst, scale, negative_slope, p, seed,
@@ -138,6 +141,26 @@ def _check_scalars(scale, negative_slope, dropout, training, seed):
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     if not isinstance(training, bool):
         raise TypeError(f"training must be a bool, got {type(training).__name__}")
-    if seed is not None:
-        C.check_count(seed, "seed")
     return scale, negative_slope, dropout
+
+
+def _check_seed(seed, v: torch.Tensor) -> None:
+    if seed is None:
+        return
+    if not isinstance(seed, torch.Tensor):
+        C.check_count(seed, "seed")
+        return
+    if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex \
+            or seed.dtype == torch.bool:
+        raise TypeError(f"seed as a tensor must hold one integer, got {seed.numel()} "
+                        f"element(s) of {seed.dtype}")
+    if seed.device != v.device:
+        raise ValueError(f"seed is on {seed.device} but v is on {v.device}")
+
+
+def draw_seed(device) -> torch.Tensor:
+    """A fresh dropout seed as a one-element int64 tensor drawn on ``device`` by torch's
+    generator there.  A host-drawn int would be frozen into a captured CUDA graph (one mask
+    replayed forever); torch's CUDA generator is graph-safe (each replay advances its philox
+    offset), so the draw is recorded and redone by every replay."""
+    return torch.randint(0, 2 ** 31 - 1, (1,), device=device, dtype=torch.int64)

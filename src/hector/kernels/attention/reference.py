@@ -43,13 +43,16 @@ def dropout_threshold(p: float) -> int:
     return min(int(round(p * (1 << 24))), 1 << 24)
 
 
-def dropout_keep(seed: int, eid: torch.Tensor, heads: int, p: float) -> torch.Tensor:
+def dropout_keep(seed, eid: torch.Tensor, heads: int, p: float) -> torch.Tensor:
     """``[len(eid), heads]`` bool keep-mask of canonical edges ``eid``: a counter-based hash of
     (seed, edge id, head), so forward, backward and both backends draw the same mask without
-    storing it.  Bit-identical to ``dropout_keep`` in kernels/templates/_macros.py.j2."""
+    storing it.  Bit-identical to ``dropout_keep`` in kernels/templates/_macros.py.j2.
+    ``seed``: an int, or a one-element integer tensor (read on the device, no sync)."""
     h = torch.arange(heads, device=eid.device, dtype=torch.int64)
     x = (eid.to(torch.int64)[:, None] * heads + h[None, :]) & _MASK32
-    x = _mix32(_mix32(x) ^ (int(seed) & 0x7FFFFFFF))
+    if isinstance(seed, torch.Tensor):
+        seed = seed.to(device=eid.device, dtype=torch.int64).reshape(())
+    x = _mix32(_mix32(x) ^ (seed & 0x7FFFFFFF))
     return (x >> 8) >= dropout_threshold(p)
 
 
