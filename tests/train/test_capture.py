@@ -1,9 +1,11 @@
 """``hector.train.capture_step`` and ``hector train``'s captured step.  The CPU tests check the
-arguments and the eager fallback; the GPU tests (skipped without CUDA) check that replaying
-the captured step trains exactly as eager steps do."""
+arguments, the choice to capture, the eager fallback and the sync-free epoch bookkeeping; the
+GPU tests (skipped without CUDA) check that replaying the captured step trains exactly as
+eager steps do, for every model, with dropout drawing a fresh mask on every replay."""
 import argparse
 import copy
 import io
+import re
 
 import pytest
 import torch
@@ -12,7 +14,8 @@ import torch.nn.functional as F
 import hector.nn
 from hector.graph import Graph
 from hector.train import capture_step, configure, train
-from hector.train.capture import attention_dropout_layers
+from hector.train.defaults import MODELS
+from hector.train.loop import _capture_wanted
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
@@ -35,9 +38,28 @@ def _problem(device):
     return graph, x, y
 
 
-def test_attention_dropout_layers_are_found():
-    assert attention_dropout_layers(Wrapped(dropout=0.5)) == ["conv"]
-    assert attention_dropout_layers(Wrapped(dropout=0.0)) == []
+def _parser():
+    p = argparse.ArgumentParser()
+    configure(p)
+    return p
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_is_captured_on_cuda_in_fp32(model):
+    """The choice only (no CUDA needed): every model, dropout or not, is captured on a CUDA
+    device; bf16, --no-capture and the CPU are not (bf16 with a note saying why)."""
+    p = _parser()
+    base = ["--model", model, "--dataset", "synthetic:cora", "--device", "cpu"]
+    cfg = dict(model=model, dtype="fp32")
+    cuda_dev = torch.device("cuda")
+    out = io.StringIO()
+    assert _capture_wanted(p.parse_args(base + ["--dropout", "0.5"]), cfg, cuda_dev, out)
+    assert out.getvalue() == ""
+    assert not _capture_wanted(p.parse_args(base + ["--no-capture"]), cfg, cuda_dev, out)
+    assert not _capture_wanted(p.parse_args(base), cfg, torch.device("cpu"), out)
+    assert out.getvalue() == ""
+    assert not _capture_wanted(p.parse_args(base), dict(cfg, dtype="bf16"), cuda_dev, out)
+    assert "--dtype bf16" in out.getvalue()
 
 
 @pytest.mark.parametrize("change, exc, match", [
@@ -61,13 +83,16 @@ def test_capture_step_refuses_without_cuda():
         capture_step(model, torch.optim.Adam(model.parameters()), lambda out: out.sum())
 
 
-def test_no_capture_flag_and_cpu_run_reports_eager(monkeypatch):
+@pytest.fixture
+def small_synthetic(monkeypatch):
     from hector import datasets
     load = datasets.load
     monkeypatch.setattr(datasets, "load", lambda name, root=None, **kw: load(
         name, root=root, **{**kw, "scale": 0.05}))
-    p = argparse.ArgumentParser()
-    configure(p)
+
+
+def test_no_capture_flag_and_cpu_run_reports_eager(small_synthetic):
+    p = _parser()
     argv = ["--model", "gat", "--dataset", "synthetic:cora", "--hidden", "2", "--heads", "1",
             "--epochs", "2", "--no-progress"]
     assert p.parse_args(argv).no_capture is False
@@ -76,6 +101,34 @@ def test_no_capture_flag_and_cpu_run_reports_eager(monkeypatch):
     result = train(p.parse_args(argv), out=out)
     assert result["captured"] is False and result["step_time"] > 0
     assert " captured=no " in out.getvalue()
+
+
+def test_epoch_time_is_split_into_step_and_eval(small_synthetic):
+    out = io.StringIO()
+    r = train(_parser().parse_args(["--model", "gat", "--dataset", "synthetic:cora", "--hidden",
+                                    "2", "--heads", "1", "--epochs", "4", "--no-progress"]),
+              out=out)
+    assert r["step_time"] > 0 and r["eval_time"] > 0
+    # an epoch is its step, its evaluation and the host work between epochs
+    assert r["epoch_time"] >= 0.9 * (r["step_time"] + r["eval_time"])
+    line = [l for l in out.getvalue().splitlines() if l.startswith("RESULT")][0]
+    for key in ("epoch_time", "step_time", "eval_time"):
+        assert f" {key}=" in line and f"{r[key] * 1e3:.3f}ms" in line
+
+
+@pytest.mark.parametrize("model, lr", [("gat", "0.05"), ("rgcn", "0.2")])
+def test_looking_every_k_epochs_selects_and_stops_as_looking_every_epoch(small_synthetic,
+                                                                           model, lr):
+    """The host reads the device-side metrics only every --log-every epochs; early stopping
+    and the best model must come out exactly as when it looks every epoch (the selection
+    freezes on the device when patience runs out)."""
+    argv = ["--model", model, "--dataset", "synthetic:cora", "--hidden", "4", "--heads", "1",
+            "--epochs", "60", "--patience", "3", "--lr", lr, "--no-progress"]
+    every = train(_parser().parse_args(argv + ["--log-every", "1"]), out=io.StringIO())
+    sparse = train(_parser().parse_args(argv + ["--log-every", "7"]), out=io.StringIO())
+    assert every["epochs"] < 60                      # it did stop early
+    for key in ("epochs", "best_epoch", "test_acc", "val_acc", "train_acc"):
+        assert sparse[key] == every[key], key
 
 
 def _eager_steps(model, opt, loss_fn, inputs, n):
@@ -107,26 +160,79 @@ def test_captured_step_trains_like_eager():
 
 
 @cuda
-def test_capture_step_refuses_attention_dropout_and_non_capturable_adam():
+def test_captured_attention_dropout_draws_a_fresh_mask_every_replay():
+    """lr 0: the parameters never change, so replays differ only by their dropout masks."""
     graph, x, y = _problem("cuda")
+    torch.manual_seed(0)
     model = Wrapped(dropout=0.5).cuda()
-    with pytest.raises(ValueError, match="attention dropout"):
-        capture_step(model, torch.optim.Adam(model.parameters(), capturable=True),
-                     lambda out: out.sum(), x, graph)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    step = capture_step(model, opt, lambda out: F.cross_entropy(out, y), x, graph)
+    losses = torch.stack([step().clone() for _ in range(4)])
+    assert len(set(losses.tolist())) == 4, losses
+    # and it is still the same random stream as eager steps from the same generator state
+    torch.manual_seed(0)
+    eager = Wrapped(dropout=0.5).cuda()
+    torch.cuda.manual_seed_all(1)
+    step = capture_step(eager, torch.optim.SGD(eager.parameters(), lr=0.0),
+                        lambda out: F.cross_entropy(out, y), x, graph)
+    got = torch.stack([step().clone() for _ in range(3)])
+    torch.cuda.manual_seed_all(1)
+    want = _eager_steps(eager, torch.optim.SGD(eager.parameters(), lr=0.0),
+                        lambda out: F.cross_entropy(out, y), (x, graph), 3)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@cuda
+def test_capture_step_refuses_a_non_capturable_adam():
+    graph, x, y = _problem("cuda")
     model = Wrapped().cuda()
     with pytest.raises(ValueError, match="capturable"):
         capture_step(model, torch.optim.Adam(model.parameters()), lambda out: out.sum(), x,
                      graph)
 
 
+def _logged_losses(text):
+    return [float(v) for v in re.findall(r"^epoch\s+\d+\s+loss ([0-9.]+)", text, re.M)]
+
+
 @cuda
-def test_hector_train_captures_by_default_on_cuda():
-    p = argparse.ArgumentParser()
-    configure(p)
-    argv = ["--model", "gat", "--dataset", "synthetic:cora", "--epochs", "3", "--dropout", "0",
-            "--device", "cuda", "--no-progress"]
-    out = io.StringIO()
-    captured = train(p.parse_args(argv), out=out)
-    eager = train(p.parse_args(argv + ["--no-capture"]), out=io.StringIO())
+@pytest.mark.parametrize("model, dataset", [
+    ("gat", "synthetic:cora"), ("agnn", "synthetic:cora"), ("transformer", "synthetic:cora"),
+    ("rgcn", "synthetic:aifb"), ("rgat", "synthetic:aifb"), ("hgt", "synthetic:aifb")])
+def test_hector_train_captures_every_model_and_trains_like_eager(model, dataset):
+    argv = ["--model", model, "--dataset", dataset, "--epochs", "8", "--dropout", "0",
+            "--device", "cuda", "--no-progress", "--log-every", "1"]
+    out, eager_out = io.StringIO(), io.StringIO()
+    captured = train(_parser().parse_args(argv), out=out)
+    eager = train(_parser().parse_args(argv + ["--no-capture"]), out=eager_out)
     assert captured["captured"] and not eager["captured"]
+    assert "note:" not in out.getvalue()
+    got, want = _logged_losses(out.getvalue()), _logged_losses(eager_out.getvalue())
+    assert len(got) == len(want) == 8
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=2e-3, atol=2e-4)
     assert abs(captured["test_acc"] - eager["test_acc"]) < 0.02
+
+
+@cuda
+def test_hector_train_captures_with_dropout_and_the_steady_epoch_does_not_sync():
+    """Default GAT settings (dropout 0.6 on features and attention) are captured; after the
+    first epochs, an epoch (step replay + evaluation replay) makes no host sync: run under
+    torch.cuda.set_sync_debug_mode("error") between two log points."""
+    from hector.train import loop
+    argv = ["--model", "gat", "--dataset", "synthetic:cora", "--epochs", "30",
+            "--device", "cuda", "--no-progress", "--log-every", "15"]
+    real_report = loop._report
+
+    def strict_report(*args, **kwargs):    # the host's only look, every --log-every epochs
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return real_report(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+    loop._report = strict_report
+    try:
+        r = train(_parser().parse_args(argv), out=io.StringIO())
+    finally:
+        loop._report = real_report
+        torch.cuda.set_sync_debug_mode(0)
+    assert r["captured"] and r["epochs"] == 30 and r["test_acc"] > 0.3

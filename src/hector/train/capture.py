@@ -14,6 +14,11 @@ Example::
 The inputs are captured by address: the same tensors are read on every replay (copy new
 values into them to change them).  Pass a prebuilt ``hector.Graph`` (a raw ``edge_index`` works
 too: its Graph is built during the warm-up).
+
+Randomness is replayed fresh: torch's dropout and hector's attention dropout (whose seed is
+drawn on the device, ``hector.kernels.attention.op.draw_seed``) use torch's CUDA generator,
+which CUDA graphs advance on every replay, so each replayed step drops a new mask, and a run
+is reproducible under ``torch.manual_seed``.
 """
 from __future__ import annotations
 
@@ -22,13 +27,6 @@ from typing import Callable, Optional, Sequence
 import torch
 
 WARMUP_STEPS = 3
-
-
-def attention_dropout_layers(model: torch.nn.Module) -> list:
-    """Names of hector attention layers with attention dropout > 0: their mask is drawn from a
-    host seed per call, which a captured graph would freeze (the same mask every step)."""
-    return [name for name, m in model.named_modules()
-            if hasattr(m, "attention_spec") and getattr(m, "dropout", 0.0) > 0]
 
 
 def _check(model, optimizer, loss_fn, inputs) -> None:
@@ -48,10 +46,6 @@ def _check(model, optimizer, loss_fn, inputs) -> None:
         if "capturable" in group and not group["capturable"]:
             raise ValueError("optimizer must be built with capturable=True (e.g. "
                              "torch.optim.Adam(..., capturable=True)) to be captured")
-    dropout = attention_dropout_layers(model)
-    if dropout and model.training:
-        raise ValueError(f"model: attention dropout in {dropout} would replay one mask every "
-                         "step under capture; set their dropout to 0 or train eagerly")
     for i, t in enumerate(inputs):
         if isinstance(t, torch.Tensor) and t.device.type != "cuda":
             raise ValueError(f"inputs[{i}] is on {t.device}; captured inputs must be on CUDA")
@@ -110,7 +104,8 @@ def capture_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     ``warmup`` eager steps run first on a side stream (lazy state: the optimizer's moments,
     kernel compilation and autotuning, hector's plans and caches), then the parameters, the
     optimizer state and the RNG are put back, so the first replay is the first real step and
-    a run matches eager training step for step (within fp tolerance).
+    a run matches eager training step for step (within fp tolerance).  ``step.loss`` is the
+    loss tensor every replay writes (what a second captured graph may read).
     """
     _check(model, optimizer, loss_fn, inputs)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
@@ -134,8 +129,8 @@ def capture_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     def step() -> torch.Tensor:
         graph.replay()
         return loss
-    step.graph = graph
+    step.graph, step.loss = graph, loss
     return step
 
 
-__all__: Sequence[str] = ("capture_step", "capture_graph", "attention_dropout_layers")
+__all__: Sequence[str] = ("capture_step", "capture_graph")

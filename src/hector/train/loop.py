@@ -16,9 +16,10 @@ from .. import datasets
 from ..graph import Graph
 from ..checks import check_device_option
 from . import checkpoint, distributed, minibatch
-from .capture import attention_dropout_layers, capture_step
+from .capture import capture_graph, capture_step
 from .defaults import MODELS, defaults as model_defaults
 from .models import build
+from .selection import Selection, accuracy
 
 DTYPES = ("fp32", "bf16")
 _NO_MINIBATCH_RESUME = ("--resume with mini-batches (--batch-size, --devices) is not supported "
@@ -117,18 +118,56 @@ def _autocast(cfg):
 
 
 def _accuracy(logits, y, idx) -> float:
-    if idx is None or idx.numel() == 0:
-        return float("nan")
-    return float((logits[idx].argmax(-1) == y[idx]).float().mean())
-
-
-def _clone_state(model):
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return float(accuracy(logits, y, idx))
 
 
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class PhaseClock:
+    """When each epoch started, finished its step and ended: CUDA events on the GPU (recorded
+    in stream order and read after a later sync, so timing adds no sync of its own),
+    ``perf_counter`` on the CPU (where the ops are synchronous)."""
+
+    def __init__(self, device, first_epoch: int):
+        self.cuda, self.first = device.type == "cuda", first_epoch
+        self.marks: list = []          # per epoch [start, step done, end]
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start(self):
+        self.marks.append([self._now()])
+
+    def mid(self):
+        self.marks[-1].append(self._now())
+
+    def end(self):
+        self.marks[-1].append(self._now())
+
+    def _between(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+    def epoch_seconds(self, epoch: int) -> float:
+        """Start to end of ``epoch`` (its events must have completed)."""
+        start, _, end = self.marks[epoch - self.first]
+        return self._between(start, end)
+
+    def seconds(self):
+        """(epoch, step, eval) seconds per epoch after the first (call after a sync); an
+        epoch runs from its start to the next one's, so host work between them counts."""
+        m = self.marks
+        epochs = [self._between(m[i][0], m[i + 1][0] if i + 1 < len(m) else m[i][2])
+                  for i in range(len(m))]
+        steps = [self._between(a, b) for a, b, _ in m]
+        evals = [self._between(b, c) for _, b, c in m]
+        return epochs[1:] or epochs, steps[1:] or steps, evals[1:] or evals
 
 
 def train(args, out=None) -> dict:
@@ -143,11 +182,12 @@ def train(args, out=None) -> dict:
         torch.set_flush_denormal(False)
 
 
-#: Models whose training step can be captured (their layers take a prebuilt Graph).
-CAPTURE_MODELS = ("gat", "agnn", "transformer")
+#: Models whose full-graph training step can be captured: all of them (each takes the
+#: prebuilt Graph of ``Net.graph_of``; attention dropout draws its seed on the device).
+CAPTURE_MODELS = MODELS
 
 
-def _capture_wanted(args, cfg, device, model, out) -> bool:
+def _capture_wanted(args, cfg, device, out) -> bool:
     """Capture the step on CUDA unless ``--no-capture``; models or settings that cannot be
     captured yet train eagerly, with a note saying why."""
     if device.type != "cuda" or getattr(args, "no_capture", False):
@@ -157,9 +197,6 @@ def _capture_wanted(args, cfg, device, model, out) -> bool:
         why = f"model {cfg['model']} (capture supports {', '.join(CAPTURE_MODELS)})"
     elif cfg["dtype"] != "fp32":
         why = f"--dtype {cfg['dtype']}"
-    elif attention_dropout_layers(model):
-        why = ("attention dropout (its mask would repeat every step); "
-               "set --dropout 0 to capture")
     if why:
         print(f"note: training step not captured: {why}; --no-capture silences this",
               file=out)
@@ -230,8 +267,12 @@ def _train(args, out=None) -> dict:
         x = None if x is None else x.to(torch.bfloat16)
     net = (distributed.wrap(model, device, unused_parameters=cfg["model"] == "rgat")
            if ctx.world > 1 else model)   # what trains
+    # Full-graph training reads one prebuilt Graph: no step looks a graph up in a cache (a
+    # device read) or splits edges by relation; a captured step needs exactly that.
+    if loader is None:
+        edge_index, edge_type = model.graph_of(edge_index, edge_type, data.num_nodes), None
     # CUDA-graph capture of the full-graph step (one process, no mini-batches).
-    capture = loader is None and ctx.world == 1 and _capture_wanted(args, cfg, device, model, out)
+    capture = loader is None and ctx.world == 1 and _capture_wanted(args, cfg, device, out)
     opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"],
                            capturable=capture)
     eval_nodes = torch.cat([i for i in (train_idx, val_idx, test_idx) if i is not None])
@@ -242,7 +283,7 @@ def _train(args, out=None) -> dict:
                                              data.num_classes)
         return model(x, edge_index, edge_type).float()
 
-    start_epoch, best = 1, dict(val_acc=-1.0, val_loss=math.inf, epoch=0, state=None)
+    start_epoch, best = 1, None
     bad_epochs, loss_floor = 0, math.inf
     if ck is not None and loader is not None:    # switched to mini-batches above
         raise ValueError(_NO_MINIBATCH_RESUME)
@@ -250,33 +291,42 @@ def _train(args, out=None) -> dict:
         start_epoch, best, bad_epochs, loss_floor = checkpoint.restore(ck, resume, model, opt)
         print(f"resumed from {resume} at epoch {ck['epoch']}", file=out)
     ckpt_path = getattr(args, "checkpoint", None) if ctx.main else None
+    epochs, patience = cfg["epochs"], cfg["patience"]
+    sel = Selection(model, y, train_idx, val_idx, epochs, patience, start_epoch, best,
+                    bad_epochs, loss_floor)
 
     def save(epoch):
         checkpoint.save(ckpt_path, model=model.state_dict(), optimizer=opt.state_dict(),
-                        epoch=epoch, best=best, bad_epochs=bad_epochs, loss_floor=loss_floor,
-                        rng=torch.get_rng_state(), config=dict(cfg))
+                        epoch=epoch, best=sel.best(), bad_epochs=int(sel.bad),
+                        loss_floor=float(sel.loss_floor), rng=torch.get_rng_state(),
+                        config=dict(cfg))
 
-    epochs, patience = cfg["epochs"], cfg["patience"]
-    last_epoch, train_time, stopped = start_epoch - 1, 0.0, False
-    epoch_times = []
+    def evaluate(loss):
+        net.eval()
+        with torch.no_grad(), _autocast(cfg):
+            logits = predict()
+        sel.update(loss, logits)
+
+    step = eval_graph = None
+    if capture:
+        model.train()
+        step = capture_step(model, opt, lambda logits: F.cross_entropy(
+            logits[train_idx].float(), y[train_idx]), x, edge_index)
+        # The evaluation (forward, metrics, model selection) is a second graph reading the
+        # step's loss: a steady-state epoch is two replays and no host sync.
+        snap = sel.snapshot()
+        eval_graph, _ = capture_graph(lambda: evaluate(step.loss), reset=lambda: sel.restore(snap))
+    clock = PhaseClock(device, start_epoch)
+    last_epoch, stopped, logged = start_epoch - 1, False, start_epoch
     bar = tqdm(range(start_epoch, epochs + 1), desc=f"{cfg['model']}/{cfg['dataset']}",
                unit="epoch", file=sys.stderr, leave=False,
                disable=getattr(args, "no_progress", False) or None)
-    step = None
-    if capture:
-        # The captured step reads a prebuilt Graph: a raw edge_index would be looked up in
-        # the graph cache (a device sync) inside the capture.
-        graph = Graph(edge_index, num_nodes=data.num_nodes)
-        model.train()
-        step = capture_step(model, opt, lambda logits: F.cross_entropy(
-            logits[train_idx].float(), y[train_idx]), x, graph)
-        edge_index = graph
-    step_times = []
+    t_train = time.perf_counter()
     for epoch in bar:
-        t0 = time.perf_counter()
+        clock.start()
         net.train()
         if loader is not None:
-            loss = minibatch.train_epoch(net, opt, loader, x, y)
+            loss = torch.tensor(minibatch.train_epoch(net, opt, loader, x, y), device=device)
         elif step is not None:
             loss = step()
         else:
@@ -286,52 +336,34 @@ def _train(args, out=None) -> dict:
             loss = F.cross_entropy(logits[train_idx].float(), y[train_idx])
             loss.backward()
             opt.step()
-            loss = loss.item()
-        _sync(device)
-        step_times.append(time.perf_counter() - t0)
-        net.eval()
-        with torch.no_grad(), _autocast(cfg):
-            logits = predict()
-        _sync(device)
-        dt = time.perf_counter() - t0
-        train_time += dt
-        epoch_times.append(dt)
-        train_acc = _accuracy(logits, y, train_idx)
-        msg = (f"epoch {epoch:4d}  loss {loss:.4f}  train_acc {train_acc:.4f}")
-        if has_val:
-            val_loss = float(F.cross_entropy(logits[val_idx], y[val_idx]))
-            val_acc = _accuracy(logits, y, val_idx)
-            msg += f"  val_loss {val_loss:.4f}  val_acc {val_acc:.4f}"
-            # GAT's criterion: keep the best validation accuracy (ties: lower loss); count
-            # patience while neither validation accuracy nor loss improves.
-            if val_acc > best["val_acc"] or (val_acc == best["val_acc"]
-                                             and val_loss < best["val_loss"]):
-                best = dict(val_acc=val_acc, val_loss=val_loss, epoch=epoch,
-                            state=_clone_state(model))
-            if val_acc >= best["val_acc"] or val_loss < loss_floor:
-                bad_epochs = 0
-            else:
-                bad_epochs += 1
-            loss_floor = min(loss_floor, val_loss)
-        msg += f"  time {dt:.3f}s"
-        bar.set_postfix(loss=f"{loss:.3f}", acc=f"{train_acc:.3f}")
+        clock.mid()
+        if eval_graph is not None:
+            eval_graph.replay()
+        else:
+            evaluate(loss.detach())
+        clock.end()
         last_epoch = epoch
-        if has_val and patience is not None and bad_epochs >= patience:
-            stopped = True
-        if epoch % cfg["log_every"] == 0 or epoch == epochs or epoch == start_epoch or stopped:
-            tqdm.write(msg, file=out)
-        if ckpt_path:
-            save(epoch)
-        if stopped:
-            tqdm.write(early_stop_message(epoch, bad_epochs, patience, best, loss_floor), file=out)
-            break
+        # The host looks at the recorded metrics only here (one sync): log lines, the
+        # progress bar, early stopping, checkpoints.
+        if ckpt_path or epoch % cfg["log_every"] == 0 or epoch == epochs or epoch == start_epoch:
+            last_epoch, stopped = _report(sel, clock, logged, epoch, cfg, bar, out)
+            logged = epoch + 1
+            if ckpt_path:
+                save(last_epoch)
+            if stopped:
+                break
     bar.close()
+    _sync(device)
+    train_time = time.perf_counter() - t_train
 
-    if has_val and best["state"] is not None:
+    best = sel.best()
+    if sel.has_val and best["state"] is not None:
         model.load_state_dict(best["state"])
     model.eval()
     with torch.no_grad(), _autocast(cfg):
         logits = predict()
+    has_val = sel.has_val
+    epoch_times, step_times, eval_times = clock.seconds()
     result = dict(model=cfg["model"], dataset=cfg["dataset"],
                   test_acc=_accuracy(logits, y, test_idx),
                   train_acc=_accuracy(logits, y, train_idx),
@@ -340,10 +372,13 @@ def _train(args, out=None) -> dict:
                   epochs=last_epoch, seed=cfg["seed"], device=cfg["device"], dtype=cfg["dtype"],
                   backend=cfg["backend"], train_time=train_time,
                   batch_size=cfg["batch_size"], devices=ctx.world,
-                  # the median leaves out the first epoch's one-off work (kernel compilation)
-                  epoch_time=statistics.median(epoch_times) if epoch_times else None,
-                  # forward, loss, backward and optimizer step only (no evaluation)
-                  step_time=statistics.median(step_times) if step_times else None,
+                  # medians leave out the first epoch's one-off work (kernel compilation);
+                  # an epoch runs from its start to the next one's (logging included)
+                  epoch_time=_median(epoch_times),
+                  # forward, loss, backward and optimizer step only
+                  step_time=_median(step_times),
+                  # the evaluation forward, metrics and model selection
+                  eval_time=_median(eval_times),
                   captured=step is not None,
                   total_time=time.perf_counter() - t_start)
     line = (f"RESULT model={result['model']} dataset={result['dataset']} "
@@ -353,9 +388,39 @@ def _train(args, out=None) -> dict:
             f"device={result['device']} dtype={result['dtype']} backend={result['backend']} "
             + (f"batch_size={cfg['batch_size']} fanout={','.join(map(str, cfg['fanout']))} "
                f"devices={ctx.world} " if cfg["batch_size"] else "")
-            + (f"epoch_time={result['epoch_time'] * 1e3:.2f}ms "
+            + (f"epoch_time={result['epoch_time'] * 1e3:.3f}ms "
                f"step_time={result['step_time'] * 1e3:.3f}ms "
+               f"eval_time={result['eval_time'] * 1e3:.3f}ms "
                f"captured={'yes' if result['captured'] else 'no'} " if epoch_times else "")
             + f"train_time_s={result['train_time']:.2f} total_time_s={result['total_time']:.2f}")
     print(line, file=out, flush=True)
     return result
+
+
+def _median(values):
+    return statistics.median(values) if values else None
+
+
+def _report(sel: Selection, clock: "PhaseClock", first: int, last: int, cfg: dict, bar,
+            out) -> tuple:
+    """Print the log lines of epochs ``first..last`` from the recorded metrics (one sync)
+    and find an early stop among them; ``(last epoch that counts, stopped)``."""
+    from tqdm import tqdm
+    patience = cfg["patience"]
+    for row in sel.read(first, last):
+        epoch = row["epoch"]
+        msg = f"epoch {epoch:4d}  loss {row['loss']:.4f}  train_acc {row['train_acc']:.4f}"
+        if sel.has_val:
+            msg += f"  val_loss {row['val_loss']:.4f}  val_acc {row['val_acc']:.4f}"
+        msg += f"  time {clock.epoch_seconds(epoch):.3f}s"
+        stopped = sel.has_val and patience is not None and row["bad_epochs"] >= patience
+        if (epoch % cfg["log_every"] == 0 or epoch == cfg["epochs"] or epoch == clock.first
+                or stopped):
+            tqdm.write(msg, file=out)
+        bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['train_acc']:.3f}")
+        if stopped:
+            best = sel.best()
+            tqdm.write(early_stop_message(epoch, int(row["bad_epochs"]), patience, best,
+                                          float(sel.loss_floor)), file=out)
+            return epoch, True
+    return last, False

@@ -52,24 +52,40 @@ class FeaturelessRGCN(nn.Module):
                 nn.init.uniform_(p, -bound, bound)
         nn.init.zeros_(self.bias)
 
-    def _norm(self, edge_index, edge_type):
-        """1 / |N_r(dst)| per edge, built once per edge set through the verified build-once
-        cache (a data-pointer key alone kept a stale result after an in-place edit)."""
-        def build():
-            slot = edge_index[1] * self.num_relations + edge_type
-            count = torch.bincount(slot, minlength=self.num_nodes * self.num_relations)
-            return (1.0 / count[slot].clamp(min=1).float()).unsqueeze(1)
-        return cached((edge_index, edge_type),
-                      ("featureless-rgcn-norm", self.num_nodes, self.num_relations), build)
+    @torch.no_grad()
+    def _norm(self, dst, edge_type):
+        """1 / |N_r(dst)| per edge."""
+        slot = dst * self.num_relations + edge_type
+        count = torch.bincount(slot, minlength=self.num_nodes * self.num_relations)
+        return (1.0 / count[slot].clamp(min=1).float()).unsqueeze(1)
 
-    def forward(self, edge_index: torch.Tensor, edge_type: torch.Tensor) -> torch.Tensor:
+    def _edges(self, edge_index, edge_type):
+        """(src, dst, relation, 1/|N_r(dst)|) per edge, int64 ids, built once per edge set:
+        on a prebuilt ``Graph`` memoised on the graph (no lookup cost: what a captured step
+        reads), on tensors through the verified build-once cache (a data-pointer key alone
+        kept a stale result after an in-place edit; the check reads the device)."""
+        key = ("featureless-rgcn-norm", self.num_nodes, self.num_relations)
+        if isinstance(edge_index, Graph):
+            g = edge_index
+
+            def build():
+                src, dst, rel = g.src.long(), g.dst.long(), g.etype.long()
+                return src, dst, rel, self._norm(dst, rel)
+            return g.derived(key, build)
+        src, dst = edge_index[0], edge_index[1]
+        return (src, dst, edge_type,
+                cached((edge_index, edge_type), key, lambda: self._norm(dst, edge_type)))
+
+    def forward(self, edge_index, edge_type: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``edge_index``: a prebuilt ``hector.Graph`` (``edge_type`` None) or ``[2, E]`` with
+        ``edge_type``."""
         R, N, H = self.num_relations, self.num_nodes, self.out_channels
         if self.comp is not None:
             w = (self.comp @ self.weight.view(self.num_bases, -1)).view(R, N, H)
         else:
             w = self.weight
-        src, dst = edge_index[0], edge_index[1]
-        msg = w[edge_type, src] * self._norm(edge_index, edge_type).to(w.dtype)
+        src, dst, edge_type, norm = self._edges(edge_index, edge_type)
+        msg = w[edge_type, src] * norm.to(w.dtype)
         out = torch.zeros(N, H, dtype=msg.dtype, device=msg.device).index_add_(0, dst, msg)
         return out + self.root + self.bias
 
@@ -161,6 +177,22 @@ class Net(nn.Module):
         else:
             raise ValueError(f"unknown model {model!r}")
 
+    def graph_of(self, edge_index: torch.Tensor, edge_type: Optional[torch.Tensor],
+                 num_nodes: int) -> Graph:
+        """The prebuilt ``hector.Graph`` that ``forward`` takes in place of ``(edge_index,
+        edge_type)``: built once before training, so no step looks a graph up in a cache (a
+        device read) or splits edges by relation (data-dependent sizes) -- what a captured
+        step needs.  HGT's carries its layers' node type and relation names."""
+        if self.model in ("gat", "agnn", "transformer"):
+            return Graph(edge_index, num_nodes=num_nodes)
+        if edge_type is None:
+            edge_type = torch.zeros(edge_index.shape[1], dtype=torch.long,
+                                    device=edge_index.device)
+        names = (dict(node_type_names=self._meta[0], relation_names=self._meta[1])
+                 if self.model == "hgt" else {})
+        return Graph(edge_index, edge_type=edge_type, num_nodes=num_nodes,
+                     num_relations=self.num_relations, **names)
+
     def _drop(self, x):
         return F.dropout(x, p=self.dropout, training=self.training) if self.dropout else x
 
@@ -171,7 +203,7 @@ class Net(nn.Module):
         if isinstance(edge_index, list):
             return self._forward_blocks(x, edge_index, n_id)
         m = self.model
-        # A prebuilt hector.Graph (attention models; what a captured step reads) goes to the
+        # A prebuilt hector.Graph (``graph_of``; what a captured step reads) goes to the
         # layers as it is.
         if edge_type is None and not isinstance(edge_index, Graph):
             edge_type = torch.zeros(edge_index.shape[1], dtype=torch.long,
@@ -189,10 +221,13 @@ class Net(nn.Module):
             h = F.elu(h)
             return self.conv2(self._drop(h), edge_index, edge_type)
         if m == "hgt":
-            if self._ei is None or self._ei[0] is not edge_index:
-                self._ei = (edge_index, {e: edge_index[:, edge_type == r]
-                                         for r, e in enumerate(self._meta[1])})
-            ei = self._ei[1]
+            if isinstance(edge_index, Graph):
+                ei = edge_index               # built by graph_of: HGTConv takes it as it is
+            else:
+                if self._ei is None or self._ei[0] is not edge_index:
+                    self._ei = (edge_index, {e: edge_index[:, edge_type == r]
+                                             for r, e in enumerate(self._meta[1])})
+                ei = self._ei[1]
             if self.rgcn_input:
                 h = F.relu(self.conv1(edge_index, edge_type))
             else:
