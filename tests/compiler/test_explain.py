@@ -31,8 +31,39 @@ def test_explain_rejects_bad_arguments():
         explain(models.rgcn, "not a graph", in_dim=2, out_dim=2)
 
 
-def test_cli_functions(capsys):
+def test_explain_counts_the_launches_of_a_training_step():
+    from hector.nn import GATConv
+    ei, et = random_relational()
+    g = hector.Graph(ei, edge_type=et, num_nodes=24, num_relations=4)
+    layer = GATConv(16, 8, heads=2, backend="triton")
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    text = explain(layer, g, launches=True)
+    section = text.split("== kernel launches per training step (triton backend on cpu)")[1]
+    forward, backward = section.splitlines()[1:3]
+    # the fused op's own Triton kernels are counted: one forward traversal, and a row
+    # reduction plus two traversals backward
+    assert forward.startswith("forward:  ") and "attention_fwd_kernel 1" in forward
+    for name in ("row_dot_kernel 1", "attention_bwd_dst_kernel 1", "attention_bwd_src_kernel 1"):
+        assert name in backward, backward
+    assert int(backward.split()[1]) > int(forward.split()[1])
+    assert all(torch.equal(before[k], v) for k, v in layer.state_dict().items())
+    text = explain(models.rgcn, g, in_dim=16, out_dim=8, num_relations=4, launches=True)
+    assert "segment_mm_kernel" in text.split("== kernel launches per training step")[1]
+    assert "kernel launches" not in explain(models.rgcn, g, in_dim=16, out_dim=8,
+                                            num_relations=4)
+
+
+def test_cli_functions(capsys, monkeypatch):
     args = configure(argparse.ArgumentParser()).parse_args(
         ["rgcn", "--dataset", "synthetic:aifb", "--forward-only"])
     assert run(args) == 0
-    assert "forward plan" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "forward plan" in out and "kernel launches" not in out
+    from hector import datasets
+    load = datasets.load      # a small aifb profile: the count runs the layer (interpreted)
+    monkeypatch.setattr(datasets, "load", lambda name, root=None, **kw: load(
+        name, root=root, **{**kw, "scale": 0.01}))
+    args = configure(argparse.ArgumentParser()).parse_args(
+        ["rgcn", "--dataset", "synthetic:aifb", "--in-dim", "4", "--out-dim", "4"])
+    assert run(args) == 0
+    assert "== kernel launches per training step" in capsys.readouterr().out

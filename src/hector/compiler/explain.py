@@ -2,17 +2,19 @@
 before and after each pass, every decision with its reason, the plan, which op each step
 calls on each backend, and the Triton kernels those ops launch: each one's render
 parameters, its file in the kernel cache, its config (the heuristic default, and any choice
-the autotuner has recorded) and its rendered source.  ``configure(parser)`` / ``run(args)``
-back ``hector explain``."""
+the autotuner has recorded) and its rendered source; with ``launches=True`` also the kernel
+launches of one training step's forward and backward (the layer is run once to count them).
+``configure(parser)`` / ``run(args)`` back ``hector explain``."""
 from __future__ import annotations
 
 import argparse
+import copy
 from typing import Callable, List, Union
 
 import torch
 
 from .. import datasets
-from ..device import interpreting
+from ..device import interpreting, resolve_backend
 from ..graph import Graph, with_self_loops
 from ..kernels import autotune, registry
 from ..kernels.attention import spec as attention_spec
@@ -22,6 +24,7 @@ from ..kernels.segment_mm import spec as gemm_spec
 from ..kernels.segment_mm.launch import gemm_params
 from ..kernels.segment_mm.spec import GemmSpec
 from . import models
+from .launches import count_step, summary
 from .ir import Op
 from .printer import format_ir
 from .program import CompiledModule, Program
@@ -56,15 +59,19 @@ def _program(module_or_fn, **dims):
 
 
 def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torch.float32,
-            backward: bool = True, **dims) -> str:
-    """The compilation of ``module_or_fn`` for ``graph`` as text (nothing is run).
+            backward: bool = True, launches: bool = False, **dims) -> str:
+    """The compilation of ``module_or_fn`` for ``graph`` as text (nothing is run, unless
+    ``launches``: then one forward + backward on random inputs counts the kernel launches).
 
-    ``module_or_fn``: a ``hector.nn`` relational layer, a ``hector.compile`` module, or a
-    DSL function (then ``dims`` are its dimensions, as for ``hector.compile``)."""
+    ``module_or_fn``: a ``hector.nn`` layer, a ``hector.compile`` module, or a DSL function
+    (then ``dims`` are its dimensions, as for ``hector.compile``)."""
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
     if hasattr(module_or_fn, "attention_spec"):
-        return _explain_attention(module_or_fn, graph, dtype, dims.get("features"))
+        text = _explain_attention(module_or_fn, graph, dtype, dims.get("features"))
+        if launches:
+            text += "\n\n" + launch_counts(module_or_fn, graph, dtype, dims.get("features"))
+        return text
     program = _program(module_or_fn, **dims)
     program.check_graph(graph)
     cp = program.compiled_for(graph, dtype, backward=backward)
@@ -92,7 +99,44 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
             kern = step.spec.kernel if step.template == "traversal" else None
             out.append(f"  [{i}] {_TRAVERSAL_KERNEL.format(kern) if kern else _OPS[step.template]}")
             out.extend(f"      {line}" for line in _step_kernels(step, graph, kernels))
+    if launches:
+        out += ["", launch_counts(program, graph, dtype)]
     return "\n".join(out + kernels.sources())
+
+
+def launch_counts(layer, graph: Graph, dtype=torch.float32, features=None) -> str:
+    """Kernel launches of one training step of ``layer`` on ``graph`` (``compiler.launches``),
+    forward and backward, counted on the second call (the first plans and compiles).
+    ``layer``: an attention layer (run on random ``[N, in_channels]`` features; AGNN on
+    ``features`` columns, 16 by default) or a ``Program`` (run with random weights: the
+    counts do not depend on their values)."""
+    dev = graph.device
+    gen = torch.Generator().manual_seed(0)
+    if isinstance(layer, Program):
+        module = CompiledModule(layer).to(device=dev, dtype=dtype)
+        inputs = {n: torch.randn(graph.num_nodes, v.dim, generator=gen).to(dev, dtype)
+                  for n, v in layer.traced.inputs.items()}
+
+        def forward():
+            out = module(graph, **inputs)
+            return torch.cat([o.flatten() for o in out]) if isinstance(out, tuple) else out
+        backend = resolve_backend(layer.backend, dev, dtype)
+    else:
+        width = getattr(layer, "in_channels", None) or features or 16
+        x = torch.randn(graph.num_nodes, width, generator=gen).to(dev, dtype).requires_grad_()
+        layer = copy.deepcopy(layer).to(device=dev, dtype=dtype)   # the caller's stays as it is
+
+        def forward():
+            return layer(x, graph)
+        backend = resolve_backend(layer.backend, dev, dtype)
+    forward().sum().backward()
+    c = count_step(forward, dev.type)
+    where = ("" if dev.type != "cpu" or interpreting() else
+             "; on the CPU no kernel launches: aten ops counted as the GPU kernels they would "
+             "be")
+    return "\n".join([f"== kernel launches per training step ({backend} backend on {dev}{where})",
+                      f"forward:  {summary(c['forward'])}",
+                      f"backward: {summary(c['backward'])}"])
 
 
 def _explain_attention(layer, graph, dtype, features) -> str:
@@ -208,6 +252,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for flag in ("reorder", "compact", "fuse"):
         parser.add_argument(f"--no-{flag}", action="store_true", help=f"disable the {flag} pass")
     parser.add_argument("--forward-only", action="store_true", help="skip the backward plan")
+    parser.add_argument("--no-launches", action="store_true",
+                        help="do not run the layer once to count its kernel launches")
     return parser
 
 
@@ -220,5 +266,6 @@ def run(args) -> int:
     if args.model != "rgcn":
         dims["heads"] = args.heads
     program = Program(getattr(models, args.model), **opts, **dims)
-    print(explain(program, graph, backward=not args.forward_only))
+    print(explain(program, graph, backward=not args.forward_only,
+                  launches=not args.no_launches and not args.forward_only))
     return 0
