@@ -3,8 +3,9 @@ update recorded once as a CUDA graph (``hector.train.capture_step``) and replaye
 
     python examples/capture_step.py [--root ../shared/data/cora] [--epochs 200]
 
-CUDA only.  Input dropout is captured (its random numbers advance on every replay); attention
-dropout is not yet (its mask would repeat), so the GAT layers here have none.
+CUDA only.  Input and attention dropout are both captured: their random numbers come from
+torch's CUDA generator (the attention kernels read their seed from a device tensor drawn by
+it), which advances on every replay, so each step drops a fresh mask.
 """
 import argparse
 import time
@@ -33,8 +34,8 @@ class GAT(torch.nn.Module):
     def __init__(self, fin, classes, hidden=8, heads=8, p=0.6):
         super().__init__()
         self.p = p
-        self.conv1 = GATConv(fin, hidden, heads=heads)
-        self.conv2 = GATConv(hidden * heads, classes, heads=1, concat=False)
+        self.conv1 = GATConv(fin, hidden, heads=heads, dropout=p)
+        self.conv2 = GATConv(hidden * heads, classes, heads=1, concat=False, dropout=p)
 
     def forward(self, x, graph):
         x = F.elu(self.conv1(F.dropout(x, self.p, self.training), graph))
