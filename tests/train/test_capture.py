@@ -116,6 +116,45 @@ def test_epoch_time_is_split_into_step_and_eval(small_synthetic):
         assert f" {key}=" in line and f"{r[key] * 1e3:.3f}ms" in line
 
 
+@pytest.mark.parametrize("model", ["gat", "rgcn", "hgt"])
+def test_steady_epochs_between_log_points_read_nothing_on_the_host(small_synthetic, model):
+    """What a captured epoch needs, checked on the CPU: from the third epoch to the next log
+    point, hector's code reads no tensor on the host (on CUDA each read is a sync): the step,
+    the evaluation and the device-side model selection.  The reads come back at the log point
+    (the one sync per --log-every epochs)."""
+    import contextlib
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nn"))
+    from test_host_syncs import host_reads
+    from hector.train import loop
+    watch, seen, at_report = contextlib.ExitStack(), [], []
+    real_start, real_report = loop.PhaseClock.start, loop._report
+
+    def start(clock):
+        if len(clock.marks) == 2:            # the third epoch begins: watch from here
+            seen.append(watch.enter_context(host_reads()))
+        real_start(clock)
+
+    def report(*args, **kwargs):
+        watch.close()                         # stop watching before the host looks
+        with host_reads() as reads:
+            out = real_report(*args, **kwargs)
+        at_report.append(reads)
+        return out
+    loop.PhaseClock.start, loop._report = start, report
+    try:
+        dataset = "synthetic:aifb" if model == "hgt" else "synthetic:cora"
+        train(_parser().parse_args(["--model", model, "--dataset", dataset, "--hidden", "4",
+                                    "--heads", "1", "--epochs", "8", "--log-every", "8",
+                                    "--no-progress"]), out=io.StringIO())
+    finally:
+        loop.PhaseClock.start, loop._report = real_start, real_report
+        watch.close()
+    assert len(seen) == 1 and seen[0] == [], seen     # epochs 3..8, up to the log point
+    assert at_report[-1], "the log point reads the recorded metrics"
+
+
 @pytest.mark.parametrize("model, lr", [("gat", "0.05"), ("rgcn", "0.2")])
 def test_looking_every_k_epochs_selects_and_stops_as_looking_every_epoch(small_synthetic,
                                                                            model, lr):
