@@ -2,7 +2,8 @@
 
 ``configure(parser)`` adds the options to an argparse parser; ``run(args)`` trains and prints
 a progress bar (stderr), a log line every ``--log-every`` epochs and one final line
-``RESULT model=... dataset=... test_acc=<fraction> ... train_time_s=<s> total_time_s=<s>``
+``RESULT model=... dataset=... test_acc=<fraction> ... epoch_time=<ms> step_time=<ms>
+eval_time=<ms> captured=yes|no train_time_s=<s> total_time_s=<s>``
 (a ``settings ...`` line first says what the run uses).  The per-(model,
 dataset family) defaults live in :mod:`hector.train.defaults`; every option overrides them.
 """
@@ -54,11 +55,15 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="processes (one per GPU; gloo processes with --device cpu) training "
                         "with DistributedDataParallel, each on its share of the seeds; "
                         "implies mini-batches.  Under torchrun the group comes from torchrun")
-    p.add_argument("--log-every", type=int, default=10, help="log line interval (epochs)")
+    p.add_argument("--log-every", type=int, default=10,
+                   help="log line interval (epochs); metrics are kept on the device and read "
+                        "by the host (one sync) only at these points, where early stopping "
+                        "is also noticed (the selection itself freezes on the device)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-capture", action="store_true",
-                   help="on CUDA, run the training step eagerly instead of replaying it as a "
-                        "captured CUDA graph (the default for gat, agnn and transformer)")
+                   help="on CUDA, run the training step and the evaluation eagerly instead "
+                        "of replaying them as captured CUDA graphs (the default for every "
+                        "model in full-graph fp32 training)")
 
 
 def run(args: argparse.Namespace) -> int:
