@@ -218,3 +218,23 @@ def test_layers_on_a_run_of_blocks_equal_fresh_layers(kind, compiler_calls):
         # compilation of its own.
         stages = len(layer.program._stages)
         assert compiler_calls["forward"] == len(bs) + stages and stages < len(bs)
+
+
+def test_attention_launch_tables_keep_only_live_graphs():
+    """Relational attention on the Triton backend names each block (and each of its derived
+    graphs and launch plans) to the custom op by an int handle; the handle tables must let
+    a block's entries go with it, or they grow by a few entries per batch without end."""
+    import gc
+    from hector.kernels.attention import launch
+    layer = _layer("rgat")
+    layer.program.backend = "triton"      # (the Triton kernels; the interpreter on a CPU)
+    gc.collect()
+    before = (len(launch._TOKENS), len(launch._LAUNCHES))
+    for i in range(2):
+        b = _relational_blocks(2)[i]          # (only this name holds the block)
+        _forward_backward("rgat", layer, b, None)
+        grown = (len(launch._TOKENS), len(launch._LAUNCHES))
+        assert grown[0] > before[0] and grown[1] > before[1]   # the block's entries
+        del b
+        gc.collect()
+        assert (len(launch._TOKENS), len(launch._LAUNCHES)) == before
