@@ -17,7 +17,7 @@ from hector.compiler.program import PLAN_CACHE_SIZE, Program
 from hector.loader import NeighborLoader
 from hector.nn import AGNNConv, GATConv, HGTConv, RGATConv, RGCNConv, TransformerConv
 from hector.compiler.passes.common import GraphStats
-from helpers import random_hetero
+from helpers import device_for, random_hetero
 
 
 def blocks(n):
@@ -182,8 +182,8 @@ def _layer(kind, metadata=None):
 
 
 def _forward_backward(kind, layer, block, metadata):
-    x = torch.randn(block.num_nodes, 5, generator=torch.Generator().manual_seed(2),
-                    requires_grad=True)
+    x = torch.randn(block.num_nodes, 5, generator=torch.Generator().manual_seed(2))
+    x = x.to(block.device).requires_grad_()
     if kind == "hgt":
         ptr = block.node_type_ptr.tolist()
         out = layer({t: x[ptr[i]:ptr[i + 1]] for i, t in enumerate(metadata[0])}, block)
@@ -226,12 +226,13 @@ def test_attention_launch_tables_keep_only_live_graphs():
     a block's entries go with it, or they grow by a few entries per batch without end."""
     import gc
     from hector.kernels.attention import launch
-    layer = _layer("rgat")
-    layer.program.backend = "triton"      # (the Triton kernels; the interpreter on a CPU)
+    device = device_for("triton")         # (the interpreter on a CPU)
+    layer = _layer("rgat").to(device)
+    layer.program.backend = "triton"
     gc.collect()
     before = (len(launch._TOKENS), len(launch._LAUNCHES))
     for i in range(2):
-        b = _relational_blocks(2)[i]          # (only this name holds the block)
+        b = _relational_blocks(2)[i].to(device)       # (only this name holds the block)
         _forward_backward("rgat", layer, b, None)
         grown = (len(launch._TOKENS), len(launch._LAUNCHES))
         assert grown[0] > before[0] and grown[1] > before[1]   # the block's entries
