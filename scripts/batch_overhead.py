@@ -9,10 +9,13 @@ drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HG
 
 * sample: ``sample_hop`` + ``relabel`` of both hops (no ``Graph`` built);
 * build: building the two block ``Graph`` s again from their edges (what a batch adds);
-* first: forward + backward on the new blocks (plans compiled for the new shapes, graph
-  indices built, autotune on CUDA);
+* compile: each layer's compiled entry for its new block (``Program.compiled_for``: the
+  kept compiled stage put to the new shape's cost-model questions, or a compilation when it
+  answers otherwise), forward and backward;
+* first: forward + backward on the new blocks (graph indices, derived graphs, schedules
+  built; autotune on CUDA);
 * compute: forward + backward again on the same blocks (everything cached);
-* plan = first - compute: the per-shape compiler cost a batch pays;
+* plan = compile + first - compute: what a new graph shape costs a batch beyond its compute;
 * pyg compute (with ``--pyg``): PyG's namesake layers, whose parameters ours take over
   (``from_pyg``), on the same blocks: forward + backward after a warm-up on the batch.
 
@@ -135,8 +138,8 @@ def main():
     pyg = None
     if args.pyg:
         import torch_geometric.nn as pyg
-    head = ("model", "edges/batch", "sample", "build", "plan", "compute", "(build+plan)/compute",
-            "pyg compute")
+    head = ("model", "edges/batch", "sample", "build", "plan", "(of it compile)", "compute",
+            "(build+plan)/compute", "pyg compute")
     print("| " + " | ".join(head) + " |  (ms per batch, medians)")
     print("|" + "---|" * len(head))
     for kind in args.models.split(","):
@@ -151,6 +154,8 @@ def main():
             t_sample, _ = clock(sample_only, device)
             t_build, blocks = clock(lambda: [rebuild(b) for b in batch.blocks], device)
             batch.blocks = blocks
+            t_compile, _ = clock(lambda: [conv.program.compiled_for(b, x.dtype)
+                                          for conv, b in zip(model, blocks)], device)
             t_first, _ = clock(lambda: step(kind, model, graph, batch, x), device)
             t_compute, _ = clock(lambda: step(kind, model, graph, batch, x), device)
             t_pyg = float("nan")
@@ -160,10 +165,10 @@ def main():
                                  device)
             if i:                                  # batch 0 warms up (first compiles)
                 rows.append((sum(b.num_edges for b in blocks), t_sample, t_build,
-                             t_first - t_compute, t_compute, t_pyg))
+                             t_compile + t_first - t_compute, t_compile, t_compute, t_pyg))
         med = [statistics.median(c) for c in zip(*rows)]
-        print(f"| {kind} | {int(med[0]):,} | " + " | ".join(f"{1e3 * v:.1f}" for v in med[1:5])
-              + f" | {(med[2] + med[3]) / med[4]:.2f} | {1e3 * med[5]:.1f} |")
+        print(f"| {kind} | {int(med[0]):,} | " + " | ".join(f"{1e3 * v:.1f}" for v in med[1:6])
+              + f" | {(med[2] + med[3]) / med[5]:.2f} | {1e3 * med[6]:.1f} |")
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
         return text
     program = _program(module_or_fn, **dims)
     program.check_graph(graph)
-    cp = program.compiled_for(graph, dtype, backward=backward)
+    cp = program.compile_exact(graph, dtype, backward=backward)   # decisions cite this graph
     s = cp.stats
     out = [f"== hector.explain: {getattr(program.fn, '__name__', 'layer')} "
            f"(options {program.options}, autodiff={program.autodiff})",

@@ -22,6 +22,13 @@ inference never pays for it):
 Every pass appends a :class:`PassRecord` (IR before and after, decisions with reasons) to
 the entry's log in the order it ran; with ``HECTOR_DEBUG=1`` the verifier checks the IR after
 each one.
+
+The stages see the graph only through its row counts, and only through the cost models'
+:class:`~hector.compiler.passes.common.Cheaper` questions, which their decisions record.  So
+a stage's result (:class:`ForwardStage`, :class:`BackwardStage`) is kept with its questions
+and answers, and serves any other graph that answers them the same way: a new mini-batch
+block costs one evaluation of a few linear expressions, not a compilation.  The entry of a
+graph (:class:`CompiledPlan`) is its statistics plus the stages that fit them.
 """
 from __future__ import annotations
 
@@ -34,7 +41,7 @@ import torch
 from .ir import Value
 from .lower import lower
 from .passes import autodiff, canonicalize, compact, fuse as fusion, reorder
-from .passes.common import Decision, GraphStats
+from .passes.common import Cheaper, Decision, GraphStats
 from .plan import Plan
 from .verify import debug_enabled, verify
 
@@ -47,25 +54,87 @@ class PassRecord:
     decisions: Tuple[Decision, ...]
 
 
+def _questions(log: Sequence[PassRecord]) -> Tuple[Tuple[Cheaper, bool], ...]:
+    """The graph questions the passes of ``log`` asked, with the answers they got."""
+    return tuple((d.question, d.applied) for rec in log for d in rec.decisions
+                 if d.question is not None)
+
+
+def _fits(questions, stats: GraphStats) -> bool:
+    return all(q.answer(stats) == answer for q, answer in questions)
+
+
 @dataclass
-class CompiledPlan:
-    """The compiled entry of one (graph shape, dtype): plans, the pass log, and what the
-    backward stage starts from."""
-    stats: GraphStats
+class ForwardStage:
+    """Stage 1's result: graph-independent but for its ``questions``.  Every graph whose
+    statistics answer them the same way gets exactly these plans (the passes are
+    deterministic and see the graph only through those questions), so one stage serves
+    every such graph -- every batch of a mini-batch loop, typically."""
     dtype: torch.dtype
     options: Dict[str, bool]                 # reorder / compact / fuse switches
+    questions: Tuple[Tuple[Cheaper, bool], ...]
     forward_ir: Tuple[Value, ...]            # fused forward IR (kernel nodes)
     forward_plan: Plan
-    log: List[PassRecord]
+    log: List[PassRecord]                    # forward passes (reasons cite the first graph)
     differentiable: bool = False             # autodiff='ir': compile_backward may build one
     optimized: Tuple[Value, ...] = ()        # unfused forward IR after passes 1-3 (autodiff's input)
     materialised: Dict[Value, Value] = field(default_factory=dict, repr=False)  # see fuse.run
-    backward_plan: Optional[Plan] = None
-    saved_values: Tuple[Value, ...] = ()     # forward-plan values kept for the backward
-    saved_leaves: Tuple[Value, ...] = ()     # their ``saved`` leaves in the backward plan
-    grad_leaves: Tuple[Value, ...] = ()      # ``grad_output`` leaves, one per forward output
-    grad_targets: Tuple[Value, ...] = ()     # forward leaf whose gradient each output is
-    extra: Dict[str, object] = field(default_factory=dict)
+    backwards: List["BackwardStage"] = field(default_factory=list, repr=False)
+
+    def fits(self, stats: GraphStats) -> bool:
+        return _fits(self.questions, stats)
+
+
+@dataclass(frozen=True)
+class BackwardStage:
+    """Stage 2's result for one forward stage, shared the same way (its own ``questions``:
+    the backward IR goes through the cost models too)."""
+    questions: Tuple[Tuple[Cheaper, bool], ...]
+    backward_plan: Plan
+    saved_values: Tuple[Value, ...]          # forward-plan values kept for the backward
+    saved_leaves: Tuple[Value, ...]          # their ``saved`` leaves in the backward plan
+    grad_leaves: Tuple[Value, ...]           # ``grad_output`` leaves, one per forward output
+    grad_targets: Tuple[Value, ...]          # forward leaf whose gradient each output is
+    log: Tuple[PassRecord, ...]
+
+    def fits(self, stats: GraphStats) -> bool:
+        return _fits(self.questions, stats)
+
+
+#: Backward stages kept per forward stage (graphs that agree on the forward's questions but
+#: not on the backward's); a few at most in practice.
+BACKWARDS_PER_STAGE = 4
+
+
+class CompiledPlan:
+    """The compiled entry of one graph shape: its statistics, the forward stage that fits
+    them and, once a forward needed gradients, the backward stage.  Reads like one record
+    (``forward_plan``, ``backward_plan``, ``log``, ...) whichever graph built the stages."""
+
+    def __init__(self, stats: GraphStats, forward: ForwardStage,
+                 backward: Optional[BackwardStage] = None):
+        self.stats, self.forward, self.backward = stats, forward, backward
+
+    # The forward stage's fields.
+    dtype = property(lambda self: self.forward.dtype)
+    options = property(lambda self: self.forward.options)
+    forward_ir = property(lambda self: self.forward.forward_ir)
+    forward_plan = property(lambda self: self.forward.forward_plan)
+    differentiable = property(lambda self: self.forward.differentiable)
+    optimized = property(lambda self: self.forward.optimized)
+    materialised = property(lambda self: self.forward.materialised)
+
+    # The backward stage's (None / empty before it is built).
+    backward_plan = property(lambda self: self.backward and self.backward.backward_plan)
+    saved_values = property(lambda self: self.backward.saved_values if self.backward else ())
+    saved_leaves = property(lambda self: self.backward.saved_leaves if self.backward else ())
+    grad_leaves = property(lambda self: self.backward.grad_leaves if self.backward else ())
+    grad_targets = property(lambda self: self.backward.grad_targets if self.backward else ())
+
+    @property
+    def log(self) -> List[PassRecord]:
+        """Every pass record, forward then backward, in the order they ran."""
+        return self.forward.log + (list(self.backward.log) if self.backward else [])
 
     def ensure_backward(self) -> "CompiledPlan":
         """Run :func:`compile_backward` on this entry unless it has run (the executor calls
@@ -105,27 +174,50 @@ def compile_forward(outputs: Sequence[Value], stats: Optional[GraphStats],
     materialised: Dict[Value, Value] = {}   # unfused value -> plan value holding it
     fused = _run("fuse", functools.partial(fusion.run, mapping=materialised), optimized,
                  stats, fuse, log)
-    return CompiledPlan(stats, dtype, dict(reorder=reorder, compact=compact, fuse=fuse),
-                        tuple(fused), lower(fused, dtype), log, differentiable,
-                        tuple(optimized), materialised)
+    stage = ForwardStage(dtype, dict(reorder=reorder, compact=compact, fuse=fuse),
+                         _questions(log), tuple(fused), lower(fused, dtype), log,
+                         differentiable, tuple(optimized), materialised)
+    return CompiledPlan(stats, stage)
 
 
 def compile_backward(entry: CompiledPlan) -> CompiledPlan:
     """Stage 2 (once per entry, only when ``entry.differentiable``): autodiff of the optimised
     forward IR, passes 1-4 on the backward IR, lowering; its records follow the forward's in
-    ``entry.log``."""
-    if not entry.differentiable or entry.backward_plan is not None:
+    ``entry.log``.  A backward stage the entry's forward stage already holds is reused when
+    this entry's statistics answer its questions the same way."""
+    if not entry.differentiable or entry.backward is not None:
         return entry
-    opts, stats, log = entry.options, entry.stats, []
-    bwd = autodiff.differentiate(entry.optimized)
-    log.append(PassRecord("autodiff", entry.optimized, bwd.outputs, tuple(bwd.decisions)))
-    bwd = autodiff.bind_saved(bwd, entry.optimized, entry.materialised)
+    stage = entry.forward
+    for known in stage.backwards:
+        if known.fits(entry.stats):
+            if debug_enabled():
+                check_same_plan(known.backward_plan,
+                                _backward_stage(stage, entry.stats).backward_plan, entry.stats)
+            entry.backward = known
+            return entry
+    # Set only once the build succeeded (a failure is retried cleanly).
+    entry.backward = _backward_stage(stage, entry.stats)
+    stage.backwards.append(entry.backward)
+    del stage.backwards[:-BACKWARDS_PER_STAGE]
+    return entry
+
+
+def _backward_stage(stage: ForwardStage, stats: GraphStats) -> BackwardStage:
+    opts, log = stage.options, []
+    bwd = autodiff.differentiate(stage.optimized)
+    log.append(PassRecord("autodiff", stage.optimized, bwd.outputs, tuple(bwd.decisions)))
+    bwd = autodiff.bind_saved(bwd, stage.optimized, stage.materialised)
     b_out = optimize(bwd.outputs, stats, reorder_on=opts["reorder"],
                      compact_on=opts["compact"], log=log, prefix="backward/")
     b_out = _run("backward/fuse", fusion.run, b_out, stats, opts["fuse"], log)
-    # Fill the entry only once everything above succeeded (a failure is retried cleanly).
-    entry.backward_plan = lower(b_out, entry.dtype)
-    entry.saved_values, entry.saved_leaves = bwd.saved_values, bwd.saved_leaves
-    entry.grad_leaves, entry.grad_targets = bwd.grad_leaves, bwd.targets
-    entry.log.extend(log)
-    return entry
+    return BackwardStage(_questions(log), lower(b_out, stage.dtype), bwd.saved_values,
+                         bwd.saved_leaves, bwd.grad_leaves, bwd.targets, tuple(log))
+
+
+def check_same_plan(shared: Plan, own: Plan, stats: GraphStats) -> None:
+    """``HECTOR_DEBUG=1``: a shared stage's plan must equal the one compiled for ``stats``
+    itself (else a pass reads the graph beside its ``Cheaper`` questions)."""
+    if shared != own:
+        raise AssertionError(f"a shared compiled stage differs from the compilation for "
+                             f"{stats}: a pass reads graph statistics outside its Cheaper "
+                             f"questions")

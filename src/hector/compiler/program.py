@@ -1,22 +1,28 @@
 """``hector.compile``: a DSL function -> a ``torch.nn.Module``.
 
-The function is traced once into IR; the first call on a graph runs
-:func:`~hector.compiler.pipeline.compile_forward` with that graph's statistics (passes and
-lowering) and caches the entry per (row counts, dtype): graphs of one shape share decisions.
-The backward (:func:`~hector.compiler.pipeline.compile_backward`: IR autodiff, its passes and
-lowering) is built lazily, by the first forward that needs gradients, and memoised on the
-same entry: inference never builds it.
+The function is traced once into IR.  Two caches, both bounded (LRU):
 
-The cache keeps the ``plan_cache_size`` most recently used entries (default
-``PLAN_CACHE_SIZE``, or ``$HECTOR_PLAN_CACHE_SIZE``): mini-batch training meets a new graph
-shape every batch, which would otherwise add an entry per batch without end.
+* *entries*, per (row counts, dtype): the ``plan_cache_size`` most recently used (default
+  ``PLAN_CACHE_SIZE``, or ``$HECTOR_PLAN_CACHE_SIZE``).  An entry is small: the statistics
+  and references to the stages below.
+* *stages* (the graph-independent work: passes, lowering, kernel specs), the
+  ``STAGE_CACHE_SIZE`` most recently used.  A graph shape met for the first time is first
+  put to the cost-model questions of the kept stages (a few integer comparisons); only when
+  no stage answers like it does :func:`~hector.compiler.pipeline.compile_forward` run.  So
+  mini-batch training, a new shape every batch, compiles once per distinct set of cost-model
+  outcomes (usually once), not once per batch.
+
+The backward (:func:`~hector.compiler.pipeline.compile_backward`: IR autodiff, its passes and
+lowering) is built lazily, by the first forward that needs gradients, kept on the forward
+stage and shared the same way: inference never builds it.  With ``HECTOR_DEBUG=1`` every
+reused stage is checked against a fresh compilation.
 """
 from __future__ import annotations
 
 import math
 import os
 from collections import OrderedDict
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -28,11 +34,14 @@ from .dsl import Traced, trace
 from .execute import execute
 from .ir import NODE, Op, Value
 from .passes.common import GraphStats
-from .pipeline import CompiledPlan, compile_backward, compile_forward
+from .pipeline import (CompiledPlan, ForwardStage, check_same_plan, compile_backward,
+                       compile_forward)
+from .verify import debug_enabled
 from .steps_torch import GraphIndex
 
 AUTODIFF = ("ir", "torch")
 PLAN_CACHE_SIZE = 64
+STAGE_CACHE_SIZE = 8
 
 
 def _default_cache_size() -> int:
@@ -71,6 +80,7 @@ class Program:
             raise ValueError(f"plan_cache_size must be >= 1, got {plan_cache_size}")
         self.plan_cache_size = plan_cache_size
         self._cache: "OrderedDict[tuple, CompiledPlan]" = OrderedDict()   # LRU order
+        self._stages: "OrderedDict[int, Tuple[tuple, ForwardStage]]" = OrderedDict()  # LRU
 
     # -- compilation ----------------------------------------------------------------------
     def compiled_for(self, graph, dtype: torch.dtype = torch.float32,
@@ -81,16 +91,45 @@ class Program:
         key = (stats, dtype)
         cp = self._cache.get(key)
         if cp is None:
-            cp = self._cache[key] = self._compile(stats, dtype)
+            cp = self._cache[key] = self._entry(stats, dtype)
             while len(self._cache) > self.plan_cache_size:
                 self._cache.popitem(last=False)       # the least recently used shape
         else:
             self._cache.move_to_end(key)
         return compile_backward(cp) if backward else cp
 
+    def compile_exact(self, graph, dtype: torch.dtype = torch.float32,
+                      backward: bool = True) -> CompiledPlan:
+        """The pipeline run on ``graph``'s own statistics, outside both caches: what
+        ``explain`` prints, whose decisions then cite this graph's row counts (a shared
+        stage's cite the graph that built it; its plans are the same)."""
+        cp = self._compile(GraphStats.of(graph), dtype)
+        return compile_backward(cp) if backward else cp
+
     def _compile(self, stats: GraphStats, dtype: torch.dtype) -> CompiledPlan:
         return compile_forward(self.traced.outputs, stats, dtype, **self.options,
                                differentiable=self.autodiff == "ir")
+
+    def _entry(self, stats: GraphStats, dtype: torch.dtype) -> CompiledPlan:
+        """A new shape's entry: on a kept stage whose questions it answers alike, else on a
+        newly compiled one (kept, the least recently used dropped)."""
+        # Relation and node-type counts size the per-slice weights the plans read: a stage
+        # is shared only between graphs that agree on them, whatever the questions say.
+        family = (dtype, stats.num_relations, stats.num_node_types)
+        sid = next((sid for sid, (fam, stage) in reversed(self._stages.items())
+                    if fam == family and stage.fits(stats)), None)
+        if sid is not None:
+            self._stages.move_to_end(sid)
+            stage = self._stages[sid][1]
+            if debug_enabled():
+                check_same_plan(stage.forward_plan, self._compile(stats, dtype).forward_plan,
+                                stats)
+            return CompiledPlan(stats, stage)
+        cp = self._compile(stats, dtype)
+        self._stages[id(cp.forward)] = (family, cp.forward)
+        while len(self._stages) > STAGE_CACHE_SIZE:
+            self._stages.popitem(last=False)
+        return cp
 
     # -- running --------------------------------------------------------------------------
     def check_graph(self, graph) -> None:

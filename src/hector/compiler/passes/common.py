@@ -1,9 +1,17 @@
 """What every pass shares: the decision record, the graph statistics the cost models read,
-and the pass signature ``run(outputs, stats, enabled) -> (outputs, decisions)``."""
+the one question they may ask of them, and the pass signature
+``run(outputs, stats, enabled) -> (outputs, decisions)``.
+
+A pass's rewrites may depend on the graph only through :class:`Cheaper` questions, each
+recorded in the :class:`Decision` it led to (``applied`` is its answer).  That is what lets
+one compilation serve every graph that answers those questions the same way (see
+:mod:`hector.compiler.pipeline`): a mini-batch's blocks differ in row counts, not in the
+outcome of the cost models.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from ..ir import CDST, CSRC, EDGE, NODE
 
@@ -15,6 +23,9 @@ class Decision:
     what: str
     applied: bool
     reason: str
+    #: the graph question whose answer ``applied`` is (None: the decision does not depend on
+    #: the graph's row counts)
+    question: Optional["Cheaper"] = None
 
     def __str__(self) -> str:
         return f"[{self.pass_name}] {'applied' if self.applied else 'declined'}: {self.what} -- {self.reason}"
@@ -38,6 +49,26 @@ class GraphStats:
     def rows(self, kind: str) -> int:
         return {NODE: self.num_nodes, EDGE: self.num_edges, CSRC: self.compact_src_rows,
                 CDST: self.compact_dst_rows}[kind]
+
+
+#: A cost: the sum of ``coefficient x rows of kind`` over its terms (multiply-adds, rows moved).
+Cost = Tuple[Tuple[int, str], ...]
+
+
+@dataclass(frozen=True)
+class Cheaper:
+    """The question "does ``new`` cost less than ``old`` on this graph?", both linear in the
+    graph's row counts.  Frozen and made of ints and row kinds, so a compiled plan can keep
+    its questions and put them to another graph's statistics."""
+    new: Cost
+    old: Cost
+
+    @staticmethod
+    def cost(terms: Cost, stats: "GraphStats") -> int:
+        return sum(c * stats.rows(kind) for c, kind in terms)
+
+    def answer(self, stats: "GraphStats") -> bool:
+        return self.cost(self.new, stats) < self.cost(self.old, stats)
 
 
 def rows_or_none(stats: Optional[GraphStats], kind: str) -> Optional[int]:

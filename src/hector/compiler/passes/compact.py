@@ -17,7 +17,7 @@ from typing import List, Optional
 
 from .. import ir as N
 from ..ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, rewrite
-from .common import Decision, GraphStats
+from .common import Cheaper, Decision, GraphStats
 
 NAME = "compact"
 _TARGET = {"src": CSRC, "dst": CDST}
@@ -74,12 +74,13 @@ def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
                 decisions.append(Decision(NAME, what, False, "no graph statistics to cost it"))
                 return None
             rows, E = stats.rows(_TARGET[end]), stats.num_edges
-            if rows >= E:
+            q = Cheaper(new=((1, _TARGET[end]),), old=((1, EDGE),))
+            if not q.answer(stats):
                 decisions.append(Decision(NAME, what, False, f"{rows} unique ({end}, relation) "
-                                          f"rows >= {E} edges: nothing to share"))
+                                          f"rows >= {E} edges: nothing to share", q))
                 return None
             decisions.append(Decision(NAME, what, True, f"computed on {rows} {_TARGET[end]} rows "
-                                      f"instead of {E} edges ({E / max(rows, 1):.2f}x fewer)"))
+                                      f"instead of {E} edges ({E / max(rows, 1):.2f}x fewer)", q))
             return N.gather(lifted, EDGE, end)
         return None
 

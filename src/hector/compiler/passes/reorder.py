@@ -15,8 +15,8 @@ from collections import Counter
 from typing import List, Optional
 
 from .. import ir as N
-from ..ir import CDST, EDGE, Op, Value, WEIGHT, rewrite, toposort
-from .common import Decision, GraphStats
+from ..ir import CDST, CSRC, EDGE, Op, Value, WEIGHT, rewrite, toposort
+from .common import Cheaper, Decision, GraphStats
 from .compact import lift
 
 NAME = "reorder"
@@ -76,16 +76,17 @@ def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
             decisions.append(Decision(NAME, what, False, "no graph statistics to cost it"))
             return None
         K, Nn = _flat(g), _flat(lin)
-        E = stats.num_edges
-        before_rows = stats.compact_src_rows if _src_compactable(lin) else E
-        old = before_rows * K * Nn + E * Nn
-        new = E * K + stats.rows(v.kind) * K * Nn
-        detail = (f"{stats.rows(v.kind)} {v.kind} rows vs {before_rows} "
-                  f"{'compact_src' if before_rows != E else 'edge'} rows; cost {new} vs {old}")
-        if new >= old:
-            decisions.append(Decision(NAME, what, False, detail))
+        before = CSRC if _src_compactable(lin) else EDGE
+        # before: the linear on `before` rows, then the aggregation of its outputs;
+        # after: the aggregation of the inputs, then the linear on the aggregate's rows.
+        q = Cheaper(new=((K, EDGE), (K * Nn, v.kind)), old=((K * Nn, before), (Nn, EDGE)))
+        applied = q.answer(stats)
+        detail = (f"{stats.rows(v.kind)} {v.kind} rows vs {stats.rows(before)} "
+                  f"{'compact_src' if before == CSRC else 'edge'} rows; cost "
+                  f"{q.cost(q.new, stats)} vs {q.cost(q.old, stats)}")
+        decisions.append(Decision(NAME, what, applied, detail, q))
+        if not applied:
             return None
-        decisions.append(Decision(NAME, what, True, detail))
         return N.linear(N.scatter(g, v.kind, v.attr("end"), v.attr("reduce")), W, lin.attr("heads"))
 
     def rule(v: Value):

@@ -9,6 +9,7 @@ into ``lse``, so it is not stored separately.
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -370,17 +371,25 @@ def seed_tensor(seed, device) -> torch.Tensor:
 _GRAPHS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
 
+class _Token:
+    """What a Graph holds to prove its handle is its own (weakly referenced by the table)."""
+    __slots__ = ("__weakref__",)
+
+
 #: handle -> the token stored on its Graph; a deep copy or unpickled Graph carries a copy of
-#: its original's token (a new object), so it is told apart and gets its own handle.
-_TOKENS: dict = {}
+#: its original's token (a new object), so it is told apart and gets its own handle.  Weak,
+#: like ``_GRAPHS``: mini-batch training makes a Graph per batch, and a freed one's entry goes
+#: with it (the tables stay as large as the live graphs).
+_TOKENS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_next_handle = itertools.count(1)       # handles are never reused, though entries go
 
 
 def graph_handle(graph) -> int:
     """A process-unique int naming ``graph`` for the custom ops (memoised on the graph)."""
     mark = getattr(graph, "_attention_op_handle", None)
     if mark is None or _TOKENS.get(mark[0]) is not mark[1]:
-        handle = len(_TOKENS) + 1
-        mark = (handle, object())
+        handle = next(_next_handle)
+        mark = (handle, _Token())
         graph._attention_op_handle = mark
         _TOKENS[handle] = mark[1]
         _GRAPHS[handle] = graph
@@ -395,18 +404,31 @@ def _graph(handle: int):
     return graph
 
 
-#: launch handle -> (spec, plan) a caller decided (the compiler's attention steps).
-_LAUNCHES: dict = {}
+class _Launch:
+    """(spec, plan) of one launch handle, an object the table can hold weakly."""
+    __slots__ = ("spec", "plan", "__weakref__")
+
+    def __init__(self, spec: AttentionSpec, plan: AttentionPlan):
+        self.spec, self.plan = spec, plan
+
+
+#: launch handle -> (spec, plan) a caller decided (the compiler's attention steps).  Weak: the
+#: plan holds its entry, and the plan lives as long as whoever chose it keeps it (the
+#: compiler: memoised on the graph's index), so a mini-batch's entries go with its graph.
+_LAUNCHES: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
 
 def launch_handle(graph, spec: AttentionSpec, plan: AttentionPlan) -> int:
     """A process-unique int naming the caller's (spec, plan) for the custom op, memoised on
     the plan object (a copy gets its own), so the op launches exactly those objects."""
     mark = plan.__dict__.get("_launch_handle")
-    if mark is None or _LAUNCHES.get(mark)[1] is not plan or _LAUNCHES[mark][0] is not spec:
-        mark = len(_LAUNCHES) + 1
-        object.__setattr__(plan, "_launch_handle", mark)     # frozen dataclass: a memo only
-        _LAUNCHES[mark] = (spec, plan)
+    entry = _LAUNCHES.get(mark) if mark is not None else None
+    if entry is None or entry.plan is not plan or entry.spec is not spec:
+        mark, entry = next(_next_handle), _Launch(spec, plan)
+        # frozen dataclass: memos only; the entry is held here so the weak table keeps it
+        object.__setattr__(plan, "_launch_handle", mark)
+        object.__setattr__(plan, "_launch_entry", entry)
+        _LAUNCHES[mark] = entry
     return mark
 
 
@@ -415,7 +437,8 @@ def _op_setup(handle, v, q, a_src, a_dst, negative_slope, dropout, strategy, lau
     tensors with the plan memoised per (graph, spec, strategy)."""
     graph = _graph(handle)
     if launch:
-        return (graph,) + _LAUNCHES[launch]
+        entry = _LAUNCHES[launch]
+        return graph, entry.spec, entry.plan
     spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
     return graph, spec, _memo_plan(graph, spec, strategy)
 
