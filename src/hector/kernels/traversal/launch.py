@@ -139,7 +139,7 @@ def launch_edge_softmax(graph, s: torch.Tensor, slope: Optional[float],
     name = "edge_softmax_bwd" if bwd else "edge_softmax"
     tensors = [s.contiguous()] + ([alpha.contiguous(), grad.contiguous()] if bwd else [])
     block_h = min(128, max(1, 1 << (heads - 1).bit_length()))
-    block_r = max(1, min(64, 1024 // block_h))
+    block_r = max(1, min(256, 1024 // block_h))
     block_e = max(16, min(64, 1024 // block_h))
     slope_arg = float(slope or 0.0)
     for count, rows, multi in ((bins.num_short, bins.short, True),

@@ -112,6 +112,6 @@ def pick_tiles(bins: RowBins, width: int) -> Tiles:
     Wide tiles for wide rows; the row kernel's entry step follows the long rows' mean length
     (16 to 64 entries) within the same register budget."""
     block_f = min(next_pow2(width), 128)
-    block_r = max(1, min(64, TILE // block_f))
+    block_r = max(1, min(256, TILE // block_f))
     block_e = max(16, min(64, next_pow2(int(bins.long_mean)), TILE // block_f))
     return Tiles(block_f, block_r, block_e, 4)
