@@ -177,3 +177,19 @@ def test_bad_inputs_are_named():
         traverse(m, x, bias=torch.randn(4, device=DEV))
     with pytest.raises(TypeError, match="x must be a floating"):
         traverse(m, torch.ones(6, 1, 3, dtype=torch.int64, device=DEV))
+
+
+@needs_triton
+def test_every_autotuning_config_gives_the_same_result():
+    # The autotuner may pick any config of the list: each must be valid for any shape.
+    from hector.kernels.traversal.schedule import pick_tiles, tile_configs
+    m, dm = random_map(13, 37, 120, 15)
+    m = with_bins(m, *VARIANTS["mixed+chunks"])
+    x = rand(37, 5, seed=16)
+    want = dm @ x.double().cpu()
+    configs = set(tile_configs(pick_tiles(m.layout, 5), True)) | set(
+        tile_configs(pick_tiles(m.layout, 5), False))
+    assert len(configs) >= 4
+    for c in configs:
+        out = launch(m, x, (), (), None, tiles=c)
+        assert (out.double().cpu() - want).abs().max() / want.abs().max() < 1e-5, c

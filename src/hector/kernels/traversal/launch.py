@@ -19,10 +19,10 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .. import registry
+from .. import autotune, registry
 from ..attention.launch import _graph, graph_handle
 from .csr import WeightedCSR
-from .schedule import RowBins, Tiles, pick_tiles, row_bins
+from .schedule import CHUNK, RowBins, Tiles, pick_tiles, row_bins, tile_configs
 from .spec import TraversalKernelSpec
 
 
@@ -39,70 +39,78 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _rows_kernel(spec: TraversalKernelSpec, row_list: bool, by_position: bool = False):
-    return registry.kernel("traversal_csr_rows", row_list=row_list, by_position=by_position,
-                           **spec.params())
+def _run(name: str, params: dict, count: int, width: int, args: tuple, t: Tiles, tune: bool,
+         mean: float, device: torch.device) -> None:
+    """Launch traversal kernel ``name`` over ``count`` rows (``traversal_csr_rows``: BLOCK_R
+    to a program) with tiles ``t``, or with the autotuner's pick around them (on CUDA, once per
+    shape bucket; trials only store, so every run leaves the same values)."""
+    kern = registry.kernel(name, **params)
+    multi = name.endswith("_rows")
 
-
-def _row_kernel(spec: TraversalKernelSpec, row_list: bool):
-    return registry.kernel("traversal_csr", row_list=row_list, **spec.params())
+    def run(c: Tiles):
+        grid = (_cdiv(count, c.block_r) if multi else count, _cdiv(width, c.block_f))
+        block = dict(BLOCK_R=c.block_r) if multi else dict(BLOCK_E=c.block_e)
+        kern[grid](*args, width, BLOCK_F=c.block_f, num_warps=c.num_warps, **block)
+    if tune:
+        t = autotune.choose(name, registry.spec_hash(name, **params),
+                            autotune.bucket(count, width, max(1, int(mean))),
+                            tile_configs(t, multi), run, device)
+    run(t)
 
 
 def launch(m: WeightedCSR, x: torch.Tensor, addends: Sequence[torch.Tensor],
            coefs: Sequence[float], bias: Optional[torch.Tensor],
            tiles: Optional[Tiles] = None) -> torch.Tensor:
     """One traversal: ``[m.rows, ...]`` output in ``x``'s dtype.  ``tiles`` pins the launch
-    tiles (tests); by default :func:`~.schedule.pick_tiles`."""
+    tiles (tests); by default :func:`~.schedule.pick_tiles`, refined by the autotuner."""
     width = int(torch.Size(x.shape[1:]).numel())
     out = torch.empty((m.rows,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     if m.rows == 0 or width == 0:
         return out
     bins = m.layout
     t = tiles or pick_tiles(bins, width)
-    spec = TraversalKernelSpec(num_addends=len(addends), has_bias=bias is not None)
+    spec = TraversalKernelSpec(num_addends=len(addends), has_bias=bias is not None).params()
     epilogue = []
     for a, c in zip(addends, coefs):
         epilogue += [a.contiguous(), float(c)]
     epilogue.append(bias.contiguous() if bias is not None else out)
     x = x.contiguous()
-    fblocks = _cdiv(width, t.block_f)
+    go = dict(width=width, t=t, tune=tiles is None, device=x.device)
     starts, ends = m.ptr[:-1], m.ptr[1:]
     if bins.num_short:
         rows = bins.short
-        _rows_kernel(spec, rows is not None)[(_cdiv(bins.num_short, t.block_r), fblocks)](
-            rows if rows is not None else m.ptr, bins.num_short, starts, ends, m.col, m.val, x,
-            out, *epilogue, width, BLOCK_R=t.block_r, BLOCK_F=t.block_f, num_warps=t.num_warps)
-    if bins.num_long:
+        _run("traversal_csr_rows", dict(spec, row_list=rows is not None, by_position=False),
+             bins.num_short, args=(rows if rows is not None else m.ptr, bins.num_short, starts,
+                                   ends, m.col, m.val, x, out, *epilogue),
+             mean=bins.short_max, **go)
+    if bins.num_long and bins.chunk_start is None:
         rows = bins.long
-        if bins.chunk_start is None:
-            _row_kernel(spec, rows is not None)[(bins.num_long, fblocks)](
-                rows if rows is not None else m.ptr, bins.num_long, starts, ends, m.col, m.val,
-                x, out, *epilogue, width, BLOCK_E=t.block_e, BLOCK_F=t.block_f,
-                num_warps=t.num_warps)
-        else:
-            _hub_rows(m, bins, t, spec, x, out, epilogue, width, fblocks)
+        _run("traversal_csr", dict(spec, row_list=rows is not None), bins.num_long,
+             args=(rows if rows is not None else m.ptr, bins.num_long, starts, ends, m.col,
+                   m.val, x, out, *epilogue), mean=bins.long_mean, **go)
+    elif bins.num_long:
+        _hub_rows(m, bins, spec, x, out, epilogue, go)
     return out
 
 
-def _hub_rows(m: WeightedCSR, bins: RowBins, t: Tiles, spec: TraversalKernelSpec,
-              x: torch.Tensor, out: torch.Tensor, epilogue: list, width: int, fblocks: int):
+def _hub_rows(m: WeightedCSR, bins: RowBins, spec: dict, x: torch.Tensor, out: torch.Tensor,
+              epilogue: list, go: dict):
     """Long rows with some hub: each chunk of ``CHUNK`` entries summed into an fp32 partial
     row (row kernel, no epilogue), then each long row's partials summed in chunk order with
     the epilogue (multi-row kernel; the partials are its ``x``, one entry of weight 1 per
     chunk)."""
     n = bins.num_chunks
-    partial = torch.empty((n, width), dtype=torch.float32, device=x.device)
-    plain = TraversalKernelSpec()
-    _row_kernel(plain, False)[(n, fblocks)](
-        m.ptr, n, bins.chunk_start, bins.chunk_end, m.col, m.val, x, partial, partial, width,
-        BLOCK_E=t.block_e, BLOCK_F=t.block_f, num_warps=t.num_warps)
+    partial = torch.empty((n, go["width"]), dtype=torch.float32, device=x.device)
+    plain = TraversalKernelSpec().params()
+    _run("traversal_csr", dict(plain, row_list=False), n,
+         args=(m.ptr, n, bins.chunk_start, bins.chunk_end, m.col, m.val, x, partial, partial),
+         mean=CHUNK, **go)
     ids, ones = _chunk_entries(bins, x.device)
     rows = bins.long
-    _rows_kernel(spec, rows is not None, by_position=True)[(_cdiv(bins.num_long, t.block_r),
-                                                           fblocks)](
-        rows if rows is not None else m.ptr, bins.num_long, bins.chunk_of[:-1],
-        bins.chunk_of[1:], ids, ones, partial, out, *epilogue, width,
-        BLOCK_R=t.block_r, BLOCK_F=t.block_f, num_warps=t.num_warps)
+    _run("traversal_csr_rows", dict(spec, row_list=rows is not None, by_position=True),
+         bins.num_long, args=(rows if rows is not None else m.ptr, bins.num_long,
+                              bins.chunk_of[:-1], bins.chunk_of[1:], ids, ones, partial, out,
+                              *epilogue), mean=n / bins.num_long, **go)
 
 
 def _chunk_entries(bins: RowBins, device) -> tuple:

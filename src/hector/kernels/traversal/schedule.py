@@ -19,7 +19,7 @@ the fp32 sums are associated.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -115,3 +115,17 @@ def pick_tiles(bins: RowBins, width: int) -> Tiles:
     block_r = max(1, min(256, TILE // block_f))
     block_e = max(16, min(64, next_pow2(int(bins.long_mean)), TILE // block_f))
     return Tiles(block_f, block_r, block_e, 4)
+
+
+def tile_configs(t: Tiles, multi: bool) -> tuple:
+    """The autotuner's list around the heuristic ``t`` (first: the untimed default): half and
+    twice the rows a program (multi-row kernel) or the entry step (row kernel), 8 warps."""
+    if multi:
+        alts = [replace(t, block_r=max(1, t.block_r // 2)), replace(t, block_r=t.block_r * 2)]
+    else:
+        alts = [replace(t, block_e=max(16, t.block_e // 2)), replace(t, block_e=t.block_e * 2)]
+    out = [t]
+    for c in alts + [replace(t, num_warps=8)]:
+        if c not in out:
+            out.append(c)
+    return tuple(out)
