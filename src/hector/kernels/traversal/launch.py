@@ -174,7 +174,7 @@ _CSR_TOKENS: dict = {}
 
 def csr_handle(m: WeightedCSR) -> int:
     """A process-unique int naming ``m`` for the custom ops (memoised on ``m``)."""
-    mark = m.__dict__.get("_op_handle")
+    mark = getattr(m, "_op_handle", None)   # (getattr: what dynamo traces on every torch)
     if mark is None or _CSR_TOKENS.get(mark[0]) is not mark[1]:
         handle = len(_CSR_TOKENS) + 1
         mark = (handle, object())
