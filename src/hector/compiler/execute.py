@@ -28,12 +28,11 @@ from .steps_triton import run_attention, run_gemm, run_traversal, run_wgrad
 
 def triton_step(step: Step) -> bool:
     """Whether the Triton backend runs ``step`` on a Triton kernel (the rest: torch ops)."""
-    # The traversal kernel is not a custom op yet: under torch.compile its steps run as the
-    # torch ops they stand for, which dynamo traces and inductor fuses.
+    # The traversal kernels are custom ops (hector::traverse, hector::edge_softmax): a compiled
+    # plan runs them as eager does.
     return step.template == "attention" or (
         step.template == "gemm" and step.body.op in (Op.LINEAR, Op.WGRAD)) or (
-        step.template == "traversal" and step.spec.kernel is not None
-        and not torch.compiler.is_compiling())
+        step.template == "traversal" and step.spec.kernel is not None)
 
 
 def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str) -> torch.Tensor:

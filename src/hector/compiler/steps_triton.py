@@ -167,10 +167,8 @@ def run_traversal(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Ten
     launch, and each further source adds onto the previous launch's output."""
     if step.spec.softmax is not None:
         index, slope = step.spec.softmax
-        s = inputs[index]
-        # The kernel has no autograd; torch autodiff (recording) takes the torch ops.
-        recording = torch.is_grad_enabled() and s.requires_grad
-        return edge_softmax_kernel(ix.graph, s, slope, backend="torch" if recording else "triton")
+        # (the op is differentiable: torch autodiff may record it too)
+        return edge_softmax_kernel(ix.graph, inputs[index], slope, backend="triton")
     lt = step.spec.linear
     bias = None if lt.bias is None else _bias_row(step, inputs[lt.bias], lt.bias, ix)
     shape = tuple(step.body.shape)
@@ -289,10 +287,7 @@ def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
     if a_src is not None:
         score = score + (a_src if src_kind == EDGE else
                          a_src.index_select(0, ix.move(src_kind, EDGE, "src")))
-    if backend == "triton" and not (torch.is_grad_enabled() and score.requires_grad) \
-            and not torch.compiler.is_compiling():
-        # (the kernel has no autograd: the IR-autodiff forward runs without recording; it is
-        # no custom op yet, so torch.compile traces the torch ops instead)
+    if backend == "triton":   # (a custom op with autograd: eager, recorded and compiled alike)
         alpha = edge_softmax_kernel(g, score.unsqueeze(-1), slope, backend=backend)
     else:
         if slope is not None:

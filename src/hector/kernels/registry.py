@@ -53,6 +53,9 @@ _PRECISIONS = ("ieee", "tf32")
 _SCORE = dict(has_qk=_BOOL, has_src=_BOOL, has_dst=_BOOL, has_leaky=_BOOL, has_dropout=_BOOL,
               edge_parallel=_BOOL)
 _GEMM = dict(has_gather=_BOOL, has_scatter=_BOOL, dot_fp32=_BOOL, input_precision=_PRECISIONS)
+#: Traversal kernels: epilogue terms, and whether programs read their rows from a row list.
+_TRAVERSAL = dict(num_addends=(0, 1, 2, 3), has_bias=_BOOL, row_list=_BOOL)
+_SOFTMAX = dict(has_leaky=_BOOL, row_list=_BOOL)
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,14 @@ KERNELS: Mapping[str, Entry] = MappingProxyType({
                                dict(_SCORE, need_dk=_BOOL, need_dv=_BOOL, need_dsrc=_BOOL)),
     "combine_sum": Entry("attention_combine.py.j2", "combine_sum_kernel", {}),
     "row_dot": Entry("row_dot.py.j2", "row_dot_kernel", {}),
-    "traversal_csr": Entry("traversal_csr.py.j2", "traversal_csr_kernel",
-                           dict(num_addends=(0, 1, 2, 3), has_bias=_BOOL)),
-    "edge_softmax": Entry("edge_softmax.py.j2", "edge_softmax_kernel", dict(has_leaky=_BOOL)),
+    "traversal_csr": Entry("traversal_csr.py.j2", "traversal_csr_kernel", _TRAVERSAL),
+    "traversal_csr_rows": Entry("traversal_csr.py.j2", "traversal_csr_rows_kernel",
+                                dict(_TRAVERSAL, by_position=_BOOL)),
+    "edge_softmax": Entry("edge_softmax.py.j2", "edge_softmax_kernel", _SOFTMAX),
+    "edge_softmax_rows": Entry("edge_softmax.py.j2", "edge_softmax_rows_kernel", _SOFTMAX),
+    "edge_softmax_bwd": Entry("edge_softmax.py.j2", "edge_softmax_bwd_kernel", _SOFTMAX),
+    "edge_softmax_bwd_rows": Entry("edge_softmax.py.j2", "edge_softmax_bwd_rows_kernel",
+                                   _SOFTMAX),
 })
 
 _lock = threading.RLock()

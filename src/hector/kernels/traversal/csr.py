@@ -16,16 +16,27 @@ import warnings
 
 import torch
 
+from .schedule import RowBins, row_bins
+
 
 @dataclass(frozen=True, eq=False)
 class WeightedCSR:
     """``rows x cols`` sparse matrix: ``ptr [rows + 1]`` (int64), ``col [nnz]`` (int32 when it
-    fits), ``val [nnz]`` (fp32)."""
+    fits), ``val [nnz]`` (fp32); ``bins``: its rows split by length for the kernels
+    (:mod:`.schedule`), found when it is built so that a launch reads nothing on the host."""
     ptr: torch.Tensor
     col: torch.Tensor
     val: torch.Tensor
     rows: int
     cols: int
+    bins: Optional[RowBins] = None
+
+    @property
+    def layout(self) -> RowBins:
+        """``bins``, or for a CSR built by hand, made on first use and kept."""
+        if self.bins is None:
+            object.__setattr__(self, "bins", row_bins(self.ptr))
+        return self.bins
 
     @property
     def nnz(self) -> int:
@@ -62,7 +73,7 @@ def _from_sparse(sp: torch.Tensor) -> WeightedCSR:
     torch.cumsum(counts, 0, out=ptr[1:])
     col_dtype = torch.int32 if cols < 2 ** 31 else torch.int64
     return WeightedCSR(ptr, idx[1].to(col_dtype).contiguous(), sp.values().float().contiguous(),
-                       rows, cols)
+                       rows, cols, row_bins(ptr))
 
 
 def compose(outer: WeightedCSR, inner: WeightedCSR) -> WeightedCSR:
@@ -77,4 +88,4 @@ def compose(outer: WeightedCSR, inner: WeightedCSR) -> WeightedCSR:
 
 
 def scaled(m: WeightedCSR, factor: float) -> WeightedCSR:
-    return WeightedCSR(m.ptr, m.col, m.val * factor, m.rows, m.cols)
+    return WeightedCSR(m.ptr, m.col, m.val * factor, m.rows, m.cols, m.bins)

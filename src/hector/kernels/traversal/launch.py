@@ -1,24 +1,29 @@
-"""Triton launches of the traversal kernel and its ``autograd.Function``.
+"""Triton launches of the traversal and edge-softmax kernels, and their custom operators.
 
-The backward of ``out = M x + sum_i c_i a_i + b`` is the same kernel on ``M^T`` (the CSR by
-source, built once per CSR and kept on it): ``dx = M^T dy``, ``da_i = c_i dy``, ``db = sum dy``.
+A launch walks the row bins its CSR was built with (:mod:`.schedule`): short rows on the
+multi-row kernel, long rows on the row kernel, hub rows in chunks then combined; no host read
+happens at launch.  The backward of ``out = M x + sum_i c_i a_i + b`` is the same op on ``M^T``
+(the CSR by source, built once per CSR and kept on it): ``dx = M^T dy``, ``da_i = c_i dy``,
+``db = sum dy``.
+
+The ops (``hector::traverse``, ``hector::edge_softmax``, ``hector::edge_softmax_backward``)
+are opaque ``torch.library`` custom ops, as the attention and segment-GEMM ones are: the CSR
+and the graph travel as int handles, so torch.compile and CUDA-graph capture see one node per
+launch with a shape-only fake implementation, and a compiled layer runs the same kernels as
+eager.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import weakref
+from typing import List, Optional, Sequence
 
 import torch
 
-from .. import registry
+from .. import autotune, registry
+from ..attention.launch import _graph, graph_handle
 from .csr import WeightedCSR
+from .schedule import CHUNK, RowBins, Tiles, pick_tiles, row_bins, tile_configs
 from .spec import TraversalKernelSpec
-
-#: CSR entries a program loads per step (a tile of rows ``[BLOCK_E, BLOCK_F]``).
-BLOCK_E = 16
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def transposed(m: WeightedCSR) -> WeightedCSR:
@@ -30,56 +35,239 @@ def transposed(m: WeightedCSR) -> WeightedCSR:
     return t
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _run(name: str, params: dict, count: int, width: int, args: tuple, t: Tiles, tune: bool,
+         mean: float, device: torch.device) -> None:
+    """Launch traversal kernel ``name`` over ``count`` rows (``traversal_csr_rows``: BLOCK_R
+    to a program) with tiles ``t``, or with the autotuner's pick around them (on CUDA, once per
+    shape bucket; trials only store, so every run leaves the same values)."""
+    kern = registry.kernel(name, **params)
+    multi = name.endswith("_rows")
+
+    def run(c: Tiles):
+        grid = (_cdiv(count, c.block_r) if multi else count, _cdiv(width, c.block_f))
+        block = dict(BLOCK_R=c.block_r) if multi else dict(BLOCK_E=c.block_e)
+        kern[grid](*args, width, BLOCK_F=c.block_f, num_warps=c.num_warps, **block)
+    if tune:
+        t = autotune.choose(name, registry.spec_hash(name, **params),
+                            autotune.bucket(count, width, max(1, int(mean))),
+                            tile_configs(t, multi), run, device)
+    run(t)
+
+
 def launch(m: WeightedCSR, x: torch.Tensor, addends: Sequence[torch.Tensor],
-           coefs: Sequence[float], bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """One traversal kernel launch: ``[m.rows, F]`` output in ``x``'s dtype."""
-    width = x[0].numel() if x.shape[0] else int(torch.Size(x.shape[1:]).numel())
+           coefs: Sequence[float], bias: Optional[torch.Tensor],
+           tiles: Optional[Tiles] = None) -> torch.Tensor:
+    """One traversal: ``[m.rows, ...]`` output in ``x``'s dtype.  ``tiles`` pins the launch
+    tiles (tests); by default :func:`~.schedule.pick_tiles`, refined by the autotuner."""
+    width = int(torch.Size(x.shape[1:]).numel())
     out = torch.empty((m.rows,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     if m.rows == 0 or width == 0:
         return out
-    spec = TraversalKernelSpec(num_addends=len(addends), has_bias=bias is not None)
-    kern = registry.kernel("traversal_csr", **spec.params())
-    block_f = min(_next_pow2(width), 128)
-    pairs = []
+    bins = m.layout
+    t = tiles or pick_tiles(bins, width)
+    spec = TraversalKernelSpec(num_addends=len(addends), has_bias=bias is not None).params()
+    epilogue = []
     for a, c in zip(addends, coefs):
-        pairs += [a.contiguous(), float(c)]
-    grid = (m.rows, -(-width // block_f))
-    kern[grid](m.ptr, m.col, m.val, x.contiguous(), out, *pairs,
-               bias.contiguous() if bias is not None else out, width,
-               BLOCK_E=BLOCK_E, BLOCK_F=block_f)
+        epilogue += [a.contiguous(), float(c)]
+    epilogue.append(bias.contiguous() if bias is not None else out)
+    x = x.contiguous()
+    go = dict(width=width, t=t, tune=tiles is None, device=x.device)
+    starts, ends = m.ptr[:-1], m.ptr[1:]
+    if bins.num_short:
+        rows = bins.short
+        _run("traversal_csr_rows", dict(spec, row_list=rows is not None, by_position=False),
+             bins.num_short, args=(rows if rows is not None else m.ptr, bins.num_short, starts,
+                                   ends, m.col, m.val, x, out, *epilogue),
+             mean=bins.short_max, **go)
+    if bins.num_long and bins.chunk_start is None:
+        rows = bins.long
+        _run("traversal_csr", dict(spec, row_list=rows is not None), bins.num_long,
+             args=(rows if rows is not None else m.ptr, bins.num_long, starts, ends, m.col,
+                   m.val, x, out, *epilogue), mean=bins.long_mean, **go)
+    elif bins.num_long:
+        _hub_rows(m, bins, spec, x, out, epilogue, go)
     return out
 
 
-class TraversalFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, m, coefs, has_bias, x, *rest):
-        addends = rest[:len(coefs)]
-        bias = rest[len(coefs)] if has_bias else None
-        ctx.m, ctx.coefs, ctx.has_bias = m, coefs, has_bias
-        ctx.bias_shape = None if bias is None else bias.shape
-        return launch(m, x, addends, coefs, bias)
+def _hub_rows(m: WeightedCSR, bins: RowBins, spec: dict, x: torch.Tensor, out: torch.Tensor,
+              epilogue: list, go: dict):
+    """Long rows with some hub: each chunk of ``CHUNK`` entries summed into an fp32 partial
+    row (row kernel, no epilogue), then each long row's partials summed in chunk order with
+    the epilogue (multi-row kernel; the partials are its ``x``, one entry of weight 1 per
+    chunk)."""
+    n = bins.num_chunks
+    partial = torch.empty((n, go["width"]), dtype=torch.float32, device=x.device)
+    plain = TraversalKernelSpec().params()
+    _run("traversal_csr", dict(plain, row_list=False), n,
+         args=(m.ptr, n, bins.chunk_start, bins.chunk_end, m.col, m.val, x, partial, partial),
+         mean=CHUNK, **go)
+    ids, ones = _chunk_entries(bins, x.device)
+    rows = bins.long
+    _run("traversal_csr_rows", dict(spec, row_list=rows is not None, by_position=True),
+         bins.num_long, args=(rows if rows is not None else m.ptr, bins.num_long,
+                              bins.chunk_of[:-1], bins.chunk_of[1:], ids, ones, partial, out,
+                              *epilogue), mean=n / bins.num_long, **go)
 
-    @staticmethod
-    def backward(ctx, dy):
-        dy = dy.contiguous()
-        dx = launch(transposed(ctx.m), dy, (), (), None) if ctx.needs_input_grad[3] else None
-        da = [c * dy if need else None
-              for c, need in zip(ctx.coefs, ctx.needs_input_grad[4:])]
-        db = None
-        if ctx.has_bias and ctx.needs_input_grad[-1]:
-            db = dy.reshape(dy.shape[0], -1).float().sum(0).to(dy.dtype).reshape(ctx.bias_shape)
-        return (None, None, None, dx, *da, *([db] if ctx.has_bias else []))
+
+def _chunk_entries(bins: RowBins, device) -> tuple:
+    """(chunk ids, weights 1) of the combine pass, made once per CSR and kept on its bins."""
+    memo = bins.__dict__.get("_combine")
+    if memo is None:
+        n = bins.num_chunks
+        memo = (torch.arange(n, dtype=torch.int32, device=device),
+                torch.ones(n, dtype=torch.float32, device=device))
+        object.__setattr__(bins, "_combine", memo)
+    return memo
 
 
-def launch_edge_softmax(ptr: torch.Tensor, eid: torch.Tensor, s: torch.Tensor,
-                        slope: Optional[float]) -> torch.Tensor:
-    """``softmax`` of ``s [E, H, 1]`` (after ``leaky_relu(slope)`` when given) over each CSR
-    row's edges, written in ``s``'s edge order and dtype."""
+# -- edge softmax --------------------------------------------------------------------------
+
+def softmax_bins(graph) -> RowBins:
+    """The row bins of ``graph.csr_in`` (short rows several to a program; no chunks: a hub
+    row's two walks stay in one program), made once per graph."""
+    return graph.derived(("edge_softmax_bins",), lambda: row_bins(graph.csr_in.ptr, chunk=None))
+
+
+def launch_edge_softmax(graph, s: torch.Tensor, slope: Optional[float],
+                        alpha: Optional[torch.Tensor] = None,
+                        grad: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Softmax of ``s [E, H, ...]`` over each destination's incoming edges (after
+    ``leaky_relu(slope)`` when given), in ``s``'s edge order and dtype; with ``alpha`` (that
+    softmax) and ``grad`` (its gradient), the gradient with respect to ``s`` instead."""
+    bwd = alpha is not None
     out = torch.empty_like(s)
-    rows, heads = ptr.shape[0] - 1, int(s[0].numel()) if s.shape[0] else 0
-    if rows == 0 or s.shape[0] == 0:
+    heads = int(torch.Size(s.shape[1:]).numel())
+    if graph.num_nodes == 0 or s.shape[0] == 0 or heads == 0:
         return out.zero_()
-    kern = registry.kernel("edge_softmax", has_leaky=slope is not None)
-    kern[(rows,)](ptr, eid, s.contiguous(), out, heads, float(slope or 0.0),
-                  BLOCK_E=BLOCK_E, BLOCK_H=_next_pow2(heads))
+    bins, ptr, eid = softmax_bins(graph), graph.csr_in.ptr, graph.csr_in.eid
+    name = "edge_softmax_bwd" if bwd else "edge_softmax"
+    tensors = [s.contiguous()] + ([alpha.contiguous(), grad.contiguous()] if bwd else [])
+    block_h = min(128, max(1, 1 << (heads - 1).bit_length()))
+    block_r = max(1, min(256, 1024 // block_h))
+    block_e = max(16, min(64, 1024 // block_h))
+    slope_arg = float(slope or 0.0)
+    for count, rows, multi in ((bins.num_short, bins.short, True),
+                               (bins.num_long, bins.long, False)):
+        if not count:
+            continue
+        kern = registry.kernel(name + ("_rows" if multi else ""), has_leaky=slope is not None,
+                               row_list=rows is not None)
+        grid = (_cdiv(count, block_r) if multi else count,)
+        block = dict(BLOCK_R=block_r) if multi else dict(BLOCK_E=block_e)
+        kern[grid](rows if rows is not None else ptr, count, ptr, eid, *tensors, out, heads,
+                   slope_arg, BLOCK_H=block_h, **block)
     return out
+
+
+# -- the custom operators (torch.library) --------------------------------------------------
+# A WeightedCSR travels as an int handle, like a Graph does for the attention ops: a frozen
+# dataclass of tensors is no schema type, and its row bins are host data the op must not see
+# traced.  The handle is memoised on the CSR with a token (a copied CSR gets its own handle).
+
+_CSRS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_CSR_TOKENS: dict = {}
+
+
+def csr_handle(m: WeightedCSR) -> int:
+    """A process-unique int naming ``m`` for the custom ops (memoised on ``m``)."""
+    mark = getattr(m, "_op_handle", None)   # (getattr: what dynamo traces on every torch)
+    if mark is None or _CSR_TOKENS.get(mark[0]) is not mark[1]:
+        handle = len(_CSR_TOKENS) + 1
+        mark = (handle, object())
+        object.__setattr__(m, "_op_handle", mark)
+        _CSR_TOKENS[handle] = mark[1]
+        _CSRS[handle] = m
+    return mark[0]
+
+
+def _csr(handle: int) -> WeightedCSR:
+    m = _CSRS.get(handle)
+    if m is None:
+        raise RuntimeError(f"hector::traverse: CSR handle {handle} is unknown or its "
+                           "WeightedCSR was freed")
+    return m
+
+
+@torch.library.custom_op("hector::traverse", mutates_args=())
+def traverse_op(csr: int, x: torch.Tensor, addends: List[torch.Tensor], coefs: List[float],
+                bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``M x + sum_i coefs[i] addends[i] + bias`` for the CSR ``M`` named by ``csr``."""
+    return launch(_csr(csr), x, addends, coefs, bias)
+
+
+@traverse_op.register_fake
+def _(csr, x, addends, coefs, bias):
+    return x.new_empty((_csr(csr).rows,) + tuple(x.shape[1:]))
+
+
+def _traverse_setup(ctx, inputs, output):
+    csr, _, _, coefs, bias = inputs
+    ctx.csr, ctx.coefs = csr, list(coefs)
+    ctx.bias_shape = None if bias is None else bias.shape
+
+
+def _traverse_backward(ctx, dy):
+    # needs_input_grad mirrors the inputs: a list of bools for the addends.
+    need_x, need_a, need_b = (ctx.needs_input_grad[i] for i in (1, 2, 4))
+    dx = traverse_op(csr_handle(transposed(_csr(ctx.csr))), dy, [], [], None) \
+        if need_x else None
+    da = [c * dy if need else None for c, need in zip(ctx.coefs, need_a)]
+    db = None
+    if ctx.bias_shape is not None and need_b:
+        db = dy.reshape(dy.shape[0], -1).float().sum(0).to(dy.dtype).reshape(ctx.bias_shape)
+    # (a float list is one leaf to torch.library's structure check, an empty list is a list)
+    return None, dx, da, None if ctx.coefs else [], db
+
+
+traverse_op.register_autograd(_traverse_backward, setup_context=_traverse_setup)
+
+
+@torch.library.custom_op("hector::edge_softmax", mutates_args=())
+def edge_softmax_op(graph: int, s: torch.Tensor, slope: Optional[float]) -> torch.Tensor:
+    """Edge softmax of ``s [E, ...]`` over the incoming edges of each node of ``graph``."""
+    return launch_edge_softmax(_graph(graph), s, slope)
+
+
+@edge_softmax_op.register_fake
+def _(graph, s, slope):
+    return torch.empty_like(s)
+
+
+@torch.library.custom_op("hector::edge_softmax_backward", mutates_args=())
+def edge_softmax_backward_op(graph: int, s: torch.Tensor, alpha: torch.Tensor,
+                             grad: torch.Tensor, slope: Optional[float]) -> torch.Tensor:
+    """``ds`` of :func:`edge_softmax_op` from its output ``alpha`` and gradient ``grad``."""
+    return launch_edge_softmax(_graph(graph), s, slope, alpha, grad)
+
+
+@edge_softmax_backward_op.register_fake
+def _(graph, s, alpha, grad, slope):
+    return torch.empty_like(s)
+
+
+def _softmax_setup(ctx, inputs, output):
+    ctx.graph, ctx.slope = inputs[0], inputs[2]
+    ctx.save_for_backward(inputs[1], output)
+
+
+def _softmax_backward(ctx, grad):
+    s, alpha = ctx.saved_tensors
+    return None, edge_softmax_backward_op(ctx.graph, s, alpha, grad, ctx.slope), None
+
+
+edge_softmax_op.register_autograd(_softmax_backward, setup_context=_softmax_setup)
+
+
+def traverse_triton(m: WeightedCSR, x: torch.Tensor, addends: Sequence[torch.Tensor],
+                    coefs: Sequence[float], bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The Triton path of :func:`~.op.traverse` (inputs validated): the custom op."""
+    return traverse_op(csr_handle(m), x, list(addends), [float(c) for c in coefs], bias)
+
+
+def edge_softmax_triton(graph, s: torch.Tensor, slope: Optional[float]) -> torch.Tensor:
+    """The Triton path of :func:`~.op.edge_softmax` (inputs validated): the custom op."""
+    return edge_softmax_op(graph_handle(graph), s, None if slope is None else float(slope))

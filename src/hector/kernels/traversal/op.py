@@ -8,7 +8,7 @@ import torch
 from ...checks import check_tensor
 from ...device import choose_backend
 from .csr import WeightedCSR
-from .launch import TraversalFunction, launch_edge_softmax
+from .launch import edge_softmax_triton, traverse_triton
 from .reference import edge_softmax_torch, traverse_torch
 from .spec import MAX_ADDENDS
 
@@ -54,17 +54,21 @@ def traverse(m: WeightedCSR, x: torch.Tensor, addends: Sequence[torch.Tensor] = 
         raise ValueError(f"m is on {m.ptr.device} but x on {x.device}")
     if choose_backend(backend, x, "x") == "torch":
         return traverse_torch(m, x, addends, coefs, bias)
-    rest = list(addends) + ([bias] if bias is not None else [])
-    return TraversalFunction.apply(m, coefs, bias is not None, x, *rest)
+    return traverse_triton(m, x, addends, coefs, bias)
 
 
 def edge_softmax(graph, s: torch.Tensor, negative_slope: Optional[float] = None,
                  backend: str = "auto") -> torch.Tensor:
     """Softmax of the edge scores ``s [E, H, 1]`` (canonical edge order) over each
-    destination's incoming edges, after ``leaky_relu(negative_slope)`` when given; one
-    node-parallel kernel over ``graph.csr_in`` on the Triton backend (forward only: the
-    compiler's IR autodiff differentiates it)."""
+    destination's incoming edges, after ``leaky_relu(negative_slope)`` when given; on the
+    Triton backend node-parallel kernels over ``graph.csr_in`` (the ``hector::edge_softmax``
+    custom op, differentiable in ``s``)."""
+    from ...graph import Graph   # (lazy: the graph package imports the kernels)
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
     s = check_tensor(s, "s")
+    if s.device != graph.device:
+        raise ValueError(f"s is on {s.device} but the graph on {graph.device}")
     if s.dim() < 2 or s.shape[0] != graph.num_edges:
         raise ValueError(f"s must be [num_edges={graph.num_edges}, ...], got {tuple(s.shape)}")
     if not s.is_floating_point():
@@ -73,4 +77,4 @@ def edge_softmax(graph, s: torch.Tensor, negative_slope: Optional[float] = None,
         raise TypeError(f"negative_slope must be a number or None, got {negative_slope!r}")
     if choose_backend(backend, s, "s") == "torch":
         return edge_softmax_torch(graph.dst.long(), graph.num_nodes, s, negative_slope)
-    return launch_edge_softmax(graph.csr_in.ptr, graph.csr_in.eid, s, negative_slope)
+    return edge_softmax_triton(graph, s, negative_slope)
