@@ -31,14 +31,16 @@ from ..graph import Graph
 from ..kernels.attention.launch import AttentionPlan, make_plan
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
+from ..kernels.edgewise.op import edgewise
 from ..kernels.segment_mm.launch import segment_mm_wgrad_op
 from ..kernels.segment_mm.op import segment_mm
 from ..kernels.segment_mm.spec import GemmSpec, default_schedule
 from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, scaled
 from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
-from .ir import CDST, CSRC, EDGE, NODE, Op, Value, attention_roles, toposort
+from .ir import CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_roles, toposort
 from .plan import AttentionRows, RowSegments
-from .steps_torch import GraphIndex, _operand, attention_score, edge_side, edge_softmax
+from .steps_torch import (GraphIndex, _operand, attention_score, edge_side, edge_softmax,
+                          eval_body)
 
 
 def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:
@@ -165,6 +167,8 @@ def run_traversal(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Ten
     """A movement-and-addition traversal on the ``traversal_csr`` kernel: rows read in place
     through each source's composed CSR; the addends and the bias are fused into the first
     launch, and each further source adds onto the previous launch's output."""
+    if step.spec.edgewise is not None:
+        return run_edgewise(step, inputs, ix)
     if step.spec.softmax is not None:
         index, slope = step.spec.softmax
         s = inputs[index]
@@ -187,6 +191,48 @@ def run_traversal(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Ten
         else:
             out = traverse(m, rows(inputs[index]), [out], [1.0], backend="triton")
     return out
+
+
+def edgewise_array(ix: GraphIndex, key: tuple) -> torch.Tensor:
+    """An index array an ``edgewise`` program reads (see
+    :class:`~hector.compiler.plan.EdgewiseLowering`), built once per graph: the CSR grouping
+    ``many`` rows by their ``one`` row is a stable sort of the movement index."""
+    if key[0] == "move":
+        return ix.move(*key[1:])
+    if key[0] == "relation":
+        return ix.relation(key[1])
+    if key[0] == "node_type":
+        return ix.node_type()
+    memo = ("edgewise_csr",) + key[1:]
+    if memo not in ix.memo:
+        one, many, end = key[1:]
+        idx = ix.move(one, many, end)
+        ptr = torch.zeros(ix.rows[one] + 1, dtype=torch.long, device=idx.device)
+        ptr[1:] = torch.bincount(idx, minlength=ix.rows[one]).cumsum(0)
+        ix.memo[memo] = (ptr, torch.argsort(idx, stable=True))
+    return ix.memo[memo][0 if key[0] == "csr_ptr" else 1]
+
+
+def _edgewise_input(ix: GraphIndex, inputs: List[torch.Tensor], x) -> torch.Tensor:
+    if isinstance(x, int):
+        return inputs[x]
+    return ix.counts(*x[1:])      # ("counts", one, many, end): a mean's divisor per row
+
+
+def run_edgewise(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
+    """A traversal step on the generated ``edgewise`` kernel: its statements fused, every
+    operand read through its access scheme inside the kernel.  The kernel has no autograd:
+    when torch autograd records (``autodiff='torch'``), the step runs as torch ops."""
+    ew = step.spec.edgewise
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return eval_body(step.body, inputs, ix)
+    ins = [_edgewise_input(ix, inputs, x) for x in ew.inputs]
+    rows = [t for x, t in zip(ew.inputs, ins) if isinstance(x, int)]
+    dtype = next((t.dtype for x, t in zip(ew.inputs, ins)
+                  if isinstance(x, int) and step.inputs[x].kind != WEIGHT), rows[0].dtype)
+    out = edgewise(ew.program, ins, [edgewise_array(ix, k) for k in ew.arrays],
+                   ix.rows[ew.rows], dtype, backend="triton")
+    return out.reshape((out.shape[0],) + tuple(step.output.shape))
 
 
 def _bias_row(step, t: torch.Tensor, index: int, ix: GraphIndex) -> torch.Tensor:

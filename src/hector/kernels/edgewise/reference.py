@@ -65,9 +65,9 @@ def _eval(n: Node, inputs, arrays, ctx: Dict[str, torch.Tensor], memo) -> torch.
         out = t[:1] if sel.op == "zero" else t.index_select(0, _rows(sel, arrays, ctx))
     elif op in _UNARY:
         out = _UNARY[op](ev(n.args[0]), a)
-    elif op in ("add", "sub", "mul"):
+    elif op in ("add", "sub", "mul", "div"):
         x, y = ev(n.args[0]), ev(n.args[1])
-        out = x + y if op == "add" else x - y if op == "sub" else x * y
+        out = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}[op](x, y)
     elif op == "dot":
         out = (ev(n.args[0]) * ev(n.args[1])).sum(-1, keepdim=True)
     elif op == "reduce_to":

@@ -15,7 +15,7 @@ A program is a tree of :class:`Node` s.  *Row* nodes say which rows a load reads
 * ``weight(slice, input=i)``: ``inputs[i][slice]`` of a ``[slices, h, d]`` weight; ``slice``
   is a row node of slice ids, or ``zero`` for an unsliced weight;
 * unary ops (``neg exp sigmoid tanh gelu relu leaky_relu scale leaky_relu_grad
-  gelu_grad``), binary ``add sub mul`` (broadcasting ``h``/``d`` of 1), ``dot`` (sum over the
+  gelu_grad``), binary ``add sub mul div`` (broadcasting ``h``/``d`` of 1), ``dot`` (sum over the
   feature axis), ``reduce_to`` (sum over the axes the target shape has as 1), ``expand``;
 * ``scatter(x, ptr=j, perm=k, mean=b)``: for the owned row ``r``, the sum (mean) of ``x``
   over the entries ``perm[ptr[r]:ptr[r+1]]`` (node-parallel over a CSR: no atomics);
@@ -37,7 +37,7 @@ from typing import Dict, List, Tuple
 FORMS = ("map", "reduce", "softmax")
 UNARY = ("neg", "exp", "sigmoid", "tanh", "gelu", "relu", "leaky_relu", "scale",
          "leaky_relu_grad", "gelu_grad")
-BINARY = ("add", "sub", "mul")
+BINARY = ("add", "sub", "mul", "div")
 ROWS = ("own", "entry", "index", "zero")
 
 
@@ -118,7 +118,7 @@ _UNARY_CODE = {
     "scale": "{x} * {factor}", "leaky_relu_grad": "tl.where({x} > 0, 1.0, {slope}) + 0.0 * {x}",
     "gelu_grad": "_gelu_grad({x})",
 }
-_BINARY_CODE = {"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}"}
+_BINARY_CODE = {"add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "div": "{a} / {b}"}
 
 
 class _Codegen:
