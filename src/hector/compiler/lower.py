@@ -24,6 +24,11 @@ from .plan import (AttentionRows, EdgewiseLowering, LinearTraversal, Plan, RowSe
 def template_of(v: Value) -> str:
     if v.op == Op.WGRAD:   # segment-grouped outer products: the GEMM template's weight gradient
         return "gemm"
+    if v.op == Op.WSUM and v.per == "relation":
+        # Relation rows summed into per-relation slices (torch: an index_add over edges): the
+        # edgewise kernel's node-parallel form over the rows grouped by relation.  (Only
+        # these: one program per slice, so a sum over all rows would run on one program.)
+        return "traversal"
     if v.kind == WEIGHT:
         return "weight"
     if v.op == Op.LINEAR:
@@ -358,6 +363,18 @@ def edgewise_lowering(body: Value) -> Tuple[object, str]:
                         ptr=b.slot(b.arrays, ("csr_ptr", NODE, EDGE, "dst")),
                         perm=b.slot(b.arrays, ("csr_perm", NODE, EDGE, "dst")))
             form = "softmax"
+        elif body.op == Op.WSUM:
+            rows = body.args[0]
+            if body.per == "node_type" and rows.kind != NODE or len(body.shape) > 2:
+                raise _Decline(f"a weight-gradient sum per {body.per} of {rows.kind} rows")
+            key = ("slices", rows.kind, body.per or "")
+            x = b.build(rows, node("entry"), rows.kind, None, True)
+            total = node("scatter", x, shape=rows.shape, mean=False,
+                         ptr=b.slot(b.arrays, ("csr_ptr",) + key),
+                         perm=b.slot(b.arrays, ("csr_perm",) + key))
+            wshape = tuple(body.shape) if len(body.shape) == 2 else (1, body.shape[0])
+            root = node("reduce_to", total, shape=wshape) if wshape != rows.shape else total
+            form = "reduce"
         else:
             root = b.build(body, node("own"), body.kind)
             form = "reduce" if any(x.op == Op.SCATTER for x in toposort([body])) else "map"
@@ -366,4 +383,5 @@ def edgewise_lowering(body: Value) -> Tuple[object, str]:
         program = EdgewiseSpec(form, root, len(b.inputs), len(b.arrays))
     except (_Decline, ValueError) as why:
         return None, str(why)
-    return EdgewiseLowering(program, tuple(b.inputs), tuple(b.arrays), body.kind), ""
+    rows = body.kind if body.op != Op.WSUM else ("slices", body.args[0].kind, body.per or "")
+    return EdgewiseLowering(program, tuple(b.inputs), tuple(b.arrays), rows), ""

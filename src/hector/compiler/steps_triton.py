@@ -205,12 +205,28 @@ def edgewise_array(ix: GraphIndex, key: tuple) -> torch.Tensor:
         return ix.node_type()
     memo = ("edgewise_csr",) + key[1:]
     if memo not in ix.memo:
-        one, many, end = key[1:]
-        idx = ix.move(one, many, end)
-        ptr = torch.zeros(ix.rows[one] + 1, dtype=torch.long, device=idx.device)
-        ptr[1:] = torch.bincount(idx, minlength=ix.rows[one]).cumsum(0)
+        if key[1] == "slices":   # rows of a kind grouped by the weight slice they sum into
+            idx, n = _slice_ids(ix, key[2], key[3])
+        else:
+            one, many, end = key[1:]
+            idx, n = ix.move(one, many, end), ix.rows[one]
+        ptr = torch.zeros(n + 1, dtype=torch.long, device=idx.device)
+        ptr[1:] = torch.bincount(idx, minlength=n).cumsum(0)
         ix.memo[memo] = (ptr, torch.argsort(idx, stable=True))
     return ix.memo[memo][0 if key[0] == "csr_ptr" else 1]
+
+
+def _slice_ids(ix: GraphIndex, kind: str, per: str):
+    """(each ``kind`` row's weight slice, number of slices) for a sum per ``per``."""
+    if per == "relation":
+        return ix.relation(kind), len(ix.ptr[kind if kind != NODE else EDGE]) - 1
+    if per == "node_type":
+        return ix.node_type(), len(ix.ptr[NODE]) - 1
+    return torch.zeros(ix.rows[kind], dtype=torch.long, device=ix.graph.device), 1
+
+
+def _edgewise_rows(ix: GraphIndex, rows) -> int:
+    return ix.rows[rows] if isinstance(rows, str) else _slice_ids(ix, rows[1], rows[2])[1]
 
 
 def _edgewise_input(ix: GraphIndex, inputs: List[torch.Tensor], x) -> torch.Tensor:
@@ -231,8 +247,9 @@ def run_edgewise(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tens
     dtype = next((t.dtype for x, t in zip(ew.inputs, ins)
                   if isinstance(x, int) and step.inputs[x].kind != WEIGHT), rows[0].dtype)
     out = edgewise(ew.program, ins, [edgewise_array(ix, k) for k in ew.arrays],
-                   ix.rows[ew.rows], dtype, backend="triton")
-    return out.reshape((out.shape[0],) + tuple(step.output.shape))
+                   _edgewise_rows(ix, ew.rows), dtype, backend="triton")
+    out = out.reshape((out.shape[0],) + tuple(step.output.shape))
+    return out[0] if ew.rows[0] == "slices" and ew.rows[2] == "" else out
 
 
 def _bias_row(step, t: torch.Tensor, index: int, ix: GraphIndex) -> torch.Tensor:
