@@ -129,10 +129,6 @@ def test_rgcn_has_no_edge_sized_torch_gather_or_scatter():
     assert _count_edge_moves("rgcn") == []
 
 
-@pytest.mark.xfail(reason="RGAT/HGT: edge-wise statements that are not movements (mul, dot, "
-                          "gelu, leaky_relu_grad, reduce_to, per-relation operands), HGT's "
-                          "softmax of a dot score and RGAT's per-edge group weights still run "
-                          "torch per-edge ops (issue 12, not finished)", strict=True)
 @pytest.mark.parametrize("name", ["rgat", "hgt"])
 def test_attention_layers_have_no_edge_sized_torch_gather_or_scatter(name):
     assert _count_edge_moves(name) == []

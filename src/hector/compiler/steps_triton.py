@@ -22,10 +22,9 @@ schedules :func:`attention_launch` memoises per graph.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from ..graph import Graph
 from ..kernels.attention.launch import AttentionPlan, make_plan
@@ -37,10 +36,11 @@ from ..kernels.segment_mm.op import segment_mm
 from ..kernels.segment_mm.spec import GemmSpec, default_schedule
 from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, scaled
 from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
+from . import ir
 from .ir import CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_roles, toposort
+from .lower import edgewise_lowering
 from .plan import AttentionRows, RowSegments
-from .steps_torch import (GraphIndex, _operand, attention_score, edge_side, edge_softmax,
-                          eval_body)
+from .steps_torch import GraphIndex, _operand, attention_score, eval_body
 
 
 def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:
@@ -235,6 +235,15 @@ def _edgewise_input(ix: GraphIndex, inputs: List[torch.Tensor], x) -> torch.Tens
     return ix.counts(*x[1:])      # ("counts", one, many, end): a mean's divisor per row
 
 
+def _promoted(tensors: List[torch.Tensor]) -> torch.dtype:
+    """The dtype torch ops would give the statements' result (bf16 rows times an fp32
+    operand is fp32), so both backends store the same precision."""
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
 def run_edgewise(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
     """A traversal step on the generated ``edgewise`` kernel: its statements fused, every
     operand read through its access scheme inside the kernel.  The kernel has no autograd:
@@ -243,9 +252,7 @@ def run_edgewise(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tens
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
         return eval_body(step.body, inputs, ix)
     ins = [_edgewise_input(ix, inputs, x) for x in ew.inputs]
-    rows = [t for x, t in zip(ew.inputs, ins) if isinstance(x, int)]
-    dtype = next((t.dtype for x, t in zip(ew.inputs, ins)
-                  if isinstance(x, int) and step.inputs[x].kind != WEIGHT), rows[0].dtype)
+    dtype = _promoted(ins)
     out = edgewise(ew.program, ins, [edgewise_array(ix, k) for k in ew.arrays],
                    _edgewise_rows(ix, ew.rows), dtype, backend="triton")
     out = out.reshape((out.shape[0],) + tuple(step.output.shape))
@@ -347,21 +354,7 @@ def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
     if g.num_edges == 0:
         return v.new_zeros((g.num_nodes,) + tuple(v.shape[1:]))
     scale, slope = body.attr("scale"), body.attr("slope")
-    grp = ix.move(CDST, EDGE, "dst")
-    score = a_dst.index_select(0, grp)
-    if a_src is not None:
-        score = score + (a_src if src_kind == EDGE else
-                         a_src.index_select(0, ix.move(src_kind, EDGE, "src")))
-    if backend == "triton" and not (torch.is_grad_enabled() and score.requires_grad) \
-            and not torch.compiler.is_compiling():
-        # (the kernel has no autograd: the IR-autodiff forward runs without recording; it is
-        # no custom op yet, so torch.compile traces the torch ops instead)
-        alpha = edge_softmax_kernel(g, score.unsqueeze(-1), slope, backend=backend)
-    else:
-        if slope is not None:
-            score = F.leaky_relu(score, slope)
-        alpha = edge_softmax(score.unsqueeze(-1), ix.move(NODE, EDGE, "dst"), g.num_nodes)
-    w = alpha.new_zeros((ix.rows[CDST],) + alpha.shape[1:]).index_add(0, grp, alpha)
+    w = _group_weights(roles, src_kind, slope, ix)
     spec, plan = attention_launch(step, ix)
     dg = attention_graph(step.spec[1], ix)
     rows = dg.num_nodes
@@ -372,15 +365,63 @@ def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
     return o.new_zeros((g.num_nodes,) + tuple(o.shape[1:])).index_add(0, node, o * w)
 
 
-def _at_source(role_value, src_kind, ix):
-    """An attention operand on the source side the step runs on: as it is, per edge, or
-    gathered from node rows onto compact (src, relation) rows."""
+def _at_source(role_value, src_kind, ix, p=None):
+    """An attention operand on the source side the step runs on: as it is, per edge (read
+    through the source's access scheme by the edgewise kernel, times ``p_r`` when ``p`` is
+    given), or gathered from node rows onto compact (src, relation) rows."""
     val, t = role_value
-    if val.kind == src_kind:
-        return t
     if src_kind == EDGE:
-        return edge_side(t, val, "src", ix)
-    return t.index_select(0, ix.move(NODE, CSRC, "src"))
+        x = ir.arg(0, val)
+        body = x if val.kind == EDGE else ir.gather(x, EDGE, "src")
+        if p is not None:
+            body = ir.binary(Op.MUL, body, ir.arg(1, p[0]))
+        if body is x:
+            return t
+        return run_edgewise_body(body, [t] + ([p[1]] if p is not None else []), ix)
+    k = t if val.kind == src_kind else t.index_select(0, ix.move(NODE, CSRC, "src"))
+    return k if p is None else k * _operand(p[1], p[0], src_kind, ix)
+
+
+def _group_weights(roles, src_kind: str, slope, ix: GraphIndex) -> torch.Tensor:
+    """``w_g = sum_{e in g} alpha_e`` per (dst, relation) row ``g``, ``alpha`` the softmax of
+    ``leaky_relu(a_dst[g(e)] + a_src[src(e)])`` over each destination's edges: two edgewise
+    programs (the softmax, node-parallel over the CSR by destination; the sum over each
+    group's edges), every term read through its access scheme."""
+    (dval, dt) = roles["a_dst"]
+    score = ir.gather(ir.arg(0, dval), EDGE, "dst")
+    tensors = [dt]
+    if "a_src" in roles:
+        sval, st = roles["a_src"]
+        x = ir.arg(1, sval)
+        score = ir.binary(Op.ADD, score, x if sval.kind == EDGE else ir.gather(x, EDGE, "src"))
+        tensors.append(st)
+    if slope is not None:
+        score = ir.unary(Op.LEAKY_RELU, score, slope=slope)
+    alpha = run_edgewise_body(ir.edge_softmax(score), tensors, ix)
+    a = ir.arg(0, ir.edge_softmax(score))
+    return run_edgewise_body(ir.scatter(a, CDST, "dst"), [alpha], ix)
+
+
+_BODIES: Dict[Value, object] = {}
+
+
+def run_edgewise_body(body: Value, tensors: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
+    """An IR expression the runtime builds itself (``arg`` i bound to ``tensors[i]``) on the
+    edgewise kernel, lowered once per expression; with torch ops where the kernel cannot run
+    (torch autograd recording, or torch.compile tracing: the kernel is no custom op yet)."""
+    if body not in _BODIES:
+        lowered, why = edgewise_lowering(body)
+        if lowered is None:
+            raise ValueError(f"edgewise: cannot lower {body!r}: {why}")
+        _BODIES[body] = lowered
+    recording = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if recording or torch.compiler.is_compiling():
+        return eval_body(body, tensors, ix)
+    ew = _BODIES[body]
+    out = edgewise(ew.program, [_edgewise_input(ix, tensors, x) for x in ew.inputs],
+                   [edgewise_array(ix, k) for k in ew.arrays], _edgewise_rows(ix, ew.rows),
+                   _promoted(tensors), backend="triton")
+    return out.reshape((out.shape[0],) + tuple(body.shape))
 
 
 def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
@@ -404,9 +445,8 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
         q = k = a_dst = None
     else:
         q = roles["q"][1] if "q" in roles else None
-        k = at_source("k") if "k" in roles else None
-        if k is not None and p is not None:   # p_r scales q.k: fold it into the keys
-            k = k * _operand(p[1], p[0], src_kind, ix)
+        # p_r scales q.k: fold it into the keys
+        k = _at_source(roles["k"], src_kind, ix, p) if "k" in roles else None
         a_src = at_source("a_src")[..., 0] if "a_src" in roles else None
         a_dst = roles["a_dst"][1][..., 0] if "a_dst" in roles else None
     spec, plan = attention_launch(step, ix)

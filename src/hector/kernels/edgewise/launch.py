@@ -17,13 +17,14 @@ BLOCK_ENTRIES = 16
 
 
 @lru_cache(maxsize=None)
-def _params(spec: EdgewiseSpec) -> tuple:
+def edgewise_params(spec: EdgewiseSpec) -> tuple:
+    """The registry parameters of ``spec``'s kernel (code generation runs once per spec)."""
     return tuple(sorted(spec.params().items()))
 
 
 def kernel_source(spec: EdgewiseSpec) -> str:
     """The rendered kernel module of ``spec`` (what ``explain`` shows)."""
-    return registry.source("edgewise", **dict(_params(spec)))
+    return registry.source("edgewise", **dict(edgewise_params(spec)))
 
 
 def launch(spec: EdgewiseSpec, inputs: Sequence[torch.Tensor], arrays: Sequence[torch.Tensor],
@@ -45,7 +46,7 @@ def launch(spec: EdgewiseSpec, inputs: Sequence[torch.Tensor], arrays: Sequence[
         grid = (arrays[spec.root.attr("ptr")].shape[0] - 1,)
         if grid[0] == 0:
             return out.zero_()
-    kern = registry.kernel("edgewise", **dict(_params(spec)))
+    kern = registry.kernel("edgewise", **dict(edgewise_params(spec)))
     kern[grid](*[t.contiguous() for t in inputs], *arrays, out, out_rows,
                BLOCK_E=block, BH=bh, BD=bd)
     return out

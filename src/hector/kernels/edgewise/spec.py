@@ -254,7 +254,7 @@ class _Codegen:
         lane = (f"mask_hd & (offs_h[:, None] < {h})" if h == 1 else "mask_hd")
         lane = f"({lane}) & (offs_d[None, :] < {d})" if d == 1 else lane
         self.emit(f"tl.store(out + {row}[:, None, None] * {h * d} + ({self.lanes(shape)})"
-                  f"[None, :, :], {var}.to(out.dtype.element_ty), mask={mask}[:, None, None] "
+                  f"[None, :, :], _to_out({var}, out), mask={mask}[:, None, None] "
                   f"& ({lane})[None, :, :])")
 
     def body(self) -> str:
