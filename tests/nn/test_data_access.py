@@ -179,3 +179,30 @@ def test_real_graph_triton_matches_torch_backend(name):
     assert rel_err(out, ref_out) < 1e-4
     for a, b in zip(got, ref):
         assert rel_err(a, b) < 1e-3
+
+
+def test_edge_score_program_matches_torch_score():
+    """The per-edge score an attention step folds onto edges (q.k scaled, times p_r, plus
+    source and (dst, relation) terms) runs as one edgewise program: equal to the torch
+    backend's ``attention_score``, which gathers every term per edge."""
+    from hector.compiler import ir
+    from hector.compiler.steps_torch import GraphIndex, attention_score
+    from hector.compiler.steps_triton import _edge_score
+    g = _graph()
+    ix = GraphIndex.of(g)
+    x = ir.input_("x", 4, heads=2)
+    a_src = ir.gather(ir.input_("s", 1, heads=2), ir.CSRC, "src")
+    a_dst = ir.gather(ir.input_("a", 1, heads=2), ir.CDST, "dst")
+    p = ir.param("p", (2, 1), per="relation")
+    roles = {"v": x, "q": x, "k": x, "a_src": a_src, "a_dst": a_dst, "p": p}
+    body = ir.attention(roles, x.shape, 0.5, None)
+    gen = torch.Generator().manual_seed(6)
+    tensors = {x: torch.randn(NODES, 2, 4, generator=gen),
+               a_src: torch.randn(ix.rows[ir.CSRC], 2, 1, generator=gen),
+               a_dst: torch.randn(ix.rows[ir.CDST], 2, 1, generator=gen),
+               p: torch.randn(3, 2, 1, generator=gen)}
+    inputs = [tensors[a] for a in body.args]
+    want = attention_score(body, inputs, ix)
+    got = _edge_score(body, ir.attention_roles(body, tuple(zip(body.args, inputs))), ix)
+    assert got.shape == want.shape == (EDGES, 2, 1)
+    assert rel_err(got, want) < 1e-5

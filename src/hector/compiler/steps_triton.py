@@ -40,7 +40,7 @@ from . import ir
 from .ir import CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_roles, toposort
 from .lower import edgewise_lowering
 from .plan import AttentionRows, RowSegments
-from .steps_torch import GraphIndex, _operand, attention_score, eval_body
+from .steps_torch import GraphIndex, _operand, eval_body
 
 
 def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:
@@ -382,6 +382,30 @@ def _at_source(role_value, src_kind, ix, p=None):
     return k if p is None else k * _operand(p[1], p[0], src_kind, ix)
 
 
+def _edge_score(body: Value, roles, ix: GraphIndex) -> torch.Tensor:
+    """The pre-activation score ``scale <q_v, k_u> p_r + a_src + a_dst`` per edge ``[E, H,
+    1]`` as one edgewise program (each term read through its access scheme; the torch
+    backend's ``attention_score`` gathers every term per edge first)."""
+    tensors: List[torch.Tensor] = []
+
+    def term(role: str, end: str) -> Value:
+        val, t = roles[role]
+        tensors.append(t)
+        x = ir.arg(len(tensors) - 1, val)
+        return x if val.kind in (EDGE, WEIGHT) else ir.gather(x, EDGE, end)
+
+    terms = []
+    if "q" in roles:
+        qk = ir.unary(Op.SCALE, ir.dot(term("q", "dst"), term("k", "src")),
+                      factor=body.attr("scale"))
+        terms.append(ir.binary(Op.MUL, qk, term("p", "src")) if "p" in roles else qk)
+    terms += [term(r, end) for r, end in (("a_src", "src"), ("a_dst", "dst")) if r in roles]
+    score = terms[0]
+    for t in terms[1:]:
+        score = ir.binary(Op.ADD, score, t)
+    return run_edgewise_body(score, tensors, ix)
+
+
 def _group_weights(roles, src_kind: str, slope, ix: GraphIndex) -> torch.Tensor:
     """``w_g = sum_{e in g} alpha_e`` per (dst, relation) row ``g``, ``alpha`` the softmax of
     ``leaky_relu(a_dst[g(e)] + a_src[src(e)])`` over each destination's edges: two edgewise
@@ -441,7 +465,7 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
     v = at_source("v")
     if rows.score_on_edges:
         # The whole score is per edge; fold it into one source-side term.
-        a_src = attention_score(body, inputs, ix)[..., 0]
+        a_src = _edge_score(body, roles, ix)[..., 0]
         q = k = a_dst = None
     else:
         q = roles["q"][1] if "q" in roles else None
