@@ -70,7 +70,12 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
     if template == "attention":
         spec, rows = attention_spec(body, dtype)
         return (spec, rows), f"op graph: {rows.graph}, sources: {rows.source} rows" + (
-            "; score folded into a per-edge source term" if rows.score_on_edges else "")
+            "; score folded into a per-edge source term (an edgewise map program)"
+            if rows.score_on_edges else "") + (
+            "; group weights by two edgewise programs (softmax over each destination's "
+            "edges, sum per (dst, relation) row)" if rows.graph == "groups" else "") + (
+            "; source terms not stored per edge are read per edge by an edgewise map program"
+            if rows.source == EDGE and not rows.score_on_edges else "")
     if template == "weight":
         return None, "weight-only: computed once per call with torch ops"
     return traversal_spec(body), ""
