@@ -206,3 +206,42 @@ def test_edge_score_program_matches_torch_score():
     got = _edge_score(body, ir.attention_roles(body, tuple(zip(body.args, inputs))), ix)
     assert got.shape == want.shape == (EDGES, 2, 1)
     assert rel_err(got, want) < 1e-5
+
+
+def test_edgewise_lowering_forms_and_declines():
+    """Which program form a traversal body gets, the access arrays its gathers and weights
+    spell, and the reason ``explain`` prints when the edgewise kernel declines."""
+    from hector.compiler import ir
+    from hector.compiler.lower import arg, edgewise_lowering
+    e = ir.Value("saved", (), ir.EDGE, (2, 1))
+    n = ir.Value("saved", (), ir.NODE, (2, 4))
+    p = ir.param("p", (2, 1), per="relation")
+    a_e, a_n, a_p = arg(0, e), arg(1, n), arg(2, p)
+    msg = ir.binary("mul", ir.binary("mul", a_e, a_p), ir.gather(a_n, ir.EDGE, "src"))
+    ew, why = edgewise_lowering(msg)
+    assert why == "" and ew.program.form == "map" and ew.rows == ir.EDGE
+    assert ew.inputs == (0, 2, 1)
+    assert set(ew.arrays) == {("relation", ir.EDGE), ("move", ir.NODE, ir.EDGE, "src")}
+    ew, why = edgewise_lowering(ir.scatter(msg, ir.NODE, "dst"))
+    assert why == "" and ew.program.form == "reduce" and ew.rows == ir.NODE
+    assert ("csr_ptr", ir.NODE, ir.EDGE, "dst") in ew.arrays
+    ew, why = edgewise_lowering(ir.edge_softmax(ir.unary("leaky_relu", a_e, slope=0.2)))
+    assert why == "" and ew.program.form == "softmax"
+    ew, why = edgewise_lowering(ir.wsum(a_e, p))
+    assert why == "" and ew.program.form == "reduce" and ew.rows == ("slices", ir.EDGE,
+                                                                     "relation")
+    ew, why = edgewise_lowering(ir.head_mean(a_n))
+    assert ew is None and "head_mean" in why
+    nested = ir.scatter(ir.gather(ir.scatter(msg, ir.NODE, "dst"), ir.EDGE, "src"), ir.NODE,
+                        "dst")
+    ew, why = edgewise_lowering(nested)
+    assert ew is None and "scatter inside" in why
+
+
+@pytest.mark.parametrize("name", ["rgat", "hgt"])
+def test_every_traversal_step_names_a_kernel_in_explain(name):
+    model, dims = CASES[name]
+    g = _graph()
+    text = hector.explain(model, g, num_relations=3, num_node_types=g.num_node_types, **dims)
+    assert "torch ops (no traversal kernel" not in text
+    assert "kernel edgewise (" in text and "== generated kernel edgewise" in text
