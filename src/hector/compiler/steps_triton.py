@@ -203,17 +203,41 @@ def edgewise_array(ix: GraphIndex, key: tuple) -> torch.Tensor:
         return ix.relation(key[1])
     if key[0] == "node_type":
         return ix.node_type()
+    if key[1] == "slices":
+        return _slice_chunks(ix, key[2], key[3])[0 if key[0] == "csr_ptr" else 1]
     memo = ("edgewise_csr",) + key[1:]
     if memo not in ix.memo:
-        if key[1] == "slices":   # rows of a kind grouped by the weight slice they sum into
-            idx, n = _slice_ids(ix, key[2], key[3])
-        else:
-            one, many, end = key[1:]
-            idx, n = ix.move(one, many, end), ix.rows[one]
+        one, many, end = key[1:]
+        idx, n = ix.move(one, many, end), ix.rows[one]
         ptr = torch.zeros(n + 1, dtype=torch.long, device=idx.device)
         ptr[1:] = torch.bincount(idx, minlength=n).cumsum(0)
         ix.memo[memo] = (ptr, torch.argsort(idx, stable=True))
     return ix.memo[memo][0 if key[0] == "csr_ptr" else 1]
+
+
+#: Rows one program sums into a partial of a weight slice (a slice of millions of edges
+#: would otherwise be one program's sequential loop).
+SLICE_CHUNK = 2048
+
+
+def _slice_chunks(ix: GraphIndex, kind: str, per: str):
+    """(chunk ptr, row perm, each chunk's slice, number of slices): the ``kind`` rows grouped
+    by weight slice and cut into chunks of at most :data:`SLICE_CHUNK` rows (an empty slice
+    keeps one empty chunk), built once per graph."""
+    memo = ("edgewise_slices", kind, per)
+    if memo not in ix.memo:
+        idx, n = _slice_ids(ix, kind, per)
+        dev = idx.device
+        count = torch.bincount(idx, minlength=n)
+        start = torch.cumsum(count, 0) - count
+        chunks = torch.clamp((count + SLICE_CHUNK - 1) // SLICE_CHUNK, min=1)
+        owner = torch.repeat_interleave(torch.arange(n, device=dev), chunks)
+        first = torch.cumsum(chunks, 0) - chunks
+        k = torch.arange(owner.numel(), device=dev) - first.index_select(0, owner)
+        # A chunk ends where the next begins: the last of a slice at the next slice's start.
+        ptr = torch.cat([start.index_select(0, owner) + k * SLICE_CHUNK, count.sum().view(1)])
+        ix.memo[memo] = (ptr, torch.argsort(idx, stable=True), owner, n)
+    return ix.memo[memo]
 
 
 def _slice_ids(ix: GraphIndex, kind: str, per: str):
@@ -226,7 +250,7 @@ def _slice_ids(ix: GraphIndex, kind: str, per: str):
 
 
 def _edgewise_rows(ix: GraphIndex, rows) -> int:
-    return ix.rows[rows] if isinstance(rows, str) else _slice_ids(ix, rows[1], rows[2])[1]
+    return ix.rows[rows] if isinstance(rows, str) else len(_slice_chunks(ix, *rows[1:])[2])
 
 
 def _edgewise_input(ix: GraphIndex, inputs: List[torch.Tensor], x) -> torch.Tensor:
@@ -253,10 +277,15 @@ def run_edgewise(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tens
         return eval_body(step.body, inputs, ix)
     ins = [_edgewise_input(ix, inputs, x) for x in ew.inputs]
     dtype = _promoted(ins)
+    slices = not isinstance(ew.rows, str)
     out = edgewise(ew.program, ins, [edgewise_array(ix, k) for k in ew.arrays],
-                   _edgewise_rows(ix, ew.rows), dtype, backend="triton")
+                   _edgewise_rows(ix, ew.rows), torch.float32 if slices else dtype,
+                   backend="triton")
+    if slices:   # fp32 partials per chunk -> their slice (chunk-sized: a few per slice)
+        _, _, owner, n = _slice_chunks(ix, *ew.rows[1:])
+        out = out.new_zeros((n,) + out.shape[1:]).index_add(0, owner, out).to(dtype)
     out = out.reshape((out.shape[0],) + tuple(step.output.shape))
-    return out[0] if ew.rows[0] == "slices" and ew.rows[2] == "" else out
+    return out[0] if slices and ew.rows[2] == "" else out
 
 
 def _bias_row(step, t: torch.Tensor, index: int, ix: GraphIndex) -> torch.Tensor:
