@@ -243,7 +243,7 @@ def _slice_chunks(ix: GraphIndex, kind: str, per: str):
 def _slice_ids(ix: GraphIndex, kind: str, per: str):
     """(each ``kind`` row's weight slice, number of slices) for a sum per ``per``."""
     if per == "relation":
-        return ix.relation(kind), len(ix.ptr[kind if kind != NODE else EDGE]) - 1
+        return ix.relation(kind), len(ix.ptr[kind]) - 1
     if per == "node_type":
         return ix.node_type(), len(ix.ptr[NODE]) - 1
     return torch.zeros(ix.rows[kind], dtype=torch.long, device=ix.graph.device), 1

@@ -182,3 +182,19 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="shapes"):
         EdgewiseSpec("map", node("add", root, node("load", OWN, shape=(3, 1), input=1),
                                  shape=(3, 1)), 2, 0)
+
+
+@needs_triton
+# (the interpreter warns about 0/0 in masked padding lanes; they are never stored)
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_remaining_unary_ops_and_division(dtype):
+    """neg, tanh, relu and div (a mean's divisor read per row) on node rows."""
+    x, c = _rand(N, H, D, seed=19), _rand(N, 1, 1, seed=20).abs() + 0.5
+    X = node("load", OWN, shape=(H, D), input=0)
+    root = node("div", node("add", node("neg", node("tanh", X, shape=(H, D)), shape=(H, D)),
+                            node("relu", X, shape=(H, D)), shape=(H, D)),
+                node("load", OWN, shape=(1, 1), input=1), shape=(H, D))
+    x_, c_ = _stored(x, dtype), _stored(c, dtype)
+    want = (-torch.tanh(x_) + torch.relu(x_)) / c_
+    _check(EdgewiseSpec("map", root, 2, 0), [x, c], [], N, want, dtype)
