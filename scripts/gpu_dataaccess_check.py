@@ -1,16 +1,18 @@
-"""Issue 12 on the GPU: data access inside the kernels (traversal_csr, bf16 storage).
+"""Issue 12 on the GPU: data access inside the kernels (traversal_csr, edgewise, bf16 storage).
 
     python scripts/gpu_dataaccess_check.py [--skip-tests] [--graphs aifb,mag]
                                            [--models rgcn,rgat,hgt] [--dtypes fp32,bf16]
                                            [--dim 64] [--repeats 10] [--device cuda]
 
 1. Runs the relational tests on CUDA (TRITON_INTERPRET=0): tests/kernels/traversal,
-   tests/nn/test_data_access.py, tests/compiler/test_autodiff.py, tests/compiler/test_wgrad_steps.py.
+   tests/kernels/edgewise, tests/nn/test_data_access.py, tests/compiler/test_autodiff.py, tests/compiler/test_wgrad_steps.py.
 2. Times one training step (forward + backward of the compiled layer, Triton backend) on
    synthetic graphs with the statistics of aifb and ogbn-mag, fp32 and bf16: GPU ms per step
    (hector.bench.timing: CUDA events, median), peak memory of one step, and from
    torch.profiler the CUDA time of torch's index_select / index_add / index_copy / scatter /
-   gather ops against the generated Triton kernels (traversal_csr, segment_mm, attention).
+   gather ops against the generated Triton kernels (traversal_csr, edgewise, edge_softmax,
+   segment_mm, attention).  Issue 12's RGAT/HGT figures: ``--graphs mag --models rgat,hgt
+   --dtypes fp32``.
 
 Prints one table.  ``--device cpu`` is a dry run on a development machine (needs
 TRITON_INTERPRET=1; uses --scale 0.001 by default there).  Exit status 1 when a test run fails.
@@ -24,7 +26,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = ["tests/kernels/traversal", "tests/nn/test_data_access.py",
+TESTS = ["tests/kernels/traversal", "tests/kernels/edgewise", "tests/nn/test_data_access.py",
          "tests/compiler/test_autodiff.py", "tests/compiler/test_wgrad_steps.py"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TORCH_MOVES = ("index_select", "index_add", "index_copy", "scatter", "gather", "index_put",
@@ -94,7 +96,8 @@ def profile(step, device):
         if name.startswith("aten::") and any(k in name for k in TORCH_MOVES):
             moves += t
             top.append((t, name, ev.count))
-        elif any(k in name for k in ("traversal_csr", "segment_mm", "attention_")):
+        elif any(k in name for k in ("traversal_csr", "segment_mm", "attention_", "edgewise",
+                                     "edge_softmax")):
             kernels += t
     top.sort(reverse=True)
     return moves, kernels, top[:4]

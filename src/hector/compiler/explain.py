@@ -20,6 +20,7 @@ from ..kernels import autotune, registry
 from ..kernels.attention import spec as attention_spec
 from ..kernels.attention.launch import make_plan, score_params
 from ..kernels.attention.spec import AttentionSpec
+from ..kernels.edgewise.launch import edgewise_params
 from ..kernels.segment_mm import spec as gemm_spec
 from ..kernels.segment_mm.launch import gemm_params
 from ..kernels.segment_mm.spec import GemmSpec
@@ -40,6 +41,9 @@ _OPS = {"gemm": "hector.kernels.segment_mm.op.segment_mm (Triton segment GEMM; "
 
 _TRAVERSAL_KERNEL = ("hector.kernels.traversal.op ({} Triton kernel; "
                      "torch backend: index_select / index_add)")
+
+_EDGEWISE_KERNEL = ("hector.kernels.edgewise.op (generated edgewise Triton kernel; torch "
+                    "backend: the same statements as torch ops)")
 
 MODELS = ("rgcn", "rgat", "hgt")
 
@@ -97,7 +101,9 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
         out += ["", f"== {title} ({len(plan.steps)} kernels)", plan.describe(), "", "ops called:"]
         for i, step in enumerate(plan.steps):
             kern = step.spec.kernel if step.template == "traversal" else None
-            out.append(f"  [{i}] {_TRAVERSAL_KERNEL.format(kern) if kern else _OPS[step.template]}")
+            out.append(f"  [{i}] " + (_EDGEWISE_KERNEL if kern == "edgewise" else
+                                      _TRAVERSAL_KERNEL.format(kern) if kern else
+                                      _OPS[step.template]))
             out.extend(f"      {line}" for line in _step_kernels(step, graph, kernels))
     if launches:
         out += ["", launch_counts(program, graph, dtype)]
@@ -187,7 +193,7 @@ class _Kernels:
         if digest in self._seen:
             return [f"{name} ({digest[:16]}): as above"]
         self._seen[digest] = (name, params)
-        flags = ", ".join(f"{k}={v}" for k, v in sorted(params.items())) or "no parameters"
+        flags = ", ".join(f"{k}={_flag(v)}" for k, v in sorted(params.items())) or "no parameters"
         lines = [f"{name} ({digest[:16]}; {flags})", f"  cache: {registry.materialise(name, **params)}"]
         if configs:
             first = autotune.config_dict(configs[0])
@@ -215,6 +221,12 @@ class _Kernels:
         return out
 
 
+def _flag(value) -> str:
+    """A render parameter as one short token (a generated program's text: its line count)."""
+    text = str(value)
+    return f"<{text.count(chr(10)) + 1} lines>" if "\n" in text or len(text) > 60 else text
+
+
 def _config_text(config: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items() if v not in (0, "", None))
 
@@ -225,6 +237,8 @@ def _step_kernels(step, graph, kernels: _Kernels) -> List[str]:
     if step.template == "gemm" and isinstance(spec, GemmSpec) and step.body.op == Op.LINEAR:
         return kernels.describe("segment_mm", gemm_params(spec),
                                 gemm_spec.tune_configs(spec, interpreting=interpreting()))
+    if step.template == "traversal" and getattr(spec, "edgewise", None) is not None:
+        return kernels.describe("edgewise", dict(edgewise_params(spec.edgewise.program)), None)
     if step.template == "attention" and isinstance(spec, AttentionSpec):
         # The very objects run_attention launches (memoised on the graph's index).
         spec, plan = attention_launch(step, GraphIndex.of(graph))

@@ -14,14 +14,21 @@ from typing import List, Sequence, Tuple
 import torch
 
 from ..kernels.attention.spec import AttentionSpec
+from ..kernels.edgewise.spec import EdgewiseSpec, node
 from ..kernels.segment_mm.spec import GemmSpec
 from .ir import CDST, CSRC, EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, attention_roles, kernel, toposort
 from ..kernels.traversal.spec import MAX_ADDENDS
-from .plan import AttentionRows, LinearTraversal, Plan, RowSegments, Step, TraversalSpec
+from .plan import (AttentionRows, EdgewiseLowering, LinearTraversal, Plan, RowSegments, Step,
+                   TraversalSpec)
 
 def template_of(v: Value) -> str:
     if v.op == Op.WGRAD:   # segment-grouped outer products: the GEMM template's weight gradient
         return "gemm"
+    if v.op == Op.WSUM and v.per == "relation":
+        # Relation rows summed into per-relation slices (torch: an index_add over edges): the
+        # edgewise kernel's node-parallel form over the rows grouped by relation.  (Only
+        # these: one program per slice, so a sum over all rows would run on one program.)
+        return "traversal"
     if v.kind == WEIGHT:
         return "weight"
     if v.op == Op.LINEAR:
@@ -63,7 +70,12 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
     if template == "attention":
         spec, rows = attention_spec(body, dtype)
         return (spec, rows), f"op graph: {rows.graph}, sources: {rows.source} rows" + (
-            "; score folded into a per-edge source term" if rows.score_on_edges else "")
+            "; score folded into a per-edge source term (an edgewise map program)"
+            if rows.score_on_edges else "") + (
+            "; group weights by two edgewise programs (softmax over each destination's "
+            "edges, sum per (dst, relation) row)" if rows.graph == "groups" else "") + (
+            "; source terms not stored per edge are read per edge by an edgewise map program"
+            if rows.source == EDGE and not rows.score_on_edges else "")
     if template == "weight":
         return None, "weight-only: computed once per call with torch ops"
     return traversal_spec(body), ""
@@ -147,15 +159,24 @@ def traversal_spec(body: Value) -> TraversalSpec:
     space = _space(body)
     linear, declined = linear_traversal(body)
     softmax = edge_softmax_form(body)
+    edgewise = None
+    if linear is None and softmax is None:
+        edgewise, why = edgewise_lowering(body)
+        if edgewise is None:
+            declined = f"{declined}; edgewise: {why}"
     if linear is not None or softmax is not None:   # one program per output row (CSR walk)
         sched = "node-parallel"
+        declined = ""
+    elif edgewise is not None:
+        sched = "edge-parallel" if edgewise.program.form == "map" and space == EDGE else \
+            "row-parallel" if edgewise.program.form == "map" else "node-parallel"
         declined = ""
     else:
         sched = "node-parallel" if body.op == Op.SCATTER and body.kind in (NODE, CDST, CSRC) \
             else "edge-parallel" if space == EDGE else "row-parallel"
     return TraversalSpec(space=space, statements=tuple(statements),
                          reductions=tuple(reductions), schedule=sched, linear=linear,
-                         declined=declined, softmax=softmax)
+                         declined=declined, softmax=softmax, edgewise=edgewise)
 
 
 def edge_softmax_form(body: Value):
@@ -242,3 +263,130 @@ def _space(body: Value) -> str:
     order = {EDGE: 3, CSRC: 2, CDST: 2, NODE: 1, WEIGHT: 0}
     kinds = [b.kind for b in toposort([body]) if b.op != Op.ARG or True]
     return max(kinds, key=lambda k: order.get(k, 0))
+
+
+_EW_OPS = {Op.NEG: "neg", Op.EXP: "exp", Op.SIGMOID: "sigmoid", Op.TANH: "tanh", Op.GELU: "gelu",
+           Op.RELU: "relu", Op.LEAKY_RELU: "leaky_relu", Op.SCALE: "scale",
+           Op.LEAKY_RELU_GRAD: "leaky_relu_grad", Op.GELU_GRAD: "gelu_grad", Op.ADD: "add",
+           Op.SUB: "sub", Op.MUL: "mul"}
+
+
+class _EdgewiseBuilder:
+    """IR body -> an ``edgewise`` program: each ``arg`` becomes a load through the access
+    scheme its gathers spell (node row by src/dst, compact row through the compact map), a
+    weight operand a per-slice load picked by the row's relation or node type, a scatter a
+    node-parallel loop over the CSR grouping its rows.  Reshapes are views of the loaded row
+    (rows are flat), pushed down to the loads through elementwise ops."""
+
+    def __init__(self):
+        self.inputs, self.arrays, self.memo = [], [], {}
+
+    def slot(self, items: list, key) -> int:
+        if key not in items:
+            items.append(key)
+        return items.index(key)
+
+    def index(self, rows, key):
+        return node("index", rows, array=self.slot(self.arrays, key))
+
+    def build(self, v: Value, rows, kind: str, view=None, in_loop=False):
+        key = (v, rows, view)
+        if key not in self.memo:
+            self.memo[key] = self._build(v, rows, kind, view, in_loop)
+        return self.memo[key]
+
+    def _build(self, v: Value, rows, kind: str, view, in_loop):
+        shape = tuple(view or v.shape)
+        if v.op == Op.ARG and v.kind == WEIGHT:
+            wshape = tuple(v.shape) if len(v.shape) == 2 else (1, v.shape[0])
+            size = math.prod(v.shape)
+            if len(v.shape) > 2 or view is not None and size not in (1, math.prod(view)):
+                raise _Decline(f"a weight operand of shape {v.shape} read per row")
+            if view is not None:   # a whole row (read through the view) or a scalar
+                wshape = tuple(view) if size > 1 else (1, 1)
+            if v.per == "relation" and kind in (EDGE, CSRC, CDST):
+                sel = self.index(rows, ("relation", kind))
+            elif v.per == "node_type" and kind == NODE:
+                sel = self.index(rows, ("node_type",))
+            elif v.per is None:
+                sel = node("zero")
+            else:
+                raise _Decline(f"a per-{v.per} weight read on {kind} rows")
+            return node("weight", sel, shape=wshape, input=self.slot(self.inputs, v.attr("index")))
+        if v.kind != kind:
+            raise _Decline(f"{v.op} on {v.kind} rows read as {kind} rows")
+        if v.op == Op.ARG:
+            return node("load", rows, shape=shape, input=self.slot(self.inputs, v.attr("index")))
+        if v.op == Op.GATHER:
+            one, end = v.args[0].kind, v.attr("end")
+            inner = self.index(rows, ("move", one, kind, end))
+            x = self.build(v.args[0], inner, one, view, in_loop)
+            if v.attr("norm") == "mean":
+                count = node("load", inner, shape=(1, 1),
+                             input=self.slot(self.inputs, ("counts", one, kind, end)))
+                x = node("div", x, count, shape=x.shape)
+            return x
+        if v.op == Op.SCATTER:
+            if in_loop or rows != node("own"):
+                raise _Decline("a scatter inside another reduction or under a gather")
+            if v.attr("reduce") not in ("sum", "mean"):
+                raise _Decline(f"scatter reduce {v.attr('reduce')!r}")
+            many, end = v.args[0].kind, v.attr("end")
+            x = self.build(v.args[0], node("entry"), many, view, True)
+            return node("scatter", x, shape=shape, mean=v.attr("reduce") == "mean",
+                        ptr=self.slot(self.arrays, ("csr_ptr", kind, many, end)),
+                        perm=self.slot(self.arrays, ("csr_perm", kind, many, end)))
+        if v.op == Op.RESHAPE:
+            return self.build(v.args[0], rows, kind, view or v.shape, in_loop)
+        if v.op in _EW_OPS:
+            args = v.args
+            if view is not None and view != v.shape and any(a.shape != v.shape for a in args
+                                                             if a.kind != WEIGHT):
+                raise _Decline(f"a reshape over a broadcasting {v.op}")
+            attrs = {k: x for k, x in v.attrs if k in ("slope", "factor")}
+            return node(_EW_OPS[v.op], *(self.build(a, rows, kind, view, in_loop) for a in args),
+                        shape=shape, **attrs)
+        if v.op in (Op.DOT, Op.REDUCE_TO, Op.EXPAND):
+            if view is not None and view != v.shape:
+                raise _Decline(f"a reshape over {v.op}")
+            return node(v.op, *(self.build(a, rows, kind, None, in_loop) for a in v.args),
+                        shape=shape)
+        raise _Decline(f"statement {v.op!r} has no edgewise rule")
+
+
+def edgewise_lowering(body: Value) -> Tuple[object, str]:
+    """(:class:`EdgewiseLowering`, "") when the ``edgewise`` kernel runs ``body``: a map over
+    the body's rows, a node-parallel reduction when it scatters, or the softmax of an edge
+    score over each destination's edges; else (None, the reason)."""
+    b = _EdgewiseBuilder()
+    try:
+        if body.op == Op.EDGE_SOFTMAX:
+            if body.kind != EDGE:
+                raise _Decline("a softmax over rows that are not edges")
+            score = b.build(body.args[0], node("entry"), EDGE, None, True)
+            root = node("softmax", score, shape=body.shape,
+                        ptr=b.slot(b.arrays, ("csr_ptr", NODE, EDGE, "dst")),
+                        perm=b.slot(b.arrays, ("csr_perm", NODE, EDGE, "dst")))
+            form = "softmax"
+        elif body.op == Op.WSUM:
+            rows = body.args[0]
+            if body.per == "node_type" and rows.kind != NODE or len(body.shape) > 2:
+                raise _Decline(f"a weight-gradient sum per {body.per} of {rows.kind} rows")
+            key = ("slices", rows.kind, body.per or "")
+            x = b.build(rows, node("entry"), rows.kind, None, True)
+            total = node("scatter", x, shape=rows.shape, mean=False,
+                         ptr=b.slot(b.arrays, ("csr_ptr",) + key),
+                         perm=b.slot(b.arrays, ("csr_perm",) + key))
+            wshape = tuple(body.shape) if len(body.shape) == 2 else (1, body.shape[0])
+            root = node("reduce_to", total, shape=wshape) if wshape != rows.shape else total
+            form = "reduce"
+        else:
+            root = b.build(body, node("own"), body.kind)
+            form = "reduce" if any(x.op == Op.SCATTER for x in toposort([body])) else "map"
+        if not b.inputs:
+            raise _Decline("no row read")
+        program = EdgewiseSpec(form, root, len(b.inputs), len(b.arrays))
+    except (_Decline, ValueError) as why:
+        return None, str(why)
+    rows = body.kind if body.op != Op.WSUM else ("slices", body.args[0].kind, body.per or "")
+    return EdgewiseLowering(program, tuple(b.inputs), tuple(b.arrays), rows), ""

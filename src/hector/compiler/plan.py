@@ -90,6 +90,34 @@ def _movement(m: tuple) -> str:
 
 
 @dataclass(frozen=True)
+class EdgewiseLowering:
+    """A traversal run by the ``edgewise`` kernel: ``program`` (an
+    :class:`~hector.kernels.edgewise.spec.EdgewiseSpec`) evaluated for every row of kind
+    ``rows``.  ``inputs``: what each program input is, the step's input index (an int) or
+    graph data (``("counts", one, many, end)``); ``arrays``: the graph's index arrays the
+    program reads, by key (``("move", one, many, end)``, ``("relation", kind)``,
+    ``("node_type",)``, ``("csr_ptr" | "csr_perm", one, many, end)``: the ``many`` rows
+    grouped by their ``one`` row)."""
+    program: object
+    inputs: Tuple[object, ...]
+    arrays: Tuple[tuple, ...]
+    rows: str
+
+    def describe(self) -> str:
+        p = self.program
+        what = {"map": f"one lane per {self.rows} row",
+                "reduce": f"one program per {self.rows} row, reducing over its CSR entries "
+                          "(no atomics)",
+                "softmax": "one program per destination (CSR by dst), softmax written per "
+                           "edge"}[p.form]
+        reads = ", ".join(f"in{i}<-" + (f"arg{x}" if isinstance(x, int) else "/".join(x))
+                          for i, x in enumerate(self.inputs))
+        arrays = ", ".join(f"arr{j}=" + "/".join(k) for j, k in enumerate(self.arrays))
+        return (f"kernel edgewise ({p.form}: {what}); inputs {reads}"
+                + (f"; access arrays {arrays}" if arrays else ""))
+
+
+@dataclass(frozen=True)
 class TraversalSpec:
     """A traversal kernel's semantics: ``space`` is what one program iterates ('edge' rows,
     'node' rows via CSR by destination, compact rows), ``statements`` the fused operator
@@ -104,11 +132,13 @@ class TraversalSpec:
     linear: Optional[LinearTraversal] = None
     declined: str = ""
     softmax: Optional[Tuple[int, Optional[float]]] = None   # (input, leaky slope): edge_softmax
+    edgewise: Optional[EdgewiseLowering] = None   # any other supported statement list
 
     @property
     def kernel(self) -> Optional[str]:
         """The Triton kernel the step runs on the Triton backend (None: torch ops)."""
-        return "traversal_csr" if self.linear else "edge_softmax" if self.softmax else None
+        return ("traversal_csr" if self.linear else "edge_softmax" if self.softmax
+                else "edgewise" if self.edgewise else None)
 
 
 @dataclass(frozen=True)
@@ -156,6 +186,8 @@ class Plan:
 def _traversal_kernel(spec: TraversalSpec) -> str:
     if spec.linear:
         return spec.linear.describe()
+    if spec.edgewise:
+        return spec.edgewise.describe()
     if spec.softmax:
         i, slope = spec.softmax
         act = f"leaky_relu(in{i}, {slope:g})" if slope is not None else f"in{i}"
@@ -166,5 +198,6 @@ def _traversal_kernel(spec: TraversalSpec) -> str:
 def _short(spec) -> str:
     fields = getattr(spec, "__dataclass_fields__", {})
     parts = [f"{k}={getattr(spec, k)!s}" for k in fields
-             if k not in ("statements", "reductions", "dtype", "linear", "declined", "softmax")]
+             if k not in ("statements", "reductions", "dtype", "linear", "declined", "softmax",
+                          "edgewise")]
     return "(" + ", ".join(parts) + ")"

@@ -22,23 +22,25 @@ schedules :func:`attention_launch` memoises per graph.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from ..graph import Graph
 from ..kernels.attention.launch import AttentionPlan, make_plan
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
+from ..kernels.edgewise.op import edgewise
 from ..kernels.segment_mm.launch import segment_mm_wgrad_op
 from ..kernels.segment_mm.op import segment_mm
 from ..kernels.segment_mm.spec import GemmSpec, default_schedule
 from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, scaled
 from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
-from .ir import CDST, CSRC, EDGE, NODE, Op, Value, attention_roles, toposort
+from . import ir
+from .ir import CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_roles, toposort
+from .lower import edgewise_lowering
 from .plan import AttentionRows, RowSegments
-from .steps_torch import GraphIndex, _operand, attention_score, edge_side, edge_softmax
+from .steps_torch import GraphIndex, _operand, eval_body
 
 
 def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:
@@ -165,6 +167,8 @@ def run_traversal(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Ten
     """A movement-and-addition traversal on the ``traversal_csr`` kernel: rows read in place
     through each source's composed CSR; the addends and the bias are fused into the first
     launch, and each further source adds onto the previous launch's output."""
+    if step.spec.edgewise is not None:
+        return run_edgewise(step, inputs, ix)
     if step.spec.softmax is not None:
         index, slope = step.spec.softmax
         # (the op is differentiable: torch autodiff may record it too)
@@ -185,6 +189,101 @@ def run_traversal(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Ten
         else:
             out = traverse(m, rows(inputs[index]), [out], [1.0], backend="triton")
     return out
+
+
+def edgewise_array(ix: GraphIndex, key: tuple) -> torch.Tensor:
+    """An index array an ``edgewise`` program reads (see
+    :class:`~hector.compiler.plan.EdgewiseLowering`), built once per graph: the CSR grouping
+    ``many`` rows by their ``one`` row is a stable sort of the movement index."""
+    if key[0] == "move":
+        return ix.move(*key[1:])
+    if key[0] == "relation":
+        return ix.relation(key[1])
+    if key[0] == "node_type":
+        return ix.node_type()
+    if key[1] == "slices":
+        return _slice_chunks(ix, key[2], key[3])[0 if key[0] == "csr_ptr" else 1]
+    memo = ("edgewise_csr",) + key[1:]
+    if memo not in ix.memo:
+        one, many, end = key[1:]
+        idx, n = ix.move(one, many, end), ix.rows[one]
+        ptr = torch.zeros(n + 1, dtype=torch.long, device=idx.device)
+        ptr[1:] = torch.bincount(idx, minlength=n).cumsum(0)
+        ix.memo[memo] = (ptr, torch.argsort(idx, stable=True))
+    return ix.memo[memo][0 if key[0] == "csr_ptr" else 1]
+
+
+#: Rows one program sums into a partial of a weight slice (a slice of millions of edges
+#: would otherwise be one program's sequential loop).
+SLICE_CHUNK = 2048
+
+
+def _slice_chunks(ix: GraphIndex, kind: str, per: str):
+    """(chunk ptr, row perm, each chunk's slice, number of slices): the ``kind`` rows grouped
+    by weight slice and cut into chunks of at most :data:`SLICE_CHUNK` rows (an empty slice
+    keeps one empty chunk), built once per graph."""
+    memo = ("edgewise_slices", kind, per)
+    if memo not in ix.memo:
+        idx, n = _slice_ids(ix, kind, per)
+        dev = idx.device
+        count = torch.bincount(idx, minlength=n)
+        start = torch.cumsum(count, 0) - count
+        chunks = torch.clamp((count + SLICE_CHUNK - 1) // SLICE_CHUNK, min=1)
+        owner = torch.repeat_interleave(torch.arange(n, device=dev), chunks)
+        first = torch.cumsum(chunks, 0) - chunks
+        k = torch.arange(owner.numel(), device=dev) - first.index_select(0, owner)
+        # A chunk ends where the next begins: the last of a slice at the next slice's start.
+        ptr = torch.cat([start.index_select(0, owner) + k * SLICE_CHUNK, count.sum().view(1)])
+        ix.memo[memo] = (ptr, torch.argsort(idx, stable=True), owner, n)
+    return ix.memo[memo]
+
+
+def _slice_ids(ix: GraphIndex, kind: str, per: str):
+    """(each ``kind`` row's weight slice, number of slices) for a sum per ``per``."""
+    if per == "relation":
+        return ix.relation(kind), len(ix.ptr[kind]) - 1
+    if per == "node_type":
+        return ix.node_type(), len(ix.ptr[NODE]) - 1
+    return torch.zeros(ix.rows[kind], dtype=torch.long, device=ix.graph.device), 1
+
+
+def _edgewise_rows(ix: GraphIndex, rows) -> int:
+    return ix.rows[rows] if isinstance(rows, str) else len(_slice_chunks(ix, *rows[1:])[2])
+
+
+def _edgewise_input(ix: GraphIndex, inputs: List[torch.Tensor], x) -> torch.Tensor:
+    if isinstance(x, int):
+        return inputs[x]
+    return ix.counts(*x[1:])      # ("counts", one, many, end): a mean's divisor per row
+
+
+def _promoted(tensors: List[torch.Tensor]) -> torch.dtype:
+    """The dtype torch ops would give the statements' result (bf16 rows times an fp32
+    operand is fp32), so both backends store the same precision."""
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def run_edgewise(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
+    """A traversal step on the generated ``edgewise`` kernel: its statements fused, every
+    operand read through its access scheme inside the kernel.  The kernel has no autograd:
+    when torch autograd records (``autodiff='torch'``), the step runs as torch ops."""
+    ew = step.spec.edgewise
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return eval_body(step.body, inputs, ix)
+    ins = [_edgewise_input(ix, inputs, x) for x in ew.inputs]
+    dtype = _promoted(ins)
+    slices = not isinstance(ew.rows, str)
+    out = edgewise(ew.program, ins, [edgewise_array(ix, k) for k in ew.arrays],
+                   _edgewise_rows(ix, ew.rows), torch.float32 if slices else dtype,
+                   backend="triton")
+    if slices:   # fp32 partials per chunk -> their slice (chunk-sized: a few per slice)
+        _, _, owner, n = _slice_chunks(ix, *ew.rows[1:])
+        out = out.new_zeros((n,) + out.shape[1:]).index_add(0, owner, out).to(dtype)
+    out = out.reshape((out.shape[0],) + tuple(step.output.shape))
+    return out[0] if slices and ew.rows[2] == "" else out
 
 
 def _bias_row(step, t: torch.Tensor, index: int, ix: GraphIndex) -> torch.Tensor:
@@ -282,18 +381,7 @@ def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
     if g.num_edges == 0:
         return v.new_zeros((g.num_nodes,) + tuple(v.shape[1:]))
     scale, slope = body.attr("scale"), body.attr("slope")
-    grp = ix.move(CDST, EDGE, "dst")
-    score = a_dst.index_select(0, grp)
-    if a_src is not None:
-        score = score + (a_src if src_kind == EDGE else
-                         a_src.index_select(0, ix.move(src_kind, EDGE, "src")))
-    if backend == "triton":   # (a custom op with autograd: eager, recorded and compiled alike)
-        alpha = edge_softmax_kernel(g, score.unsqueeze(-1), slope, backend=backend)
-    else:
-        if slope is not None:
-            score = F.leaky_relu(score, slope)
-        alpha = edge_softmax(score.unsqueeze(-1), ix.move(NODE, EDGE, "dst"), g.num_nodes)
-    w = alpha.new_zeros((ix.rows[CDST],) + alpha.shape[1:]).index_add(0, grp, alpha)
+    w = _group_weights(roles, src_kind, slope, ix)
     spec, plan = attention_launch(step, ix)
     dg = attention_graph(step.spec[1], ix)
     rows = dg.num_nodes
@@ -304,15 +392,87 @@ def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
     return o.new_zeros((g.num_nodes,) + tuple(o.shape[1:])).index_add(0, node, o * w)
 
 
-def _at_source(role_value, src_kind, ix):
-    """An attention operand on the source side the step runs on: as it is, per edge, or
-    gathered from node rows onto compact (src, relation) rows."""
+def _at_source(role_value, src_kind, ix, p=None):
+    """An attention operand on the source side the step runs on: as it is, per edge (read
+    through the source's access scheme by the edgewise kernel, times ``p_r`` when ``p`` is
+    given), or gathered from node rows onto compact (src, relation) rows."""
     val, t = role_value
-    if val.kind == src_kind:
-        return t
     if src_kind == EDGE:
-        return edge_side(t, val, "src", ix)
-    return t.index_select(0, ix.move(NODE, CSRC, "src"))
+        x = ir.arg(0, val)
+        body = x if val.kind == EDGE else ir.gather(x, EDGE, "src")
+        if p is not None:
+            body = ir.binary(Op.MUL, body, ir.arg(1, p[0]))
+        if body is x:
+            return t
+        return run_edgewise_body(body, [t] + ([p[1]] if p is not None else []), ix)
+    k = t if val.kind == src_kind else t.index_select(0, ix.move(NODE, CSRC, "src"))
+    return k if p is None else k * _operand(p[1], p[0], src_kind, ix)
+
+
+def _edge_score(body: Value, roles, ix: GraphIndex) -> torch.Tensor:
+    """The pre-activation score ``scale <q_v, k_u> p_r + a_src + a_dst`` per edge ``[E, H,
+    1]`` as one edgewise program (each term read through its access scheme; the torch
+    backend's ``attention_score`` gathers every term per edge first)."""
+    tensors: List[torch.Tensor] = []
+
+    def term(role: str, end: str) -> Value:
+        val, t = roles[role]
+        tensors.append(t)
+        x = ir.arg(len(tensors) - 1, val)
+        return x if val.kind in (EDGE, WEIGHT) else ir.gather(x, EDGE, end)
+
+    terms = []
+    if "q" in roles:
+        qk = ir.unary(Op.SCALE, ir.dot(term("q", "dst"), term("k", "src")),
+                      factor=body.attr("scale"))
+        terms.append(ir.binary(Op.MUL, qk, term("p", "src")) if "p" in roles else qk)
+    terms += [term(r, end) for r, end in (("a_src", "src"), ("a_dst", "dst")) if r in roles]
+    score = terms[0]
+    for t in terms[1:]:
+        score = ir.binary(Op.ADD, score, t)
+    return run_edgewise_body(score, tensors, ix)
+
+
+def _group_weights(roles, src_kind: str, slope, ix: GraphIndex) -> torch.Tensor:
+    """``w_g = sum_{e in g} alpha_e`` per (dst, relation) row ``g``, ``alpha`` the softmax of
+    ``leaky_relu(a_dst[g(e)] + a_src[src(e)])`` over each destination's edges: two edgewise
+    programs (the softmax, node-parallel over the CSR by destination; the sum over each
+    group's edges), every term read through its access scheme."""
+    (dval, dt) = roles["a_dst"]
+    score = ir.gather(ir.arg(0, dval), EDGE, "dst")
+    tensors = [dt]
+    if "a_src" in roles:
+        sval, st = roles["a_src"]
+        x = ir.arg(1, sval)
+        score = ir.binary(Op.ADD, score, x if sval.kind == EDGE else ir.gather(x, EDGE, "src"))
+        tensors.append(st)
+    if slope is not None:
+        score = ir.unary(Op.LEAKY_RELU, score, slope=slope)
+    alpha = run_edgewise_body(ir.edge_softmax(score), tensors, ix)
+    a = ir.arg(0, ir.edge_softmax(score))
+    return run_edgewise_body(ir.scatter(a, CDST, "dst"), [alpha], ix)
+
+
+_BODIES: Dict[Value, object] = {}
+
+
+def run_edgewise_body(body: Value, tensors: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
+    """An IR expression the runtime builds itself (``arg`` i bound to ``tensors[i]``) on the
+    edgewise kernel, lowered once per expression; with torch ops where the kernel cannot run
+    (torch autograd recording, or torch.compile tracing: the kernel is no custom op yet)."""
+    recording = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if recording or torch.compiler.is_compiling():
+        return eval_body(body, tensors, ix)
+    if body not in _BODIES:
+        lowered, why = edgewise_lowering(body)
+        if lowered is None:
+            raise ValueError(f"edgewise: cannot lower {body!r}: {why}")
+        _BODIES[body] = lowered
+    ew = _BODIES[body]
+    out = edgewise(ew.program, [_edgewise_input(ix, tensors, x) for x in ew.inputs],
+                   [edgewise_array(ix, k) for k in ew.arrays], _edgewise_rows(ix, ew.rows),
+                   _promoted(tensors), backend="triton")
+    return out.reshape((out.shape[0],) + tuple(body.shape))
 
 
 def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
@@ -332,13 +492,12 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
     v = at_source("v")
     if rows.score_on_edges:
         # The whole score is per edge; fold it into one source-side term.
-        a_src = attention_score(body, inputs, ix)[..., 0]
+        a_src = _edge_score(body, roles, ix)[..., 0]
         q = k = a_dst = None
     else:
         q = roles["q"][1] if "q" in roles else None
-        k = at_source("k") if "k" in roles else None
-        if k is not None and p is not None:   # p_r scales q.k: fold it into the keys
-            k = k * _operand(p[1], p[0], src_kind, ix)
+        # p_r scales q.k: fold it into the keys
+        k = _at_source(roles["k"], src_kind, ix, p) if "k" in roles else None
         a_src = at_source("a_src")[..., 0] if "a_src" in roles else None
         a_dst = roles["a_dst"][1][..., 0] if "a_dst" in roles else None
     spec, plan = attention_launch(step, ix)

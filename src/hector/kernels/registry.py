@@ -41,7 +41,8 @@ from .._version import __version__
 _HERE = Path(__file__).parent
 #: Where templates are looked up, in order: the shared macros, then each kernel family's own.
 TEMPLATE_DIRS = (_HERE / "templates", _HERE / "attention" / "templates",
-                 _HERE / "segment_mm" / "templates", _HERE / "traversal" / "templates")
+                 _HERE / "segment_mm" / "templates", _HERE / "traversal" / "templates",
+                 _HERE / "edgewise" / "templates")
 #: Shared macros every template may import; their text is part of every kernel's hash.
 MACROS = ("_macros.py.j2",)
 #: Default cache folder (``$HECTOR_CACHE_DIR`` overrides it).
@@ -56,6 +57,25 @@ _GEMM = dict(has_gather=_BOOL, has_scatter=_BOOL, dot_fp32=_BOOL, input_precisio
 #: Traversal kernels: epilogue terms, and whether programs read their rows from a row list.
 _TRAVERSAL = dict(num_addends=(0, 1, 2, 3), has_bias=_BOOL, row_list=_BOOL)
 _SOFTMAX = dict(has_leaky=_BOOL, row_list=_BOOL)
+
+
+class Text(tuple):
+    """Allowed values of a free-text parameter (a generated program's statements): any str;
+    ``[0]`` is an example the registry tests render."""
+
+    def __new__(cls, example: str):
+        return super().__new__(cls, (example,))
+
+    def __contains__(self, value) -> bool:
+        return isinstance(value, str)
+
+
+_EDGEWISE_EXAMPLE = dict(form=("map", "reduce", "softmax"), args=Text("in0, out, n_rows"),
+                         body=Text("mask_hd = (offs_h[:, None] < 1) & (offs_d[None, :] < 1)\n"
+                                   "t1 = tl.load(in0 + own[:, None, None] + lane0[None, :, :], "
+                                   "mask=mask_own[:, None, None], other=0.0)\n"
+                                   "tl.store(out + own[:, None, None] + lane0[None, :, :], t1, "
+                                   "mask=mask_own[:, None, None])"))
 
 
 @dataclass(frozen=True)
@@ -87,6 +107,7 @@ KERNELS: Mapping[str, Entry] = MappingProxyType({
     "edge_softmax_bwd": Entry("edge_softmax.py.j2", "edge_softmax_bwd_kernel", _SOFTMAX),
     "edge_softmax_bwd_rows": Entry("edge_softmax.py.j2", "edge_softmax_bwd_rows_kernel",
                                    _SOFTMAX),
+    "edgewise": Entry("edgewise.py.j2", "edgewise_kernel", _EDGEWISE_EXAMPLE),
 })
 
 _lock = threading.RLock()

@@ -1,0 +1,1 @@
+"""Edge-wise statements fused into one generated kernel (see ``spec.py``)."""
