@@ -458,17 +458,18 @@ _BODIES: Dict[Value, object] = {}
 
 def run_edgewise_body(body: Value, tensors: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
     """An IR expression the runtime builds itself (``arg`` i bound to ``tensors[i]``) on the
-    edgewise kernel, lowered once per expression; with torch ops where the kernel cannot run
-    (torch autograd recording, or torch.compile tracing: the kernel is no custom op yet)."""
-    recording = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    if recording or torch.compiler.is_compiling():
+    edgewise kernel, lowered once per expression; with torch ops while torch autograd records
+    (the kernel has no autograd of its own)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return eval_body(body, tensors, ix)
-    if body not in _BODIES:
+    ew = _BODIES.get(body)
+    if ew is None:
         lowered, why = edgewise_lowering(body)
         if lowered is None:
             raise ValueError(f"edgewise: cannot lower {body!r}: {why}")
-        _BODIES[body] = lowered
-    ew = _BODIES[body]
+        ew = lowered
+        if not torch.compiler.is_compiling():
+            _BODIES[body] = lowered
     out = edgewise(ew.program, [_edgewise_input(ix, tensors, x) for x in ew.inputs],
                    [edgewise_array(ix, k) for k in ew.arrays], _edgewise_rows(ix, ew.rows),
                    _promoted(tensors), backend="triton")

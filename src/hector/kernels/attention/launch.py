@@ -20,6 +20,7 @@ from ...device import DEFAULT_NUM_SMS, num_sms
 from ...graph.structures import CSR
 from .. import autotune
 from .. import registry
+from ..handles import HandleTable
 from .reference import dropout_threshold
 from .spec import AttentionSpec, Schedule, default_schedule, next_pow2, tune_configs
 
@@ -368,40 +369,18 @@ def seed_tensor(seed, device) -> torch.Tensor:
 # from memory, so a captured graph that redraws it on the device (``op.draw_seed``) drops a
 # fresh mask on every replay.
 
-_GRAPHS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
-
-
-class _Token:
-    """What a Graph holds to prove its handle is its own (weakly referenced by the table)."""
-    __slots__ = ("__weakref__",)
-
-
-#: handle -> the token stored on its Graph; a deep copy or unpickled Graph carries a copy of
-#: its original's token (a new object), so it is told apart and gets its own handle.  Weak,
-#: like ``_GRAPHS``: mini-batch training makes a Graph per batch, and a freed one's entry goes
-#: with it (the tables stay as large as the live graphs).
-_TOKENS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
-_next_handle = itertools.count(1)       # handles are never reused, though entries go
+#: Graph handles for the ops (weak: a freed mini-batch graph's entry goes with it).
+_GRAPHS = HandleTable("_attention_op_handle", "graph")
+_next_handle = itertools.count(1)       # launch handles are never reused, though entries go
 
 
 def graph_handle(graph) -> int:
     """A process-unique int naming ``graph`` for the custom ops (memoised on the graph)."""
-    mark = getattr(graph, "_attention_op_handle", None)
-    if mark is None or _TOKENS.get(mark[0]) is not mark[1]:
-        handle = next(_next_handle)
-        mark = (handle, _Token())
-        graph._attention_op_handle = mark
-        _TOKENS[handle] = mark[1]
-        _GRAPHS[handle] = graph
-    return mark[0]
+    return _GRAPHS.handle(graph)
 
 
 def _graph(handle: int):
-    graph = _GRAPHS.get(handle)
-    if graph is None:
-        raise RuntimeError(f"hector::edge_attention: graph handle {handle} is unknown or its "
-                           "Graph was freed")
-    return graph
+    return _GRAPHS.get(handle)
 
 
 class _Launch:
@@ -421,7 +400,9 @@ _LAUNCHES: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 def launch_handle(graph, spec: AttentionSpec, plan: AttentionPlan) -> int:
     """A process-unique int naming the caller's (spec, plan) for the custom op, memoised on
     the plan object (a copy gets its own), so the op launches exactly those objects."""
-    mark = plan.__dict__.get("_launch_handle")
+    mark = getattr(plan, "_launch_handle", None)
+    if mark is not None and torch.compiler.is_compiling():
+        return mark              # dynamo cannot trace the weak table; it guards on the mark
     entry = _LAUNCHES.get(mark) if mark is not None else None
     if entry is None or entry.plan is not plan or entry.spec is not spec:
         mark, entry = next(_next_handle), _Launch(spec, plan)

@@ -1,9 +1,10 @@
 """Triton launch of an edge-wise program (forward only: the compiler's IR autodiff writes the
-backward as more edge-wise programs, run by the same template)."""
+backward as more edge-wise programs, run by the same template), and the custom operator
+``hector::edgewise`` around it, so torch.compile and CUDA graphs see one opaque node."""
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Sequence
+from typing import Dict, List, Sequence
 
 import torch
 
@@ -50,3 +51,31 @@ def launch(spec: EdgewiseSpec, inputs: Sequence[torch.Tensor], arrays: Sequence[
     kern[grid](*[t.contiguous() for t in inputs], *arrays, out, out_rows,
                BLOCK_E=block, BH=bh, BD=bd)
     return out
+
+
+# -- the custom operator (torch.library) ----------------------------------------------------
+# The program travels as an int naming its spec: specs are few (one per lowered statement
+# list, made by the compiler once), so the table is strong and never shrinks.
+_SPEC_IDS: Dict[EdgewiseSpec, int] = {}
+_SPECS: List[EdgewiseSpec] = []
+
+
+def spec_handle(spec: EdgewiseSpec) -> int:
+    if spec not in _SPEC_IDS:
+        _SPEC_IDS[spec] = len(_SPECS)
+        _SPECS.append(spec)
+    return _SPEC_IDS[spec]
+
+
+@torch.library.custom_op("hector::edgewise", mutates_args=())
+def edgewise_op(spec: int, inputs: List[torch.Tensor], arrays: List[torch.Tensor],
+                out_rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """The program named by ``spec`` (see :func:`launch`); no autograd: the compiler writes
+    the backward as more programs."""
+    return launch(_SPECS[spec], inputs, arrays, out_rows, dtype)
+
+
+@edgewise_op.register_fake
+def _edgewise_fake(spec, inputs, arrays, out_rows, dtype):
+    h, d = _SPECS[spec].root.shape
+    return inputs[0].new_empty((out_rows, h, d), dtype=dtype)

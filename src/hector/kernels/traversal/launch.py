@@ -14,13 +14,13 @@ eager.
 """
 from __future__ import annotations
 
-import weakref
 from typing import List, Optional, Sequence
 
 import torch
 
 from .. import autotune, registry
 from ..attention.launch import _graph, graph_handle
+from ..handles import HandleTable
 from .csr import WeightedCSR
 from .schedule import CHUNK, RowBins, Tiles, pick_tiles, row_bins, tile_configs
 from .spec import TraversalKernelSpec
@@ -168,28 +168,16 @@ def launch_edge_softmax(graph, s: torch.Tensor, slope: Optional[float],
 # dataclass of tensors is no schema type, and its row bins are host data the op must not see
 # traced.  The handle is memoised on the CSR with a token (a copied CSR gets its own handle).
 
-_CSRS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
-_CSR_TOKENS: dict = {}
+_CSRS = HandleTable("_op_handle", "WeightedCSR")
 
 
 def csr_handle(m: WeightedCSR) -> int:
     """A process-unique int naming ``m`` for the custom ops (memoised on ``m``)."""
-    mark = getattr(m, "_op_handle", None)   # (getattr: what dynamo traces on every torch)
-    if mark is None or _CSR_TOKENS.get(mark[0]) is not mark[1]:
-        handle = len(_CSR_TOKENS) + 1
-        mark = (handle, object())
-        object.__setattr__(m, "_op_handle", mark)
-        _CSR_TOKENS[handle] = mark[1]
-        _CSRS[handle] = m
-    return mark[0]
+    return _CSRS.handle(m)
 
 
 def _csr(handle: int) -> WeightedCSR:
-    m = _CSRS.get(handle)
-    if m is None:
-        raise RuntimeError(f"hector::traverse: CSR handle {handle} is unknown or its "
-                           "WeightedCSR was freed")
-    return m
+    return _CSRS.get(handle)
 
 
 @torch.library.custom_op("hector::traverse", mutates_args=())
