@@ -373,7 +373,7 @@ def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
     src_kind = step.spec[1].source
 
     def at_source(role):
-        return _at_source(roles[role], src_kind, ix)
+        return _at_source(step, role, roles, src_kind, ix)
 
     v = at_source("v")
     a_src = at_source("a_src")[..., 0] if "a_src" in roles else None
@@ -381,7 +381,7 @@ def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
     if g.num_edges == 0:
         return v.new_zeros((g.num_nodes,) + tuple(v.shape[1:]))
     scale, slope = body.attr("scale"), body.attr("slope")
-    w = _group_weights(roles, src_kind, slope, ix)
+    w = _group_weights(step, roles, slope, ix)
     spec, plan = attention_launch(step, ix)
     dg = attention_graph(step.spec[1], ix)
     rows = dg.num_nodes
@@ -392,84 +392,101 @@ def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
     return o.new_zeros((g.num_nodes,) + tuple(o.shape[1:])).index_add(0, node, o * w)
 
 
-def _at_source(role_value, src_kind, ix, p=None):
+def _step_ir(step, key: str, build):
+    """IR the runtime runs for ``step`` beyond its body (an operand's access, a score, group
+    weights) with its edgewise lowering, built once per step from the step's static parts
+    and kept on it under a constant ``key``: torch.compile then traces a lookup, not the IR
+    construction (which torch 2.11's dynamo cannot trace: it hashes tuples)."""
+    memo = getattr(step, "_runtime_ir", None)
+    if memo is None:
+        memo = {}
+        object.__setattr__(step, "_runtime_ir", memo)      # (frozen dataclass: a memo only)
+    if key not in memo:
+        memo[key] = build()
+    return memo[key]
+
+
+def _at_source(step, role: str, roles, src_kind, ix, p=None):
     """An attention operand on the source side the step runs on: as it is, per edge (read
     through the source's access scheme by the edgewise kernel, times ``p_r`` when ``p`` is
     given), or gathered from node rows onto compact (src, relation) rows."""
-    val, t = role_value
+    val, t = roles[role]
     if src_kind == EDGE:
-        x = ir.arg(0, val)
-        body = x if val.kind == EDGE else ir.gather(x, EDGE, "src")
-        if p is not None:
-            body = ir.binary(Op.MUL, body, ir.arg(1, p[0]))
-        if body is x:
+        if val.kind == EDGE and p is None:
             return t
-        return run_edgewise_body(body, [t] + ([p[1]] if p is not None else []), ix)
+
+        def build():
+            x = ir.arg(0, val)
+            body = x if val.kind == EDGE else ir.gather(x, EDGE, "src")
+            return _program(body if p is None else ir.binary(Op.MUL, body, ir.arg(1, p[0])))
+        prog = _step_ir(step, "source " + role + (" times p" if p is not None else ""), build)
+        return run_edgewise_body(prog, [t] + ([p[1]] if p is not None else []), ix)
     k = t if val.kind == src_kind else t.index_select(0, ix.move(NODE, CSRC, "src"))
     return k if p is None else k * _operand(p[1], p[0], src_kind, ix)
 
 
-def _edge_score(body: Value, roles, ix: GraphIndex) -> torch.Tensor:
+def _edge_score(step, roles, ix: GraphIndex) -> torch.Tensor:
     """The pre-activation score ``scale <q_v, k_u> p_r + a_src + a_dst`` per edge ``[E, H,
     1]`` as one edgewise program (each term read through its access scheme; the torch
     backend's ``attention_score`` gathers every term per edge first)."""
-    tensors: List[torch.Tensor] = []
+    def build():
+        names: List[str] = []
 
-    def term(role: str, end: str) -> Value:
-        val, t = roles[role]
-        tensors.append(t)
-        x = ir.arg(len(tensors) - 1, val)
-        return x if val.kind in (EDGE, WEIGHT) else ir.gather(x, EDGE, end)
+        def term(role: str, end: str) -> Value:
+            val = roles[role][0]
+            names.append(role)
+            x = ir.arg(len(names) - 1, val)
+            return x if val.kind in (EDGE, WEIGHT) else ir.gather(x, EDGE, end)
 
-    terms = []
-    if "q" in roles:
-        qk = ir.unary(Op.SCALE, ir.dot(term("q", "dst"), term("k", "src")),
-                      factor=body.attr("scale"))
-        terms.append(ir.binary(Op.MUL, qk, term("p", "src")) if "p" in roles else qk)
-    terms += [term(r, end) for r, end in (("a_src", "src"), ("a_dst", "dst")) if r in roles]
-    score = terms[0]
-    for t in terms[1:]:
-        score = ir.binary(Op.ADD, score, t)
-    return run_edgewise_body(score, tensors, ix)
+        terms = []
+        if "q" in roles:
+            qk = ir.unary(Op.SCALE, ir.dot(term("q", "dst"), term("k", "src")),
+                          factor=step.body.attr("scale"))
+            terms.append(ir.binary(Op.MUL, qk, term("p", "src")) if "p" in roles else qk)
+        terms += [term(r, end) for r, end in (("a_src", "src"), ("a_dst", "dst")) if r in roles]
+        score = terms[0]
+        for t in terms[1:]:
+            score = ir.binary(Op.ADD, score, t)
+        return _program(score), tuple(names)
+    prog, names = _step_ir(step, "edge score", build)
+    return run_edgewise_body(prog, [roles[n][1] for n in names], ix)
 
 
-def _group_weights(roles, src_kind: str, slope, ix: GraphIndex) -> torch.Tensor:
+def _group_weights(step, roles, slope, ix: GraphIndex) -> torch.Tensor:
     """``w_g = sum_{e in g} alpha_e`` per (dst, relation) row ``g``, ``alpha`` the softmax of
     ``leaky_relu(a_dst[g(e)] + a_src[src(e)])`` over each destination's edges: two edgewise
     programs (the softmax, node-parallel over the CSR by destination; the sum over each
     group's edges), every term read through its access scheme."""
-    (dval, dt) = roles["a_dst"]
-    score = ir.gather(ir.arg(0, dval), EDGE, "dst")
-    tensors = [dt]
-    if "a_src" in roles:
-        sval, st = roles["a_src"]
-        x = ir.arg(1, sval)
-        score = ir.binary(Op.ADD, score, x if sval.kind == EDGE else ir.gather(x, EDGE, "src"))
-        tensors.append(st)
-    if slope is not None:
-        score = ir.unary(Op.LEAKY_RELU, score, slope=slope)
-    alpha = run_edgewise_body(ir.edge_softmax(score), tensors, ix)
-    a = ir.arg(0, ir.edge_softmax(score))
-    return run_edgewise_body(ir.scatter(a, CDST, "dst"), [alpha], ix)
+    def build():
+        score = ir.gather(ir.arg(0, roles["a_dst"][0]), EDGE, "dst")
+        if "a_src" in roles:
+            x = ir.arg(1, roles["a_src"][0])
+            score = ir.binary(Op.ADD, score,
+                              x if x.kind == EDGE else ir.gather(x, EDGE, "src"))
+        if slope is not None:
+            score = ir.unary(Op.LEAKY_RELU, score, slope=slope)
+        alpha = ir.edge_softmax(score)
+        return _program(alpha), _program(ir.scatter(ir.arg(0, alpha), CDST, "dst"))
+    softmax, group_sum = _step_ir(step, "group weights", build)
+    tensors = [roles["a_dst"][1]] + ([roles["a_src"][1]] if "a_src" in roles else [])
+    return run_edgewise_body(group_sum, [run_edgewise_body(softmax, tensors, ix)], ix)
 
 
-_BODIES: Dict[Value, object] = {}
+def _program(body: Value):
+    """(``body``, its edgewise lowering): what :func:`run_edgewise_body` runs."""
+    lowered, why = edgewise_lowering(body)
+    if lowered is None:
+        raise ValueError(f"edgewise: cannot lower {body!r}: {why}")
+    return body, lowered
 
 
-def run_edgewise_body(body: Value, tensors: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
-    """An IR expression the runtime builds itself (``arg`` i bound to ``tensors[i]``) on the
-    edgewise kernel, lowered once per expression; with torch ops while torch autograd records
-    (the kernel has no autograd of its own)."""
+def run_edgewise_body(program, tensors: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
+    """An IR expression the runtime builds itself (``program``: from :func:`_program`, its
+    ``arg`` i bound to ``tensors[i]``) on the edgewise kernel; with torch ops while torch
+    autograd records (the kernel has no autograd of its own)."""
+    body, ew = program
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return eval_body(body, tensors, ix)
-    ew = _BODIES.get(body)
-    if ew is None:
-        lowered, why = edgewise_lowering(body)
-        if lowered is None:
-            raise ValueError(f"edgewise: cannot lower {body!r}: {why}")
-        ew = lowered
-        if not torch.compiler.is_compiling():
-            _BODIES[body] = lowered
     out = edgewise(ew.program, [_edgewise_input(ix, tensors, x) for x in ew.inputs],
                    [edgewise_array(ix, k) for k in ew.arrays], _edgewise_rows(ix, ew.rows),
                    _promoted(tensors), backend="triton")
@@ -488,17 +505,17 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
     src_kind, p = rows.source, roles.get("p")
 
     def at_source(role):
-        return _at_source(roles[role], src_kind, ix)
+        return _at_source(step, role, roles, src_kind, ix)
 
     v = at_source("v")
     if rows.score_on_edges:
         # The whole score is per edge; fold it into one source-side term.
-        a_src = _edge_score(body, roles, ix)[..., 0]
+        a_src = _edge_score(step, roles, ix)[..., 0]
         q = k = a_dst = None
     else:
         q = roles["q"][1] if "q" in roles else None
         # p_r scales q.k: fold it into the keys
-        k = _at_source(roles["k"], src_kind, ix, p) if "k" in roles else None
+        k = _at_source(step, "k", roles, src_kind, ix, p) if "k" in roles else None
         a_src = at_source("a_src")[..., 0] if "a_src" in roles else None
         a_dst = roles["a_dst"][1][..., 0] if "a_dst" in roles else None
     spec, plan = attention_launch(step, ix)
