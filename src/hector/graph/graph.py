@@ -188,8 +188,10 @@ class Graph:
         if device not in self._device_copies:
             other = object.__new__(Graph)
             # Derived graphs (``_derived``) are rebuilt per device on demand, not shared.
+            # Nor is the custom ops' handle mark: the copy is named by a handle of its own.
             other.__dict__.update({k: _move_value(v, device) for k, v in self.__dict__.items()
-                                   if k not in ("_device_copies", "_derived")})
+                                   if k not in ("_device_copies", "_derived",
+                                                "_attention_op_handle")})
             other.device = device
             other._derived = {}
             other._device_copies = self._device_copies   # shared: every copy knows the others
