@@ -98,13 +98,7 @@ def fresh_dynamo():
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("name", LAYERS)
-def test_fullgraph_compile_with_prebuilt_graph_matches_eager(name, backend, request):
-    if name == "hgt" and backend == "triton" and torch.cuda.is_available():
-        # Seen on the H200 (torch 2.11): the output matches, every gradient comes back zero
-        # under aot_eager; dynamo alone (backend="eager") and a raw edge_index are correct.
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "open: aot_autograd gives zero gradients for HGT on the Triton backend with a "
-            "prebuilt Graph on CUDA")))
+def test_fullgraph_compile_with_prebuilt_graph_matches_eager(name, backend):
     layer, args = make_case(name, backend=backend)
     want = run(layer, args)
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")

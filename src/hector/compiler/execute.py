@@ -80,6 +80,11 @@ class PlanFunction(torch.autograd.Function):
     def forward(ctx, compiled, ix, backend, leaves: Tuple[Value, ...], *tensors):
         env = run_plan(compiled.forward_plan, ix, dict(zip(leaves, tensors)), backend)
         outs = tuple(env[o] for o in compiled.forward_plan.outputs)
+        if torch.compiler.is_compiling():
+            # torch 2.11's aot_autograd returned zero gradients for every input when an
+            # output here is a view of an intermediate that the caller slices further (HGT's
+            # per-type outputs; seen on the H200): traced, the outputs are their own tensors.
+            outs = tuple(o.clone() for o in outs)
         ctx.compiled, ctx.ix, ctx.backend, ctx.leaves = compiled, ix, backend, leaves
         ctx.save_for_backward(*[env[v] for v in compiled.saved_values])
         return outs if len(outs) > 1 else outs[0]
