@@ -181,12 +181,13 @@ def test_real_graph_triton_matches_torch_backend(name):
         assert rel_err(a, b) < 1e-3
 
 
-def test_edge_score_program_matches_torch_score():
+def test_edge_score_program_matches_torch_score(monkeypatch):
     """The per-edge score an attention step folds onto edges (q.k scaled, times p_r, plus
     source and (dst, relation) terms) runs as one edgewise program: equal to the torch
     backend's ``attention_score``, which gathers every term per edge."""
     from hector.compiler import ir
     from hector.compiler.steps_torch import GraphIndex, attention_score
+    from hector.compiler.plan import Step
     from hector.compiler.steps_triton import _edge_score
     g = _graph()
     ix = GraphIndex.of(g)
@@ -203,9 +204,17 @@ def test_edge_score_program_matches_torch_score():
                p: torch.randn(3, 2, 1, generator=gen)}
     inputs = [tensors[a] for a in body.args]
     want = attention_score(body, inputs, ix)
-    got = _edge_score(body, ir.attention_roles(body, tuple(zip(body.args, inputs))), ix)
+    step = Step("score", "attention", body, tuple(body.args), body)
+    roles = ir.attention_roles(body, tuple(zip(body.args, inputs)))
+    got = _edge_score(step, roles, ix)
     assert got.shape == want.shape == (EDGES, 2, 1)
     assert rel_err(got, want) < 1e-5
+    # The program is built once per step and kept on it: a second call (what torch.compile
+    # traces) builds no IR.
+    def no_ir(*a, **k):
+        raise AssertionError("IR built again")
+    monkeypatch.setattr(ir, "dot", no_ir)
+    torch.testing.assert_close(_edge_score(step, roles, ix), got)
 
 
 def test_edgewise_lowering_forms_and_declines():
