@@ -28,20 +28,18 @@ def captured_step(layer, args):
     static = {k: v.detach().clone().requires_grad_() for k, v in feats.items()}
     call = (static if isinstance(args[0], dict) else static["x"],) + tuple(args[1:])
 
-    def reset():
+    def step():
+        # Every call, warm-up and captured alike, starts from no gradient.
         layer.zero_grad(set_to_none=True)
         for t in static.values():
             t.grad = None
-
-    def step():
-        reset()        # each warm-up starts from no gradient, as the captured step does
         out = layer(*call)
         flat = torch.cat([o.flatten() for o in out.values()]) if isinstance(out, dict) \
             else out.flatten()
         weights = torch.linspace(-1, 1, flat.numel(), device=flat.device)
         (flat * weights).sum().backward()
         return flat
-    graph, flat = capture_graph(step, 3, reset)
+    graph, flat = capture_graph(step, 3)
     return graph, flat, static
 
 

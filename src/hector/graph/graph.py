@@ -199,9 +199,7 @@ class Graph:
     def derived(self, key, build):
         """``build()``, made once per ``key`` and kept on this graph (graphs are immutable, so
         anything computed from one stays valid; a copy on another device has its own)."""
-        memo = getattr(self, "_derived", None)
-        if memo is None:                 # a Graph unpickled from an older hector
-            memo = self._derived = {}
+        memo = self._derived
         if key not in memo:
             memo[key] = build()
         return memo[key]
