@@ -36,7 +36,10 @@ class GraphIndex:
 
     @staticmethod
     def of(graph) -> "GraphIndex":
-        return graph.derived("compiler_index", lambda: GraphIndex(graph))
+        memo = graph.__dict__.setdefault("_derived", {})
+        if "compiler_index" not in memo:
+            memo["compiler_index"] = GraphIndex(graph)
+        return memo["compiler_index"]
 
     def relation(self, kind: str) -> torch.Tensor:
         g = self.graph

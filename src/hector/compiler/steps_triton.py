@@ -198,12 +198,17 @@ def _bias_row(step, t: torch.Tensor, index: int, ix: GraphIndex) -> torch.Tensor
 def _derived_graph(ix: GraphIndex, src_kind: str):
     """The bipartite graph (source rows of ``src_kind``) -> (nodes, offset by S), memoised."""
     g = ix.graph
-
-    def build():
+    memo = g.__dict__.setdefault("_derived", {})
+    key = "attention_sources_" + src_kind
+    if key not in memo:
         S = ix.rows[src_kind]
-        ei = torch.stack([_source_rows(ix, src_kind), g.dst.long() + S])
-        return Graph(ei, num_nodes=S + g.num_nodes)
-    return g.derived("attention_sources_" + src_kind, build)
+        if src_kind == EDGE:
+            rows = torch.arange(g.num_edges, device=g.device)
+        else:
+            rows = ix.move(src_kind, EDGE, "src")
+        ei = torch.stack([rows, g.dst.long() + S])
+        memo[key] = Graph(ei, num_nodes=S + g.num_nodes)
+    return memo[key]
 
 
 def _pad(t: Optional[torch.Tensor], before: int, after: int) -> Optional[torch.Tensor]:
@@ -225,11 +230,13 @@ def _group_graph(ix: GraphIndex, src_kind: str):
     derived edge per edge; sources and destinations share the id range ``[0, max(S, Sd))``
     (the kernels read each operand only in its own role).  Memoised on the graph."""
     g = ix.graph
-
-    def build():
+    memo = g.__dict__.setdefault("_derived", {})
+    key = "attention_groups_" + src_kind
+    if key not in memo:
+        rows = max(ix.rows[src_kind], ix.rows[CDST])
         ei = torch.stack([_source_rows(ix, src_kind), ix.move(CDST, EDGE, "dst")])
-        return Graph(ei, num_nodes=max(ix.rows[src_kind], ix.rows[CDST]))
-    return g.derived("attention_groups_" + src_kind, build)
+        memo[key] = Graph(ei, num_nodes=rows)
+    return memo[key]
 
 
 def _fit(t: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:

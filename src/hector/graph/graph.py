@@ -75,9 +75,6 @@ class Graph:
         self.graph_ptr: Optional[torch.Tensor] = None   # set by Graph.batch
         self._build(src, dst, etype, ntype, super_node_threshold)
         self._device_copies: Dict[torch.device, Graph] = {self.device: self}
-        # Quantities derived from this (immutable) graph, memoised by ``derived``.  A plain
-        # attribute set here: torch.compile (2.11) cannot trace ``__dict__.setdefault``.
-        self._derived: Dict[object, object] = {}
 
     # -- construction ---------------------------------------------------------------------
     def _build(self, src, dst, etype, ntype, super_node_threshold):
@@ -191,18 +188,9 @@ class Graph:
             other.__dict__.update({k: _move_value(v, device) for k, v in self.__dict__.items()
                                    if k not in ("_device_copies", "_derived")})
             other.device = device
-            other._derived = {}
             other._device_copies = self._device_copies   # shared: every copy knows the others
             self._device_copies[device] = other
         return self._device_copies[device]
-
-    def derived(self, key, build):
-        """``build()``, made once per ``key`` and kept on this graph (graphs are immutable, so
-        anything computed from one stays valid; a copy on another device has its own)."""
-        memo = self._derived
-        if key not in memo:
-            memo[key] = build()
-        return memo[key]
 
     def nbytes(self) -> int:
         """Bytes held by this graph's index structures on its device."""

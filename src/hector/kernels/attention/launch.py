@@ -365,7 +365,7 @@ _TOKENS: dict = {}
 
 def graph_handle(graph) -> int:
     """A process-unique int naming ``graph`` for the custom ops (memoised on the graph)."""
-    mark = getattr(graph, "_attention_op_handle", None)
+    mark = graph.__dict__.get("_attention_op_handle")
     if mark is None or _TOKENS.get(mark[0]) is not mark[1]:
         handle = len(_TOKENS) + 1
         mark = (handle, object())

@@ -166,16 +166,15 @@ class _Layout:
 
 def _layout(graph, heads: int) -> _Layout:
     # Kept on the (immutable) graph, like its self-loop twin: built once per head count.
-    return graph.derived(("csr_attention", heads), lambda: _new_layout(graph, heads))
-
-
-def _new_layout(graph, heads: int) -> _Layout:
-    with warnings.catch_warnings():
-        # torch warns once per process that sparse CSR is "beta"; it is not news to a user
-        warnings.simplefilter("ignore", UserWarning)
-        layout = _Layout(graph, heads)
-        layout.matrix(torch.zeros(layout.col.numel()))
-    return layout
+    memo = graph.__dict__.setdefault("_derived", {})
+    key = ("csr_attention", heads)
+    if key not in memo:
+        with warnings.catch_warnings():
+            # torch warns once per process that sparse CSR is "beta"; it is not news to a user
+            warnings.simplefilter("ignore", UserWarning)
+            memo[key] = layout = _Layout(graph, heads)
+            layout.matrix(torch.zeros(layout.col.numel()))
+    return memo[key]
 
 
 def _sddmm(layout: _Layout, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
