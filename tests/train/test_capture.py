@@ -269,11 +269,14 @@ def test_hector_train_captures_with_dropout_and_the_steady_epoch_does_not_sync()
             torch.cuda.set_sync_debug_mode("error")
         return out
     loop._report = strict_report
+    log = io.StringIO()
     try:
-        r = train(_parser().parse_args(argv), out=io.StringIO())
+        r = train(_parser().parse_args(argv), out=log)
     finally:
         loop._report = real_report
         torch.cuda.set_sync_debug_mode(0)
-    # synthetic:cora's features carry little of the labels (eager reaches test accuracy near
-    # chance in 30 epochs too); the captured steps must still fit the training nodes.
-    assert r["captured"] and r["epochs"] == 30 and r["train_acc"] > 0.4
+    # synthetic:cora's features carry little of the labels (eager's test accuracy stays near
+    # chance in 30 epochs too); the captured steps must still lower the training loss.
+    losses = _logged_losses(log.getvalue())
+    assert r["captured"] and r["epochs"] == 30 and len(losses) == 3
+    assert losses[-1] < 0.9 * losses[0]
