@@ -22,7 +22,7 @@ schedules :func:`attention_launch` memoises per graph.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
