@@ -86,6 +86,25 @@ def test_targets_use_the_better_pyg_peer():
     assert "MISSED" in targets.table(list(got.values()))
 
 
+def test_targets_take_each_side_at_its_best_but_not_replayed_peaks():
+    case = "rgat/synthetic:aifb/64x1"
+    rows = [_row(case, "PyG eager", 4.0, 20.0, 100.0),
+            _row(case, "PyG compile", 3.0, 16.0, 90.0),
+            _row(case, "PyG compile RO", 2.0, 18.0, 1.0),      # its peak is the replay's
+            _row(case, "hector", 1.0, 8.0, 30.0),
+            _row(case, "hector captured", 0.5, 1.0, 0.0, noisy=["training"])]
+    (c,) = targets.per_case(rows)
+    assert c["pyg_inference"] == 2.0 and c["pyg_training"] == 16.0 and c["pyg_peak"] == 90.0
+    h = c["hector"]
+    assert (h["inference_ms"], h["training_ms"], h["peak_MiB"]) == (0.5, 1.0, 30.0)
+    assert h["inference_peer"] == h["training_peer"] == "hector captured"
+    assert c["noisy_training"] and not c["noisy_inference"]
+    got = {t["target"]: t for t in targets.evaluate({"rows": rows})}
+    assert got["relational inference speedup (geomean)"]["value"] == pytest.approx(4.0)
+    assert got["relational training speedup (geomean)"]["met"] is None      # noisy: no verdict
+    assert got["peak memory / PyG's (worst case)"]["value"] == pytest.approx(30.0 / 90.0)
+
+
 def test_gradient_check_catches_a_wrong_backward():
     lin = torch.nn.Linear(4, 3)
     x = torch.randn(5, 4)

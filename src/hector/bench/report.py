@@ -121,7 +121,7 @@ def _verdict_md(t: dict) -> str:
 
 
 def summary_markdown(result: dict) -> str:
-    """One row per case: hector against the better PyG peer (the README's table)."""
+    """One row per case: hector at its best (eager or captured) against PyG at its best."""
     def ms(v):
         return "-" if v is None else (f"{v:.2f}" if v < 100 else f"{v:.0f}")
 
