@@ -1,7 +1,7 @@
 """Weight-gradient steps of compiled backward plans on the Triton backend (one
 ``segment_mm_wgrad`` launch per step) against the torch backend's per-slice loop: per relation
 (with empty relations), per node type (non-contiguous types: ``node_perm``), one segment,
-per-head weights and zero rows."""
+per-head weights and zero rows; and the bias gradients' slice sums against ``index_add``."""
 from __future__ import annotations
 
 import sys
@@ -13,6 +13,7 @@ import torch
 from hector.graph import Graph
 from hector.nn import HGTConv, RGATConv
 from hector.compiler.execute import run_step, triton_step
+from hector.compiler import steps_torch
 from hector.compiler.steps_torch import GraphIndex, eval_body
 
 pyg = pytest.importorskip("torch_geometric.nn")
@@ -75,3 +76,19 @@ def test_hgt_wgrad_steps_non_contiguous_node_types():
     m = hector.compile(models.hgt, in_dim=8, out_dim=8, heads=2, num_relations=4,
                        num_node_types=3, backend="triton")
     _check(_wgrad_steps(m.program, g), g, dev)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("n", [1, 4, steps_torch.ONE_HOT_SLICES + 3])
+def test_slice_sums_equal_index_add(monkeypatch, dtype, tol, n):
+    # a bias gradient per slice: rows in any order, some slices empty, several row chunks
+    monkeypatch.setattr(steps_torch, "_ONE_HOT_ELEMENTS", 7 * n)     # chunks of 7 rows
+    gen = torch.Generator().manual_seed(n)
+    dy = torch.randn(53, 3, 5, generator=gen).to(dtype)
+    idx = torch.randint(0, max(1, n - 1), (53,), generator=gen)      # slice n-1 stays empty
+    got = steps_torch.slice_sums(dy, idx, n)
+    want = torch.zeros(n, 3, 5).index_add(0, idx, dy.float())
+    assert got.shape == (n, 3, 5) and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+    if n > 1:
+        assert torch.all(got[n - 1] == 0)

@@ -260,6 +260,30 @@ def _wgrad(v: Value, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch
     return segment_outer(x, dy, ix.ptr[NODE], len(ix.ptr[NODE]) - 1, ix.node_perm)
 
 
+#: Slice sums of at most this many slices are a one-hot product; more, an ``index_add``.
+ONE_HOT_SLICES = 64
+_ONE_HOT_ELEMENTS = 1 << 26          # one-hot entries per chunk of rows (256 MiB in fp32)
+
+
+def slice_sums(dy: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
+    """``[n, ...]``: the rows of ``dy`` summed per slice id ``idx`` (a bias gradient per node
+    type or relation).  With few slices, a one-hot product in fp32 rather than ``index_add``:
+    on CUDA, ``index_add`` of every row into a handful of slots serialises on atomics (HGT
+    on synthetic mag: 7 ms per bias gradient, 1.9M rows into 4 slots, where reading the rows
+    once takes 0.1 ms); the product reads ``dy`` once, with no atomics, deterministically,
+    in a fixed number of launches (no host sync: it can be captured)."""
+    if n > ONE_HOT_SLICES:
+        return dy.new_zeros((n,) + tuple(dy.shape[1:])).index_add(0, idx, dy)
+    flat = dy.reshape(dy.shape[0], -1)
+    out = torch.zeros(n, flat.shape[1], dtype=torch.float32, device=dy.device)
+    ids = torch.arange(n, device=dy.device)
+    step = max(1, _ONE_HOT_ELEMENTS // max(n, 1))
+    for lo in range(0, flat.shape[0], step):
+        hot = (idx[lo:lo + step, None] == ids).to(torch.float32)
+        out += hot.t() @ flat[lo:lo + step].float()
+    return out.to(dy.dtype).reshape((n,) + tuple(dy.shape[1:]))
+
+
 def _wsum(v: Value, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
     kind = v.args[0].kind
     idx = _slice_index(ix, v, kind)
@@ -267,7 +291,7 @@ def _wsum(v: Value, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
         s = dy.sum(0)
     else:
         n = len(ix.ptr[kind if v.per == "relation" else NODE]) - 1
-        s = dy.new_zeros((n,) + tuple(dy.shape[1:])).index_add(0, idx, dy)
+        s = slice_sums(dy, idx, n)
     h, d = (1, v.shape[0]) if len(v.shape) == 1 else v.shape
     lead = s.dim() - 2
     if h == 1 and s.shape[lead] != 1:
