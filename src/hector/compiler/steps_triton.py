@@ -145,8 +145,8 @@ def _movement_factor(ix: GraphIndex, move: tuple) -> WeightedCSR:
     val = ix.counts(one, many, end).index_select(0, idx).reciprocal() if how == "mean" else None
     rows = torch.arange(ix.rows[many], device=idx.device)
     if op == "gather":
-        return from_coo(rows, idx, val, ix.rows[many], ix.rows[one])
-    return from_coo(idx, rows, val, ix.rows[one], ix.rows[many])
+        return from_coo(rows, idx, val, ix.rows[many], ix.rows[one], distinct=True)
+    return from_coo(idx, rows, val, ix.rows[one], ix.rows[many], distinct=True)
 
 
 def movement_csr(ix: GraphIndex, movements: tuple, coef: float = 1.0) -> WeightedCSR:
