@@ -27,6 +27,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..graph import Graph
+from ..graph.derived import AttentionGraph
 from ..kernels.attention.launch import AttentionPlan, make_plan
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
@@ -298,8 +299,7 @@ def _derived_graph(ix: GraphIndex, src_kind: str):
 
     def build():
         S = ix.rows[src_kind]
-        ei = torch.stack([_source_rows(ix, src_kind), g.dst.long() + S])
-        return Graph(ei, num_nodes=S + g.num_nodes)
+        return AttentionGraph(_source_rows(ix, src_kind), g.dst.long() + S, S + g.num_nodes)
     return g.derived("attention_sources_" + src_kind, build)
 
 
@@ -323,9 +323,9 @@ def _group_graph(ix: GraphIndex, src_kind: str):
     (the kernels read each operand only in its own role).  Memoised on the graph."""
     g = ix.graph
 
-    def build():
-        ei = torch.stack([_source_rows(ix, src_kind), ix.move(CDST, EDGE, "dst")])
-        return Graph(ei, num_nodes=max(ix.rows[src_kind], ix.rows[CDST]))
+    def build():     # (compact (dst, relation) rows ascend in canonical edge order)
+        return AttentionGraph(_source_rows(ix, src_kind), ix.move(CDST, EDGE, "dst"),
+                              max(ix.rows[src_kind], ix.rows[CDST]), dst_sorted=True)
     return g.derived("attention_groups_" + src_kind, build)
 
 
