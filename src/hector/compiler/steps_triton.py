@@ -35,7 +35,7 @@ from ..kernels.edgewise.op import edgewise
 from ..kernels.segment_mm.launch import segment_mm_wgrad_op
 from ..kernels.segment_mm.op import segment_mm
 from ..kernels.segment_mm.spec import GemmSpec, default_schedule
-from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, scaled
+from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, one_per_row, scaled
 from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
 from . import ir
 from .ir import CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_roles, toposort
@@ -144,9 +144,9 @@ def _movement_factor(ix: GraphIndex, move: tuple) -> WeightedCSR:
     op, one, many, end, how = move
     idx = ix.move(one, many, end)
     val = ix.counts(one, many, end).index_select(0, idx).reciprocal() if how == "mean" else None
-    rows = torch.arange(ix.rows[many], device=idx.device)
     if op == "gather":
-        return from_coo(rows, idx, val, ix.rows[many], ix.rows[one], distinct=True)
+        return one_per_row(idx, val, ix.rows[one])
+    rows = torch.arange(ix.rows[many], device=idx.device)
     return from_coo(idx, rows, val, ix.rows[one], ix.rows[many], distinct=True)
 
 

@@ -5,7 +5,8 @@ int32 and keys past int64.  Host-only: no kernel runs."""
 import pytest
 import torch
 
-from hector.kernels.traversal.csr import WeightedCSR, compose, from_coo
+from hector.kernels.traversal.csr import WeightedCSR, compose, from_coo, one_per_row
+from hector.kernels.traversal.schedule import row_bins
 
 
 def sparse_csr(sp: torch.Tensor):
@@ -145,3 +146,16 @@ def test_from_coo_rejects_mismatched_inputs():
         from_coo(r, r, torch.ones(3), 2, 2)
     with pytest.raises(ValueError, match="rows and cols"):
         from_coo(r, r, None, -1, 2)
+
+
+@pytest.mark.parametrize("n", [0, 1, 37])
+def test_one_per_row_equals_from_coo_of_a_gather(n):
+    g = torch.Generator().manual_seed(n)
+    idx = torch.randint(0, 5, (n,), generator=g)
+    v = torch.rand(n, generator=g)
+    for val in (v, None):
+        fast, want = one_per_row(idx, val, 5), from_coo(torch.arange(n), idx, val, n, 5)
+        assert (fast.rows, fast.cols) == (want.rows, want.cols)
+        for a, b in ((fast.ptr, want.ptr), (fast.col, want.col), (fast.val, want.val)):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        assert fast.bins.__dict__ == row_bins(want.ptr).__dict__     # no tensors: n short rows

@@ -87,12 +87,26 @@ def from_coo(row: torch.Tensor, col: torch.Tensor, val: Optional[torch.Tensor],
     return _csr(row, col, val, rows, cols)
 
 
+def one_per_row(col: torch.Tensor, val: Optional[torch.Tensor], cols: int) -> WeightedCSR:
+    """The CSR with exactly one entry per row, ``(j, col[j], val[j])`` (a gather): what
+    :func:`from_coo` gives for rows ``0..n-1``, without its sort."""
+    n = col.numel()
+    ptr = torch.arange(n + 1, device=col.device)
+    val = torch.ones(n, dtype=torch.float32, device=col.device) if val is None else val.float()
+    col_dtype = torch.int32 if cols < 2 ** 31 else torch.int64
+    # Every row is short, of one entry: the bins are known without reading the device.
+    bins = RowBins(n, 0, None, None, min(n, 1), 0.0)
+    return WeightedCSR(ptr, col.to(col_dtype).contiguous(), val.contiguous(), n, cols, bins)
+
+
 def _sort_by_row_col(row: torch.Tensor, col: torch.Tensor, rows: int,
                      cols: int) -> torch.Tensor:
     """Stable permutation ordering entries by (row, col): one sort of ``row * cols + col``
     when that key fits int64 (any ``rows * cols < 2^63``), else two stable sorts."""
-    if rows * max(cols, 1) < 2 ** 63:
-        return torch.sort(row * max(cols, 1) + col, stable=True).indices
+    span = rows * max(cols, 1)
+    if span < 2 ** 63:     # (int32 keys where they fit: a 3x faster sort on the CPU)
+        key = row * max(cols, 1) + col
+        return torch.sort(key.int() if span < 2 ** 31 else key, stable=True).indices
     by_col = torch.sort(col, stable=True).indices
     return by_col.index_select(0, torch.sort(row.index_select(0, by_col), stable=True).indices)
 
@@ -120,7 +134,10 @@ def _sum_duplicates(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor):
 def _csr(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor, rows: int,
          cols: int) -> WeightedCSR:
     """The CSR of entries already sorted by (row, col) and distinct."""
-    ptr = ptr_of(row, rows)
+    if row.device.type == "cpu":
+        ptr = ptr_of(row, rows)
+    else:   # bincount reads its input's max back (a sync); sorted rows need no count
+        ptr = torch.searchsorted(row, torch.arange(rows + 1, device=row.device))
     col_dtype = torch.int32 if cols < 2 ** 31 else torch.int64
     return WeightedCSR(ptr, col.to(col_dtype).contiguous(), val.contiguous(), rows, cols,
                        row_bins(ptr))
