@@ -72,3 +72,19 @@ def test_compiler_derived_graphs_equal_the_full_graphs_they_replace(kind):
     sources = Graph(torch.stack([rows, g.dst.long() + S]), num_nodes=S + g.num_nodes)
     assert_same_fields(_derived_graph(ix, kind), sources)
     assert _group_graph(ix, kind) is _group_graph(ix, kind)      # memoised on the graph
+
+
+def test_degree_stats_of_each_read_once_equal_one_by_one():
+    from hector.graph.structures import DegreeStats
+    degs = [torch.tensor([0, 3, 1, 1200, 0]), torch.zeros(0, dtype=torch.long),
+            torch.tensor([2, 2], dtype=torch.int32)]
+    both = DegreeStats.of_each(degs, 1000)
+    for d, s in zip(degs, both):
+        vals = [float(x) for x in d.tolist()]
+        n = len(vals)
+        mean = sum(vals) / n if n else 0.0
+        std = (sum((x - mean) ** 2 for x in vals) / n) ** 0.5 if n else 0.0
+        assert s.max == (max(vals) if n else 0) and s.num_isolated == vals.count(0.0)
+        assert s.num_super == sum(x >= 1000 for x in vals)
+        assert s.mean == pytest.approx(mean) and s.cv == pytest.approx(std / mean if mean else 0.0)
+        assert s == DegreeStats.of(d, 1000)

@@ -27,6 +27,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..graph import Graph
+from ..graph.build import sorted_ptr
 from ..graph.derived import AttentionGraph
 from ..kernels.attention.launch import AttentionPlan, make_plan
 from ..kernels.attention.op import edge_attention
@@ -207,10 +208,8 @@ def edgewise_array(ix: GraphIndex, key: tuple) -> torch.Tensor:
     memo = ("edgewise_csr",) + key[1:]
     if memo not in ix.memo:
         one, many, end = key[1:]
-        idx, n = ix.move(one, many, end), ix.rows[one]
-        ptr = torch.zeros(n + 1, dtype=torch.long, device=idx.device)
-        ptr[1:] = torch.bincount(idx, minlength=n).cumsum(0)
-        ix.memo[memo] = (ptr, torch.argsort(idx, stable=True))
+        ordered, perm = torch.sort(ix.move(one, many, end), stable=True)
+        ix.memo[memo] = (sorted_ptr(ordered, ix.rows[one]), perm)
     return ix.memo[memo][0 if key[0] == "csr_ptr" else 1]
 
 

@@ -42,6 +42,15 @@ def ptr_of(keys: torch.Tensor, n: int) -> torch.Tensor:
     return ptr
 
 
+def sorted_ptr(keys: torch.Tensor, n: int) -> torch.Tensor:
+    """:func:`ptr_of` for non-decreasing ``keys``.  Off the CPU a binary search of every
+    bound: ``bincount`` reads its input's largest key back to size its output (a host sync
+    per call, a dozen per mini-batch block); on the CPU the count is faster."""
+    if keys.device.type == "cpu" or n + 1 > SEARCH_SEGMENTS:
+        return ptr_of(keys, n)
+    return torch.searchsorted(keys, torch.arange(n + 1, device=keys.device, dtype=keys.dtype))
+
+
 def take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``values[index]`` for 1-D tensors; index_select is ~1.8x faster than advanced indexing
     on CPUs for tens of millions of random reads (measured in docs/perf-notes.md)."""
@@ -62,8 +71,8 @@ def canonical_order(src: torch.Tensor, dst: torch.Tensor, etype: torch.Tensor,
 def csr(row: torch.Tensor, col: torch.Tensor, num_nodes: int) -> CSR:
     """CSR over ``row`` of edges given in canonical order (a stable sort keeps relation order
     inside each row)."""
-    order = stable_argsort(row)
-    return CSR(ptr=ptr_of(row, num_nodes), col=take(col, order), eid=order)
+    ordered, order = torch.sort(row, stable=True)
+    return CSR(ptr=sorted_ptr(ordered, num_nodes), col=take(col, order), eid=order)
 
 
 def compact_map(node: torch.Tensor, etype: torch.Tensor, num_nodes: int, num_relations: int,
@@ -77,13 +86,13 @@ def compact_map(node: torch.Tensor, etype: torch.Tensor, num_nodes: int, num_rel
         uniq, edge_row = torch.unique(key, sorted=True, return_inverse=True)
     rel = torch.div(uniq, max(num_nodes, 1), rounding_mode="floor")
     return CompactMap(node=uniq - rel * max(num_nodes, 1), rel=rel,
-                      rel_ptr=ptr_of(rel, num_relations), edge_row=edge_row)
+                      rel_ptr=sorted_ptr(rel, num_relations), edge_row=edge_row)
 
 
 def type_grouping(node_type: torch.Tensor, num_node_types: int):
     """(ptr [T+1], perm [N] grouping nodes by type, contiguous?) for a node-type array."""
-    ptr = ptr_of(node_type, num_node_types)
     contiguous = bool((node_type[1:] >= node_type[:-1]).all()) if node_type.numel() > 1 else True
+    ptr = sorted_ptr(node_type, num_node_types) if contiguous else ptr_of(node_type, num_node_types)
     perm = None if contiguous else stable_argsort(node_type)
     return ptr, perm, contiguous
 

@@ -47,10 +47,10 @@ class AttentionGraph(Graph):
             src, dst = build.take(src, perm), build.take(dst, perm)
         # Canonical order is by destination, so the CSR by destination is that order itself
         # (what Graph's stable sort of a sorted key returns).
-        csr_in = CSR(ptr=build.ptr_of(dst, n), col=src, eid=edges)
+        csr_in = CSR(ptr=build.sorted_ptr(dst, n), col=src, eid=edges)
         csr_out = build.csr(src, dst, n)
-        self.in_degree = DegreeStats.of(csr_in.degrees(), SUPER_NODE_DEGREE)
-        self.out_degree = DegreeStats.of(csr_out.degrees(), SUPER_NODE_DEGREE)
+        self.in_degree, self.out_degree = DegreeStats.of_each(
+            [csr_in.degrees(), csr_out.degrees()], SUPER_NODE_DEGREE)
         self.src, self.dst, self.edge_perm = src.to(idx), dst.to(idx), perm.to(idx)
         self.rel_ptr = torch.tensor([0, e], dtype=idx, device=dev)
         self.csr_in, self.csr_out = (CSR(*(a.to(idx) for a in (c.ptr, c.col, c.eid)))

@@ -159,3 +159,29 @@ def test_one_per_row_equals_from_coo_of_a_gather(n):
         for a, b in ((fast.ptr, want.ptr), (fast.col, want.col), (fast.val, want.val)):
             assert a.dtype == b.dtype and torch.equal(a, b)
         assert fast.bins.__dict__ == row_bins(want.ptr).__dict__     # no tensors: n short rows
+
+
+@pytest.mark.parametrize("short_max,chunk", [(3, 5), (3, None), (-1, 4), (100, 8)])
+def test_row_bins_from_one_read_match_the_row_lengths(short_max, chunk):
+    g = torch.Generator().manual_seed(short_max + 7)
+    counts = torch.randint(0, 12, (40,), generator=g)
+    ptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    b = row_bins(ptr.to(torch.int32), short_max, chunk)
+    lens = counts.tolist()
+    short = [i for i, c in enumerate(lens) if c <= short_max]
+    long = [i for i, c in enumerate(lens) if c > short_max]
+    assert (b.num_short, b.num_long) == (len(short), len(long))
+    assert b.short_max == max([lens[i] for i in short], default=0)
+    if not long:
+        assert b.short is None and b.long is None and b.long_mean == 0.0
+        return
+    assert b.long_mean == sum(lens[i] for i in long) / len(long)
+    if short:
+        assert b.short.tolist() == short and b.long.tolist() == long
+    if chunk is None or max(lens) <= chunk:
+        assert b.chunk_start is None
+        return
+    want = [(p + s, min(p + s + chunk, p + lens[i])) for i in long
+            for p in [int(ptr[i])] for s in range(0, lens[i], chunk)]
+    assert list(zip(b.chunk_start.tolist(), b.chunk_end.tolist())) == want
+    assert b.num_chunks == len(want)

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from ...graph.build import ptr_of
+from ...graph.build import sorted_ptr
 from .schedule import RowBins, row_bins
 
 
@@ -134,10 +134,7 @@ def _sum_duplicates(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor):
 def _csr(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor, rows: int,
          cols: int) -> WeightedCSR:
     """The CSR of entries already sorted by (row, col) and distinct."""
-    if row.device.type == "cpu":
-        ptr = ptr_of(row, rows)
-    else:   # bincount reads its input's max back (a sync); sorted rows need no count
-        ptr = torch.searchsorted(row, torch.arange(rows + 1, device=row.device))
+    ptr = sorted_ptr(row, rows)
     col_dtype = torch.int32 if cols < 2 ** 31 else torch.int64
     return WeightedCSR(ptr, col.to(col_dtype).contiguous(), val.contiguous(), rows, cols,
                        row_bins(ptr))
