@@ -27,7 +27,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..graph import Graph
-from ..graph.build import sorted_ptr
+from ..graph.build import sort_key, sorted_ptr
 from ..graph.derived import AttentionGraph
 from ..kernels.attention.launch import AttentionPlan, make_plan
 from ..kernels.attention.op import edge_attention
@@ -208,7 +208,7 @@ def edgewise_array(ix: GraphIndex, key: tuple) -> torch.Tensor:
     memo = ("edgewise_csr",) + key[1:]
     if memo not in ix.memo:
         one, many, end = key[1:]
-        ordered, perm = torch.sort(ix.move(one, many, end), stable=True)
+        ordered, perm = torch.sort(sort_key(ix.move(one, many, end), ix.rows[one]), stable=True)
         ix.memo[memo] = (sorted_ptr(ordered, ix.rows[one]), perm)
     return ix.memo[memo][0 if key[0] == "csr_ptr" else 1]
 

@@ -61,17 +61,25 @@ def stable_argsort(keys: torch.Tensor) -> torch.Tensor:
     return torch.sort(keys, stable=True).indices
 
 
+def sort_key(key: torch.Tensor, bound: int) -> torch.Tensor:
+    """``key`` (values in ``[0, bound)``) as int32 where that holds them: sorting 32-bit keys
+    is ~3x faster than 64-bit ones on the CPU (80K keys, torch 2.13) and cheaper on CUDA; the
+    permutation of a stable sort is the same."""
+    return key.to(torch.int32) if bound <= INT32_LIMIT else key
+
+
 def canonical_order(src: torch.Tensor, dst: torch.Tensor, etype: torch.Tensor,
-                    num_nodes: int) -> torch.Tensor:
+                    num_nodes: int, num_relations: int) -> torch.Tensor:
     """Permutation sorting edges by (relation, destination), ties in input order."""
     del src  # the order does not depend on the source; kept in the signature for clarity
-    return stable_argsort(etype * max(num_nodes, 1) + dst)
+    n = max(num_nodes, 1)
+    return stable_argsort(sort_key(etype * n + dst, max(num_relations, 1) * n))
 
 
 def csr(row: torch.Tensor, col: torch.Tensor, num_nodes: int) -> CSR:
     """CSR over ``row`` of edges given in canonical order (a stable sort keeps relation order
     inside each row)."""
-    ordered, order = torch.sort(row, stable=True)
+    ordered, order = torch.sort(sort_key(row, num_nodes), stable=True)
     return CSR(ptr=sorted_ptr(ordered, num_nodes), col=take(col, order), eid=order)
 
 
@@ -79,7 +87,7 @@ def compact_map(node: torch.Tensor, etype: torch.Tensor, num_nodes: int, num_rel
                 keys_sorted: bool) -> CompactMap:
     """Unique (node, relation) pairs.  ``keys_sorted``: the key ``etype * N + node`` is already
     non-decreasing (true for destinations in canonical order), so a consecutive unique does."""
-    key = etype * max(num_nodes, 1) + node
+    key = sort_key(etype * max(num_nodes, 1) + node, max(num_relations, 1) * max(num_nodes, 1))
     if keys_sorted:
         uniq, edge_row = torch.unique_consecutive(key, return_inverse=True)
     else:

@@ -42,7 +42,7 @@ class AttentionGraph(Graph):
         self.index_dtype = idx = build.index_dtype(n, e)
         self.node_type_names = self.relation_names = self.graph_ptr = None
         edges = torch.arange(e, device=dev)
-        perm = edges if dst_sorted else build.stable_argsort(dst)
+        perm = edges if dst_sorted else build.stable_argsort(build.sort_key(dst, n))
         if not dst_sorted:
             src, dst = build.take(src, perm), build.take(dst, perm)
         # Canonical order is by destination, so the CSR by destination is that order itself

@@ -83,7 +83,7 @@ class Graph:
     def _build(self, src, dst, etype, ntype, super_node_threshold):
         n, r, t = self.num_nodes, self.num_relations, self.num_node_types
         idx = self.index_dtype
-        perm = build.canonical_order(src, dst, etype, n)
+        perm = build.canonical_order(src, dst, etype, n, r)
         src, dst, etype = (build.take(a, perm) for a in (src, dst, etype))
         self.rel_ptr = build.sorted_ptr(etype, r)        # (canonical order: by relation)
         self.csr_in = build.csr(dst, src, n)

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from ...graph.build import sorted_ptr
+from ...graph.build import sort_key, sorted_ptr
 from .schedule import RowBins, row_bins
 
 
@@ -104,9 +104,8 @@ def _sort_by_row_col(row: torch.Tensor, col: torch.Tensor, rows: int,
     """Stable permutation ordering entries by (row, col): one sort of ``row * cols + col``
     when that key fits int64 (any ``rows * cols < 2^63``), else two stable sorts."""
     span = rows * max(cols, 1)
-    if span < 2 ** 63:     # (int32 keys where they fit: a 3x faster sort on the CPU)
-        key = row * max(cols, 1) + col
-        return torch.sort(key.int() if span < 2 ** 31 else key, stable=True).indices
+    if span < 2 ** 63:
+        return torch.sort(sort_key(row * max(cols, 1) + col, span), stable=True).indices
     by_col = torch.sort(col, stable=True).indices
     return by_col.index_select(0, torch.sort(row.index_select(0, by_col), stable=True).indices)
 
