@@ -52,7 +52,7 @@ class AttentionGraph(Graph):
         self.in_degree, self.out_degree = DegreeStats.of_each(
             [csr_in.degrees(), csr_out.degrees()], SUPER_NODE_DEGREE)
         self.src, self.dst, self.edge_perm = src.to(idx), dst.to(idx), perm.to(idx)
-        self.rel_ptr = torch.tensor([0, e], dtype=idx, device=dev)
+        self.rel_ptr = torch.arange(2, dtype=idx, device=dev) * e     # [0, E], no host copy
         self.csr_in, self.csr_out = (CSR(*(a.to(idx) for a in (c.ptr, c.col, c.eid)))
                                      for c in (csr_in, csr_out))
         self._device_copies = {dev: self}

@@ -113,17 +113,22 @@ def _sort_by_row_col(row: torch.Tensor, col: torch.Tensor, rows: int,
 def _sum_duplicates(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor):
     """Entries sorted by (row, col) with equal neighbours merged; each run of equal keys
     summed left to right (sequentially, in the order given)."""
-    new = torch.ones(row.numel(), dtype=torch.bool, device=row.device)
+    n = row.numel()
+    new = torch.ones(n, dtype=torch.bool, device=row.device)
     new[1:] = (row[1:] != row[:-1]) | (col[1:] != col[:-1])
-    starts = torch.nonzero(new).flatten()          # (one host read: the distinct count)
-    if starts.numel() == row.numel():
+    run = torch.cumsum(new, 0) - 1                        # each entry's run of equal keys
+    at = torch.arange(n, device=row.device)
+    first = torch.cummax(torch.where(new, at, 0), 0).values     # where that run starts
+    # One host read for both sizes (each read is a device sync on CUDA).
+    distinct, longest = torch.stack([run[-1] + 1, (at - first).max() + 1]).tolist()
+    if distinct == n:
         return row, col, val
-    counts = torch.diff(starts, append=starts.new_tensor([row.numel()]))
+    starts = torch.full((distinct,), n, device=row.device).scatter_reduce_(0, run, at, "amin")
+    counts = torch.diff(starts, append=torch.full((1,), n, device=row.device))  # (no copy)
     total = val.index_select(0, starts)
-    longest = int(counts.max())
     # One pass per repeat: O(distinct x longest run), with no atomics (a fixed order on every
     # device); runs are short in practice (parallel edges, paths between two rows).
-    last = row.numel() - 1
+    last = n - 1
     for k in range(1, longest):
         more = val.index_select(0, (starts + k).clamp_(max=last))
         total = torch.where(counts > k, total + more, total)
