@@ -156,6 +156,12 @@ def movement_csr(ix: GraphIndex, movements: tuple, coef: float = 1.0) -> Weighte
     weighted CSR: built from the graph's index arrays on the first call, memoised on the
     graph's index."""
     key = ("traversal_csr", movements, coef)
+    mirror = ix.memo.get(("traversal_csr", _reversed_chain(movements), coef))
+    if key not in ix.memo and len(movements) == 2 and mirror is not None:
+        # A backward's chain is often a forward's reversed: its CSR is that one transposed,
+        # bit for bit (each entry sums the same products over the one middle row, in the same
+        # order), for one sort instead of two factors and a product.
+        ix.memo[key] = mirror.transpose()
     if key not in ix.memo:
         m = None
         for move in movements:
@@ -163,6 +169,15 @@ def movement_csr(ix: GraphIndex, movements: tuple, coef: float = 1.0) -> Weighte
             m = f if m is None else compose(f, m)
         ix.memo[key] = scaled(m, coef) if coef != 1.0 else m
     return ix.memo[key]
+
+
+def _reversed_chain(movements: tuple) -> tuple:
+    """The chain whose weighted CSR is the transpose of ``movements``' one: reversed, each
+    gather a scatter and back (a mean keeps its ``1 / count`` weights)."""
+    flip = {("gather", None): ("scatter", "sum"), ("scatter", "sum"): ("gather", None),
+            ("gather", "mean"): ("scatter", "mean"), ("scatter", "mean"): ("gather", "mean")}
+    return tuple(flip[(op, how)][:1] + (one, many, end) + flip[(op, how)][1:]
+                 for op, one, many, end, how in reversed(movements))
 
 
 def run_traversal(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
