@@ -156,18 +156,20 @@ def movement_csr(ix: GraphIndex, movements: tuple, coef: float = 1.0) -> Weighte
     weighted CSR: built from the graph's index arrays on the first call, memoised on the
     graph's index."""
     key = ("traversal_csr", movements, coef)
-    mirror = ix.memo.get(("traversal_csr", _reversed_chain(movements), coef))
-    if key not in ix.memo and len(movements) == 2 and mirror is not None:
-        # A backward's chain is often a forward's reversed: its CSR is that one transposed,
-        # bit for bit (each entry sums the same products over the one middle row, in the same
-        # order), for one sort instead of two factors and a product.
-        ix.memo[key] = mirror.transpose()
     if key not in ix.memo:
-        m = None
-        for move in movements:
-            f = _movement_factor(ix, move)
-            m = f if m is None else compose(f, m)
-        ix.memo[key] = scaled(m, coef) if coef != 1.0 else m
+        # A backward's chain is often a forward's reversed: its CSR is that one transposed,
+        # bit for bit when there are two movements (each entry sums the same products over
+        # the one middle row, in the same order), for one sort instead of a composition.
+        mirror = (ix.memo.get(("traversal_csr", _reversed_chain(movements), coef))
+                  if len(movements) == 2 else None)
+        if mirror is not None:
+            ix.memo[key] = mirror.transpose()
+        else:
+            m = None
+            for move in movements:
+                f = _movement_factor(ix, move)
+                m = f if m is None else compose(f, m)
+            ix.memo[key] = scaled(m, coef) if coef != 1.0 else m
     return ix.memo[key]
 
 
