@@ -33,13 +33,17 @@ def assert_same_fields(light: AttentionGraph, full: Graph):
             assert a == b, name
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])   # (CUDA: search ptrs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("seed", range(3))
-def test_attention_graph_equals_a_full_graph(seed):
+def test_attention_graph_equals_a_full_graph(seed, device):
     g = torch.Generator().manual_seed(seed)
     n, e = 30, 120      # parallel edges, self loops, isolated ids, a hub: all likely here
-    src = torch.randint(0, n, (e,), generator=g)
+    src = torch.randint(0, n, (e,), generator=g).to(device)
     dst = torch.cat([torch.zeros(20, dtype=torch.long), torch.randint(0, n - 5, (e - 20,),
-                                                                       generator=g)])
+                                                                       generator=g)]).to(device)
     full = Graph(torch.stack([src, dst]), num_nodes=n)
     assert_same_fields(AttentionGraph(src, dst, n), full)
     order = torch.sort(dst, stable=True).indices        # dst sorted: no sort is run

@@ -48,6 +48,11 @@ def sorted_ptr(keys: torch.Tensor, n: int) -> torch.Tensor:
     per call, a dozen per mini-batch block); on the CPU the count is faster."""
     if keys.device.type == "cpu" or n + 1 > SEARCH_SEGMENTS:
         return ptr_of(keys, n)
+    return search_ptr(keys, n)
+
+
+def search_ptr(keys: torch.Tensor, n: int) -> torch.Tensor:
+    """``ptr[i]`` = how many of the sorted ``keys`` are below ``i``, for ``i <= n < 2^31``."""
     return torch.searchsorted(keys, torch.arange(n + 1, device=keys.device, dtype=keys.dtype))
 
 

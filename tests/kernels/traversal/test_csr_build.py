@@ -185,3 +185,25 @@ def test_row_bins_from_one_read_match_the_row_lengths(short_max, chunk):
             for p in [int(ptr[i])] for s in range(0, lens[i], chunk)]
     assert list(zip(b.chunk_start.tolist(), b.chunk_end.tolist())) == want
     assert b.num_chunks == len(want)
+
+
+def test_pointer_search_equals_the_count():
+    from hector.graph.build import ptr_of, search_ptr     # (the CUDA path of sorted_ptr)
+    g = torch.Generator().manual_seed(5)
+    for n, size in ((1, 0), (7, 30), (50, 400)):
+        keys = torch.sort(torch.randint(0, n + 3, (size,), generator=g)).values  # some >= n
+        for dtype in (torch.int64, torch.int32):
+            assert torch.equal(search_ptr(keys.to(dtype), n), ptr_of(keys, n))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_same_csrs_on_cuda_as_on_the_cpu():
+    """The merge order is fixed (input order, paths in k order): bitwise equal on devices."""
+    r, c, v = entries(40, 30, 3000, 11, scale=5.0)     # many duplicates per entry
+    a, b = from_coo(r, c, v, 40, 30), from_coo(*entries(30, 20, 2000, 12, scale=5.0), 30, 20)
+    ga = from_coo(r.cuda(), c.cuda(), v.cuda(), 40, 30)
+    gb = WeightedCSR(b.ptr.cuda(), b.col.cuda(), b.val.cuda(), b.rows, b.cols)
+    for cpu, gpu in ((a, ga), (compose(a, b), compose(ga, gb)), (a.transpose(), ga.transpose())):
+        assert torch.equal(cpu.ptr, gpu.ptr.cpu()) and torch.equal(cpu.col, gpu.col.cpu())
+        assert torch.equal(cpu.val, gpu.val.cpu())
+        assert (cpu.layout.num_short, cpu.layout.num_long) == (gpu.layout.num_short, gpu.layout.num_long)
