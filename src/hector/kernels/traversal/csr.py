@@ -93,10 +93,9 @@ def one_per_row(col: torch.Tensor, val: Optional[torch.Tensor], cols: int) -> We
     n = col.numel()
     ptr = torch.arange(n + 1, device=col.device)
     val = torch.ones(n, dtype=torch.float32, device=col.device) if val is None else val.float()
-    col_dtype = torch.int32 if cols < 2 ** 31 else torch.int64
     # Every row is short, of one entry: the bins are known without reading the device.
     bins = RowBins(n, 0, None, None, min(n, 1), 0.0)
-    return WeightedCSR(ptr, col.to(col_dtype).contiguous(), val.contiguous(), n, cols, bins)
+    return WeightedCSR(ptr, _narrow_cols(col, cols), val.contiguous(), n, cols, bins)
 
 
 def _sort_by_row_col(row: torch.Tensor, col: torch.Tensor, rows: int,
@@ -139,9 +138,12 @@ def _csr(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor, rows: int,
          cols: int) -> WeightedCSR:
     """The CSR of entries already sorted by (row, col) and distinct."""
     ptr = sorted_ptr(row, rows)
-    col_dtype = torch.int32 if cols < 2 ** 31 else torch.int64
-    return WeightedCSR(ptr, col.to(col_dtype).contiguous(), val.contiguous(), rows, cols,
-                       row_bins(ptr))
+    return WeightedCSR(ptr, _narrow_cols(col, cols), val.contiguous(), rows, cols, row_bins(ptr))
+
+
+def _narrow_cols(col: torch.Tensor, cols: int) -> torch.Tensor:
+    """Column ids as the kernels read them: int32 when they fit."""
+    return col.to(torch.int32 if cols < 2 ** 31 else torch.int64).contiguous()
 
 
 def compose(outer: WeightedCSR, inner: WeightedCSR) -> WeightedCSR:
