@@ -3,6 +3,7 @@
     python scripts/batch_overhead.py [--device cuda] [--profile mag] [--scale 0.05]
                                      [--models rgcn,rgat,hgt] [--fanout 25,20]
                                      [--batch-size 1024] [--batches 10] [--threads N] [--pyg]
+                                     [--count-syncs] [--stub-kernels]
 
 For each batch of ``NeighborLoader`` on a synthetic profile (features of width ``--hidden``
 drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HGTConv):
@@ -17,7 +18,16 @@ drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HG
 * compute: forward + backward again on the same blocks (everything cached);
 * plan = compile + first - compute: what a new graph shape costs a batch beyond its compute;
 * pyg compute (with ``--pyg``): PyG's namesake layers, whose parameters ours take over
-  (``from_pyg``), on the same blocks: forward + backward after a warm-up on the batch.
+  (``from_pyg``), on the same blocks: forward + backward after a warm-up on the batch;
+* syncs (with ``--count-syncs``, CUDA only): synchronizing CUDA calls (host reads of device
+  tensors) of build and of first, counted by ``torch.cuda.set_sync_debug_mode`` on a second
+  build of the batch's blocks (so the timings above are not slowed by the counting).
+
+``--stub-kernels`` (CPU, under ``TRITON_INTERPRET=1``): the Triton backend's host path with
+every Triton kernel launch skipped (outputs are left unwritten, so values are meaningless):
+"plan" is then the host work a new batch adds on that backend (index arrays, movement CSRs,
+derived graphs, row bins, launch set-up), which the CPU otherwise hides behind interpreted
+kernels.
 
 Prints medians in milliseconds per batch, one row per model.
 """
@@ -45,6 +55,28 @@ def clock(fn, device):
     out = fn()
     sync(device)
     return time.perf_counter() - t0, out
+
+
+def count_syncs(fn):
+    """(``fn()``, how many synchronizing CUDA calls it made)."""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return out, sum("synchroniz" in str(w.message) for w in caught)
+
+
+def stub_triton_kernels():
+    """Make every interpreted Triton launch a no-op (see ``--stub-kernels``)."""
+    import os
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise SystemExit("--stub-kernels needs TRITON_INTERPRET=1 (the CPU's Triton backend)")
+    from triton.runtime import interpreter
+    interpreter.InterpretedFunction.run = lambda self, *args, **kwargs: None
 
 
 def rebuild(block):
@@ -120,7 +152,13 @@ def main():
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--pyg", action="store_true", help="also time PyG's layers on the blocks")
+    p.add_argument("--count-syncs", action="store_true",
+                   help="count synchronizing CUDA calls of build and first (CUDA only)")
+    p.add_argument("--stub-kernels", action="store_true",
+                   help="CPU, TRITON_INTERPRET=1: skip every Triton launch (host path only)")
     args = p.parse_args()
+    if args.stub_kernels:
+        stub_triton_kernels()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -138,8 +176,11 @@ def main():
     pyg = None
     if args.pyg:
         import torch_geometric.nn as pyg
+    if args.count_syncs and device.type != "cuda":
+        raise SystemExit("--count-syncs needs --device cuda")
     head = ("model", "edges/batch", "sample", "build", "plan", "(of it compile)", "compute",
-            "(build+plan)/compute", "pyg compute")
+            "(build+plan)/compute", "pyg compute") + (
+        ("syncs build", "syncs first") if args.count_syncs else ())
     print("| " + " | ".join(head) + " |  (ms per batch, medians)")
     print("|" + "---|" * len(head))
     for kind in args.models.split(","):
@@ -163,12 +204,20 @@ def main():
                 step(kind, refs, graph, batch, x, pyg_layers=True)     # warm-up
                 t_pyg, _ = clock(lambda: step(kind, refs, graph, batch, x, pyg_layers=True),
                                  device)
+            syncs = ()
+            if args.count_syncs:       # fresh blocks again: their per-graph memos are empty
+                again, n_build = count_syncs(lambda: [rebuild(b) for b in blocks])
+                batch.blocks = again
+                _, n_first = count_syncs(lambda: step(kind, model, graph, batch, x))
+                syncs = (n_build, n_first)
             if i:                                  # batch 0 warms up (first compiles)
                 rows.append((sum(b.num_edges for b in blocks), t_sample, t_build,
-                             t_compile + t_first - t_compute, t_compile, t_compute, t_pyg))
+                             t_compile + t_first - t_compute, t_compile, t_compute, t_pyg)
+                            + syncs)
         med = [statistics.median(c) for c in zip(*rows)]
         print(f"| {kind} | {int(med[0]):,} | " + " | ".join(f"{1e3 * v:.1f}" for v in med[1:6])
-              + f" | {(med[2] + med[3]) / med[5]:.2f} | {1e3 * med[6]:.1f} |")
+              + f" | {(med[2] + med[3]) / med[5]:.2f} | {1e3 * med[6]:.1f} |"
+              + "".join(f" {v:.0f} |" for v in med[7:]))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
+from ..graph.build import sorted_ptr
 from ..kernels.traversal.reference import edge_softmax_torch
 from .ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, attention_roles, toposort
 
@@ -76,10 +77,19 @@ class GraphIndex:
         """How many ``many`` rows map to each ``one`` row (at least 1: a mean of nothing is 0)."""
         key = (one, many, end)
         if key not in self._counts:
-            idx = self.move(one, many, end)
-            c = torch.bincount(idx, minlength=self.rows[one])[:self.rows[one]]
-            self._counts[key] = c.clamp_(min=1).to(torch.float32)
+            self._counts[key] = self._count(one, many, end).clamp_(min=1).to(torch.float32)
         return self._counts[key]
+
+    def _count(self, one: str, many: str, end: str) -> torch.Tensor:
+        """The counts, from a pointer array where the graph has one (a degree) or the index
+        ascends (compact (dst, relation) rows): ``bincount`` reads its input's largest value
+        back to size its output, a device sync on CUDA for every new mini-batch block."""
+        g, n = self.graph, self.rows[one]
+        if (one, many) == (NODE, EDGE):
+            return (g.csr_in if end == "dst" else g.csr_out).degrees().long()
+        if (one, many) == (CDST, EDGE):
+            return torch.diff(sorted_ptr(self.move(one, many, end), n))
+        return torch.bincount(self.move(one, many, end), minlength=n)[:n]
 
 
 def segment_matmul(x: torch.Tensor, w: torch.Tensor, ptr: List[int],

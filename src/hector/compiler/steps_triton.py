@@ -27,6 +27,8 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..graph import Graph
+from ..graph.build import sort_key, sorted_ptr
+from ..graph.derived import AttentionGraph
 from ..kernels.attention.launch import AttentionPlan, make_plan
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
@@ -34,7 +36,7 @@ from ..kernels.edgewise.op import edgewise
 from ..kernels.segment_mm.launch import segment_mm_wgrad_op
 from ..kernels.segment_mm.op import segment_mm
 from ..kernels.segment_mm.spec import GemmSpec, default_schedule
-from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, scaled
+from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, one_per_row, scaled
 from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
 from . import ir
 from .ir import CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_roles, toposort
@@ -143,10 +145,10 @@ def _movement_factor(ix: GraphIndex, move: tuple) -> WeightedCSR:
     op, one, many, end, how = move
     idx = ix.move(one, many, end)
     val = ix.counts(one, many, end).index_select(0, idx).reciprocal() if how == "mean" else None
-    rows = torch.arange(ix.rows[many], device=idx.device)
     if op == "gather":
-        return from_coo(rows, idx, val, ix.rows[many], ix.rows[one])
-    return from_coo(idx, rows, val, ix.rows[one], ix.rows[many])
+        return one_per_row(idx, val, ix.rows[one])
+    rows = torch.arange(ix.rows[many], device=idx.device)
+    return from_coo(idx, rows, val, ix.rows[one], ix.rows[many], distinct=True)
 
 
 def movement_csr(ix: GraphIndex, movements: tuple, coef: float = 1.0) -> WeightedCSR:
@@ -155,12 +157,29 @@ def movement_csr(ix: GraphIndex, movements: tuple, coef: float = 1.0) -> Weighte
     graph's index."""
     key = ("traversal_csr", movements, coef)
     if key not in ix.memo:
-        m = None
-        for move in movements:
-            f = _movement_factor(ix, move)
-            m = f if m is None else compose(f, m)
-        ix.memo[key] = scaled(m, coef) if coef != 1.0 else m
+        # A backward's chain is often a forward's reversed: its CSR is that one transposed,
+        # bit for bit when there are two movements (each entry sums the same products over
+        # the one middle row, in the same order), for one sort instead of a composition.
+        mirror = (ix.memo.get(("traversal_csr", _reversed_chain(movements), coef))
+                  if len(movements) == 2 else None)
+        if mirror is not None:
+            ix.memo[key] = mirror.transpose()
+        else:
+            m = None
+            for move in movements:
+                f = _movement_factor(ix, move)
+                m = f if m is None else compose(f, m)
+            ix.memo[key] = scaled(m, coef) if coef != 1.0 else m
     return ix.memo[key]
+
+
+def _reversed_chain(movements: tuple) -> tuple:
+    """The chain whose weighted CSR is the transpose of ``movements``' one: reversed, each
+    gather a scatter and back (a mean keeps its ``1 / count`` weights)."""
+    flip = {("gather", None): ("scatter", "sum"), ("scatter", "sum"): ("gather", None),
+            ("gather", "mean"): ("scatter", "mean"), ("scatter", "mean"): ("gather", "mean")}
+    return tuple(flip[(op, how)][:1] + (one, many, end) + flip[(op, how)][1:]
+                 for op, one, many, end, how in reversed(movements))
 
 
 def run_traversal(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
@@ -206,10 +225,8 @@ def edgewise_array(ix: GraphIndex, key: tuple) -> torch.Tensor:
     memo = ("edgewise_csr",) + key[1:]
     if memo not in ix.memo:
         one, many, end = key[1:]
-        idx, n = ix.move(one, many, end), ix.rows[one]
-        ptr = torch.zeros(n + 1, dtype=torch.long, device=idx.device)
-        ptr[1:] = torch.bincount(idx, minlength=n).cumsum(0)
-        ix.memo[memo] = (ptr, torch.argsort(idx, stable=True))
+        ordered, perm = torch.sort(sort_key(ix.move(one, many, end), ix.rows[one]), stable=True)
+        ix.memo[memo] = (sorted_ptr(ordered, ix.rows[one]), perm)
     return ix.memo[memo][0 if key[0] == "csr_ptr" else 1]
 
 
@@ -298,8 +315,7 @@ def _derived_graph(ix: GraphIndex, src_kind: str):
 
     def build():
         S = ix.rows[src_kind]
-        ei = torch.stack([_source_rows(ix, src_kind), g.dst.long() + S])
-        return Graph(ei, num_nodes=S + g.num_nodes)
+        return AttentionGraph(_source_rows(ix, src_kind), g.dst.long() + S, S + g.num_nodes)
     return g.derived("attention_sources_" + src_kind, build)
 
 
@@ -323,9 +339,9 @@ def _group_graph(ix: GraphIndex, src_kind: str):
     (the kernels read each operand only in its own role).  Memoised on the graph."""
     g = ix.graph
 
-    def build():
-        ei = torch.stack([_source_rows(ix, src_kind), ix.move(CDST, EDGE, "dst")])
-        return Graph(ei, num_nodes=max(ix.rows[src_kind], ix.rows[CDST]))
+    def build():     # (compact (dst, relation) rows ascend in canonical edge order)
+        return AttentionGraph(_source_rows(ix, src_kind), ix.move(CDST, EDGE, "dst"),
+                              max(ix.rows[src_kind], ix.rows[CDST]), dst_sorted=True)
     return g.derived("attention_groups_" + src_kind, build)
 
 

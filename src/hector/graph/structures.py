@@ -7,7 +7,7 @@ what the segment GEMM template walks; the CSRs and compact maps point back into 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Iterator
+from typing import Iterator, List
 
 import torch
 
@@ -80,14 +80,27 @@ class DegreeStats:
 
     @staticmethod
     def of(degrees: torch.Tensor, super_threshold: int) -> "DegreeStats":
-        n = degrees.numel()
-        if n == 0:
-            return DegreeStats(0, 0.0, 0.0, 0, 0, super_threshold)
-        d = degrees.to(torch.float64)
-        mean = float(d.mean())
-        std = float(d.std(unbiased=False))
-        # One host round trip for the integer summaries instead of four.
-        mx, iso, sup = torch.stack([degrees.max().to(torch.int64),
-                                    (degrees == 0).sum(), (degrees >= super_threshold).sum()]).tolist()
-        return DegreeStats(int(mx), mean, std / mean if mean > 0 else 0.0, int(iso), int(sup),
-                           super_threshold)
+        return DegreeStats.of_each([degrees], super_threshold)[0]
+
+    @staticmethod
+    def of_each(degree_arrays: List[torch.Tensor], super_threshold: int) -> List["DegreeStats"]:
+        """The statistics of each array, read back in one host round trip (each read is a
+        device sync on CUDA, and every mini-batch block and derived graph pays them); the
+        counts are exact in float64."""
+        parts = []
+        for degrees in degree_arrays:
+            if degrees.numel():
+                d = degrees.to(torch.float64)
+                parts += [d.mean(), d.std(unbiased=False), d.max(),
+                          (degrees == 0).sum().to(torch.float64),
+                          (degrees >= super_threshold).sum().to(torch.float64)]
+        values = torch.stack(parts).tolist() if parts else []
+        out = []
+        for degrees in degree_arrays:
+            if degrees.numel() == 0:
+                out.append(DegreeStats(0, 0.0, 0.0, 0, 0, super_threshold))
+                continue
+            (mean, std, mx, iso, sup), values = values[:5], values[5:]
+            out.append(DegreeStats(int(mx), mean, std / mean if mean > 0 else 0.0, int(iso),
+                                   int(sup), super_threshold))
+        return out

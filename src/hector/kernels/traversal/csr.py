@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import warnings
-
 import torch
 
+from ...graph.build import sort_key, sorted_ptr
 from .schedule import RowBins, row_bins
 
 
@@ -44,47 +43,129 @@ class WeightedCSR:
 
     def transpose(self) -> "WeightedCSR":
         """The transposed CSR (by source for the backward), built with torch ops once."""
+        return from_coo(self.col.long(), self.row_ids(), self.val, self.cols, self.rows,
+                        distinct=True)
+
+    def row_ids(self) -> torch.Tensor:
+        """``[nnz]`` int64 row of each entry."""
         counts = self.ptr[1:] - self.ptr[:-1]
-        row = torch.repeat_interleave(torch.arange(self.rows, device=self.ptr.device), counts)
-        return from_coo(self.col.long(), row, self.val, self.cols, self.rows)
+        return torch.repeat_interleave(torch.arange(self.rows, device=self.ptr.device), counts,
+                                       output_size=self.nnz)
 
     def to_sparse(self) -> torch.Tensor:
-        counts = self.ptr[1:] - self.ptr[:-1]
-        row = torch.repeat_interleave(torch.arange(self.rows, device=self.ptr.device), counts)
-        return torch.sparse_coo_tensor(torch.stack([row, self.col.long()]), self.val,
+        return torch.sparse_coo_tensor(torch.stack([self.row_ids(), self.col.long()]), self.val,
                                        (self.rows, self.cols), check_invariants=True).coalesce()
 
 
 def from_coo(row: torch.Tensor, col: torch.Tensor, val: Optional[torch.Tensor],
-             rows: int, cols: int) -> WeightedCSR:
-    """CSR of the entries ``(row[j], col[j], val[j])``; duplicates summed, ``val`` None = 1."""
-    if val is None:
-        val = torch.ones(row.shape[0], dtype=torch.float32, device=row.device)
-    sp = torch.sparse_coo_tensor(torch.stack([row.long(), col.long()]), val.float(),
-                                 (rows, cols), check_invariants=True).coalesce()
-    return _from_sparse(sp)
+             rows: int, cols: int, distinct: bool = False) -> WeightedCSR:
+    """CSR of the entries ``(row[j], col[j], val[j])``, ``val`` None = 1; entries of one row
+    ordered by column.  Duplicates are summed in input order (a sequential fp32 sum, the same
+    on every device and run); ``distinct``: the caller knows no (row, col) repeats, which
+    saves the duplicate search (one host read).  Ids are trusted (they come from a validated
+    ``Graph``): nothing is read back to check them.
+
+    One stable sort of the (row, col) key, no sparse tensor: torch's ``coalesce`` under
+    ``check_invariants`` read every index back to validate it and sorted again (the largest
+    host cost of a new mini-batch's first step)."""
+    if row.dim() != 1 or col.shape != row.shape:
+        raise ValueError(f"row and col must be 1-D of one length, got {tuple(row.shape)} and "
+                         f"{tuple(col.shape)}")
+    if val is not None and val.shape != row.shape:
+        raise ValueError(f"val must have the shape of row {tuple(row.shape)}, got "
+                         f"{tuple(val.shape)}")
+    if rows < 0 or cols < 0:
+        raise ValueError(f"rows and cols must be >= 0, got {rows} and {cols}")
+    dev = row.device
+    val = (torch.ones(row.shape[0], dtype=torch.float32, device=dev) if val is None
+           else val.float())
+    row, col = row.long(), col.long()
+    order = _sort_by_row_col(row, col, rows, cols)
+    row, col, val = (t.index_select(0, order) for t in (row, col, val))
+    if not distinct and row.numel() > 1:
+        row, col, val = _sum_duplicates(row, col, val)
+    return _csr(row, col, val, rows, cols)
 
 
-def _from_sparse(sp: torch.Tensor) -> WeightedCSR:
-    rows, cols = sp.shape
-    idx = sp.indices()
-    counts = torch.bincount(idx[0], minlength=rows)
-    ptr = torch.zeros(rows + 1, dtype=torch.int64, device=idx.device)
-    torch.cumsum(counts, 0, out=ptr[1:])
-    col_dtype = torch.int32 if cols < 2 ** 31 else torch.int64
-    return WeightedCSR(ptr, idx[1].to(col_dtype).contiguous(), sp.values().float().contiguous(),
-                       rows, cols, row_bins(ptr))
+def one_per_row(col: torch.Tensor, val: Optional[torch.Tensor], cols: int) -> WeightedCSR:
+    """The CSR with exactly one entry per row, ``(j, col[j], val[j])`` (a gather): what
+    :func:`from_coo` gives for rows ``0..n-1``, without its sort."""
+    n = col.numel()
+    ptr = torch.arange(n + 1, device=col.device)
+    val = torch.ones(n, dtype=torch.float32, device=col.device) if val is None else val.float()
+    # Every row is short, of one entry: the bins are known without reading the device.
+    bins = RowBins(n, 0, None, None, min(n, 1), 0.0)
+    return WeightedCSR(ptr, _narrow_cols(col, cols), val.contiguous(), n, cols, bins)
+
+
+def _sort_by_row_col(row: torch.Tensor, col: torch.Tensor, rows: int,
+                     cols: int) -> torch.Tensor:
+    """Stable permutation ordering entries by (row, col): one sort of ``row * cols + col``
+    when that key fits int64 (any ``rows * cols < 2^63``), else two stable sorts."""
+    span = rows * max(cols, 1)
+    if span < 2 ** 63:
+        return torch.sort(sort_key(row * max(cols, 1) + col, span), stable=True).indices
+    by_col = torch.sort(col, stable=True).indices
+    return by_col.index_select(0, torch.sort(row.index_select(0, by_col), stable=True).indices)
+
+
+def _sum_duplicates(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor):
+    """Entries sorted by (row, col) with equal neighbours merged; each run of equal keys
+    summed left to right (sequentially, in the order given)."""
+    n = row.numel()
+    new = torch.ones(n, dtype=torch.bool, device=row.device)
+    new[1:] = (row[1:] != row[:-1]) | (col[1:] != col[:-1])
+    run = torch.cumsum(new, 0) - 1                        # each entry's run of equal keys
+    at = torch.arange(n, device=row.device)
+    first = torch.cummax(torch.where(new, at, 0), 0).values     # where that run starts
+    # One host read for both sizes (each read is a device sync on CUDA).
+    distinct, longest = torch.stack([run[-1] + 1, (at - first).max() + 1]).tolist()
+    if distinct == n:
+        return row, col, val
+    starts = torch.full((distinct,), n, device=row.device).scatter_reduce_(0, run, at, "amin")
+    counts = torch.diff(starts, append=torch.full((1,), n, device=row.device))  # (no copy)
+    total = val.index_select(0, starts)
+    # One pass per repeat: O(distinct x longest run), with no atomics (a fixed order on every
+    # device); runs are short in practice (parallel edges, paths between two rows).
+    last = n - 1
+    for k in range(1, longest):
+        more = val.index_select(0, (starts + k).clamp_(max=last))
+        total = torch.where(counts > k, total + more, total)
+    return row.index_select(0, starts), col.index_select(0, starts), total
+
+
+def _csr(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor, rows: int,
+         cols: int) -> WeightedCSR:
+    """The CSR of entries already sorted by (row, col) and distinct."""
+    ptr = sorted_ptr(row, rows)
+    return WeightedCSR(ptr, _narrow_cols(col, cols), val.contiguous(), rows, cols, row_bins(ptr))
+
+
+def _narrow_cols(col: torch.Tensor, cols: int) -> torch.Tensor:
+    """Column ids as the kernels read them: int32 when they fit."""
+    return col.to(torch.int32 if cols < 2 ** 31 else torch.int64).contiguous()
 
 
 def compose(outer: WeightedCSR, inner: WeightedCSR) -> WeightedCSR:
-    """``outer @ inner`` (apply ``inner`` first)."""
+    """``outer @ inner`` (apply ``inner`` first): every path ``i -> k -> j`` of the two CSRs
+    as an entry ``(i, j, outer[i, k] * inner[k, j])``, listed by ``i``, then ``k``, then
+    ``j``, and merged by :func:`from_coo` (so each entry sums its paths in ``k`` order: what
+    torch's CPU sparse product does, bit for bit)."""
     if outer.cols != inner.rows:
         raise ValueError(f"cannot compose a {outer.rows}x{outer.cols} movement after a "
                          f"{inner.rows}x{inner.cols} one")
-    with warnings.catch_warnings():   # torch notes that its sparse product is "beta"
-        warnings.simplefilter("ignore", UserWarning)
-        product = torch.sparse.mm(outer.to_sparse(), inner.to_sparse())
-    return _from_sparse(product.coalesce())
+    dev = outer.ptr.device
+    k = outer.col.long()
+    first = inner.ptr.index_select(0, k)
+    per = inner.ptr.index_select(0, k + 1) - first          # paths through each outer entry
+    ends = torch.cumsum(per, 0)
+    n = int(ends[-1]) if ends.numel() else 0                # (one host read: the path count)
+    which = torch.repeat_interleave(torch.arange(k.numel(), device=dev), per, output_size=n)
+    at = (torch.arange(n, device=dev) - (ends - per).index_select(0, which)
+          + first.index_select(0, which))                    # entry of inner on each path
+    row = outer.row_ids().index_select(0, which)
+    val = outer.val.index_select(0, which) * inner.val.index_select(0, at)
+    return from_coo(row, inner.col.long().index_select(0, at), val, outer.rows, inner.cols)
 
 
 def scaled(m: WeightedCSR, factor: float) -> WeightedCSR:

@@ -63,24 +63,32 @@ def row_bins(ptr: torch.Tensor, short_max: int = SHORT_MAX,
     long rows are never cut (edge softmax)."""
     counts = ptr[1:] - ptr[:-1]
     rows = counts.numel()
+    if rows == 0:
+        return RowBins(0, 0, None, None, 0, 0.0)
     is_short = counts <= short_max
-    num_short = int(is_short.sum()) if rows else 0
+    zero = counts.new_zeros(())
+    per_row = (counts + chunk - 1) // chunk if chunk is not None else counts
+    # Every host fact in one read (each read is a device sync on CUDA, paid per CSR of every
+    # new mini-batch block): the short count, the short rows' longest, the long rows' total
+    # and longest, and how many chunks the long rows make.
+    num_short, short_mx, total, longest, num_chunks = torch.stack([
+        is_short.sum(), torch.where(is_short, counts, zero).max(),
+        torch.where(is_short, zero, counts).sum(), counts.max(),
+        torch.where(is_short, zero, per_row).sum()]).tolist()
     num_long = rows - num_short
     if num_long == 0:
-        return RowBins(rows, 0, None, None, int(counts.max()) if rows else 0, 0.0)
-    long_ids = torch.nonzero(~is_short).flatten()
-    short_ids = torch.nonzero(is_short).flatten()
+        return RowBins(rows, 0, None, None, int(short_mx), 0.0)
+    # Short row ids, then long ones, each ascending: sizes known, so no nonzero (a sync).
+    by_bin = torch.sort((~is_short).to(torch.uint8), stable=True).indices
+    short_ids, long_ids = by_bin[:num_short], by_bin[num_short:]
     lens = counts.index_select(0, long_ids)
-    short_mx = counts.index_select(0, short_ids).max() if num_short else lens.new_zeros(())
-    # (one host read for the three remaining facts)
-    short_mx, total, longest = torch.stack([short_mx, lens.sum(), lens.max()]).tolist()
     starts = ends = chunk_of = None
     if chunk is not None and longest > chunk:
-        per_row = (lens + chunk - 1) // chunk
+        per_row = per_row.index_select(0, long_ids)
         chunk_of = torch.zeros(num_long + 1, dtype=torch.int64, device=ptr.device)
         torch.cumsum(per_row, 0, out=chunk_of[1:])
         owner = torch.repeat_interleave(torch.arange(num_long, device=ptr.device), per_row,
-                                        output_size=int(chunk_of[-1]))
+                                        output_size=num_chunks)
         k = torch.arange(owner.numel(), device=ptr.device) - chunk_of[:-1].index_select(0, owner)
         row_end = ptr[1:].index_select(0, long_ids).index_select(0, owner)
         starts = ptr[:-1].index_select(0, long_ids).index_select(0, owner) + k * chunk

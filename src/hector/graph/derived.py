@@ -1,0 +1,66 @@
+"""Derived bipartite graphs for the fused attention op, built with only what that op reads.
+
+The compiler runs some attention steps on a graph derived from the real one (sources: compact
+(src, relation) rows or edges; destinations: nodes or compact (dst, relation) rows; one derived
+edge per edge; see :mod:`hector.compiler.steps_triton`).  Every mini-batch block builds its own.
+A full :class:`~hector.graph.Graph` re-validates ids the real graph already checked and builds
+compact maps, a relation order and a node-type grouping the op never reads: about half the
+host time of a new batch's first RGAT step.  :class:`AttentionGraph` is a ``Graph`` holding
+exactly the op's fields, equal to those a full build of the same edges would hold.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import build
+from .graph import SUPER_NODE_DEGREE, Graph
+from .structures import CSR, DegreeStats
+
+#: What an :class:`AttentionGraph` holds (besides sizes and device): the fused attention op's
+#: inputs (both CSRs, their degree statistics) and the edge endpoints (its torch reference).
+ATTENTION_FIELDS = ("src", "dst", "edge_perm", "rel_ptr", "csr_in", "csr_out", "in_degree",
+                    "out_degree")
+
+
+class AttentionGraph(Graph):
+    """One relation, one node type, edges ``src[i] -> dst[i]`` over ``num_nodes`` ids, holding
+    only :data:`ATTENTION_FIELDS`; any other ``Graph`` field raises a clear AttributeError.
+
+    Ids are trusted (the caller derives them from a validated graph): nothing is read back to
+    check them.  ``dst_sorted``: ``dst`` is known non-decreasing, so the canonical edge order
+    (by destination, input order within ties) is the input order and no sort runs."""
+
+    def __init__(self, src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
+                 dst_sorted: bool = False):  # noqa: super().__init__ is what this avoids
+        if src.dim() != 1 or dst.shape != src.shape:
+            raise ValueError(f"src and dst must be 1-D of one length, got {tuple(src.shape)} "
+                             f"and {tuple(dst.shape)}")
+        src, dst = src.long(), dst.long()
+        n, e, dev = int(num_nodes), int(src.numel()), src.device
+        self.num_nodes, self.num_edges, self.device = n, e, dev
+        self.num_relations = self.num_node_types = 1
+        self.index_dtype = idx = build.index_dtype(n, e)
+        self.node_type_names = self.relation_names = self.graph_ptr = None
+        edges = torch.arange(e, device=dev)
+        perm = edges if dst_sorted else build.stable_argsort(build.sort_key(dst, n))
+        if not dst_sorted:
+            src, dst = build.take(src, perm), build.take(dst, perm)
+        # Canonical order is by destination, so the CSR by destination is that order itself
+        # (what Graph's stable sort of a sorted key returns).
+        csr_in = CSR(ptr=build.sorted_ptr(dst, n), col=src, eid=edges)
+        csr_out = build.csr(src, dst, n)
+        self.in_degree, self.out_degree = DegreeStats.of_each(
+            [csr_in.degrees(), csr_out.degrees()], SUPER_NODE_DEGREE)
+        self.src, self.dst, self.edge_perm = src.to(idx), dst.to(idx), perm.to(idx)
+        self.rel_ptr = torch.arange(2, dtype=idx, device=dev) * e     # [0, E], no host copy
+        self.csr_in, self.csr_out = (CSR(*(a.to(idx) for a in (c.ptr, c.col, c.eid)))
+                                     for c in (csr_in, csr_out))
+        self._device_copies = {dev: self}
+        self._derived = {}
+
+    def __getattr__(self, name: str):
+        # Only reached for attributes the instance lacks (what a full Graph would also hold).
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"{name!r}: a derived attention graph holds only "
+                             f"{', '.join(ATTENTION_FIELDS)} (build a hector.Graph for more)")

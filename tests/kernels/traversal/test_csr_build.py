@@ -1,0 +1,209 @@
+"""Building weighted CSRs without sparse tensors (``from_coo``, ``transpose``, ``compose``):
+the same CSRs as torch's sparse-tensor path they replaced (``coalesce``, ``sparse.mm``), bit
+for bit on the CPU; duplicates summed in input order; empty rows, no entries, sizes past
+int32 and keys past int64.  Host-only: no kernel runs."""
+import pytest
+import torch
+
+from hector.kernels.traversal.csr import WeightedCSR, compose, from_coo, one_per_row
+from hector.kernels.traversal.schedule import row_bins
+
+
+def sparse_csr(sp: torch.Tensor):
+    """(ptr, col, val) of a coalesced sparse tensor: what the old ``from_coo`` returned."""
+    rows = sp.shape[0]
+    idx = sp.indices()
+    ptr = torch.zeros(rows + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(idx[0], minlength=rows), 0, out=ptr[1:])
+    return ptr, idx[1], sp.values().float()
+
+
+def old_from_coo(row, col, val, rows, cols):
+    return sparse_csr(torch.sparse_coo_tensor(torch.stack([row, col]), val.float(),
+                                              (rows, cols)).coalesce())
+
+
+def old_compose(outer: WeightedCSR, inner: WeightedCSR):
+    return sparse_csr(torch.sparse.mm(outer.to_sparse(), inner.to_sparse()).coalesce())
+
+
+def assert_same(m: WeightedCSR, want):
+    ptr, col, val = want
+    assert torch.equal(m.ptr, ptr)
+    assert torch.equal(m.col.long(), col.long())
+    assert torch.equal(m.val, val)          # bitwise, not close
+    assert m.layout.num_short + m.layout.num_long == m.rows
+
+
+def entries(rows, cols, nnz, seed, scale=1.0):
+    """Random entries; values spread over many magnitudes so that summation order shows."""
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randint(0, rows, (nnz,), generator=g)
+    c = torch.randint(0, cols, (nnz,), generator=g)
+    v = torch.randn(nnz, generator=g) * torch.exp(scale * torch.randn(nnz, generator=g))
+    return r, c, v
+
+
+def pairs_at_most(r, c, v, cols, most):
+    """The entries with at most ``most`` copies of each (row, col) kept."""
+    key = r * cols + c
+    seen = {}
+    keep = []
+    for j, k in enumerate(key.tolist()):
+        seen[k] = seen.get(k, 0) + 1
+        keep.append(seen[k] <= most)
+    keep = torch.tensor(keep)
+    return r[keep], c[keep], v[keep]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_from_coo_equals_the_sparse_path_with_duplicate_pairs(seed):
+    # 12 x 9 with 300 entries: every (row, col) repeats; at most 2 copies, whose sum does
+    # not depend on the order, so the old path's (unstable-sort) order gives the same bits.
+    r, c, v = pairs_at_most(*entries(12, 9, 300, seed, scale=4.0), 9, 2)
+    assert r.numel() > 108        # some keys do repeat
+    assert_same(from_coo(r, c, v, 12, 9), old_from_coo(r, c, v, 12, 9))
+
+
+def test_from_coo_sums_many_duplicates_in_input_order():
+    r, c, v = entries(5, 4, 400, 7, scale=6.0)
+    m = from_coo(r, c, v, 5, 4)
+    sums = {}
+    for k, x in zip((r * 4 + c).tolist(), v.tolist()):      # fp32, left to right
+        sums[k] = (sums.get(k, torch.tensor(0.0)) + torch.tensor(x, dtype=torch.float32))
+    keys = sorted(sums)
+    assert torch.equal(m.row_ids() * 4 + m.col.long(), torch.tensor(keys))
+    assert torch.equal(m.val, torch.stack([sums[k] for k in keys]))
+    # and what the sparse path gives, up to the order of the fp32 additions
+    ptr, col, val = old_from_coo(r, c, v, 5, 4)
+    assert torch.equal(m.ptr, ptr) and torch.equal(m.col.long(), col)
+    assert torch.allclose(m.val, val, rtol=1e-4, atol=1e-3 * float(v.abs().max()))
+
+
+def test_from_coo_distinct_entries_and_default_ones():
+    g = torch.Generator().manual_seed(3)
+    keys = torch.randperm(20 * 30, generator=g)[:150]
+    r, c = keys // 30, keys % 30
+    v = torch.rand(150, generator=g)
+    assert_same(from_coo(r, c, v, 20, 30, distinct=True), old_from_coo(r, c, v, 20, 30))
+    assert_same(from_coo(r, c, None, 20, 30), old_from_coo(r, c, torch.ones(150), 20, 30))
+
+
+def test_from_coo_empty_rows_columns_and_no_entries():
+    r = torch.tensor([6, 0, 6, 6, 3])     # rows 1, 2, 4, 5, 7 empty; columns 0, 2, 5 unused
+    c = torch.tensor([4, 1, 3, 4, 1])
+    v = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    m = from_coo(r, c, v, 8, 6)
+    assert m.ptr.tolist() == [0, 1, 1, 1, 2, 2, 2, 4, 4]
+    assert m.col.tolist() == [1, 1, 3, 4] and m.val.tolist() == [2.0, 5.0, 3.0, 5.0]
+    assert_same(m, old_from_coo(r, c, v, 8, 6))
+    none = torch.zeros(0, dtype=torch.long)
+    e = from_coo(none, none, None, 3, 4)
+    assert e.ptr.tolist() == [0, 0, 0, 0] and e.nnz == 0
+    assert from_coo(none, none, None, 0, 0).ptr.tolist() == [0]
+
+
+def test_from_coo_sizes_past_int32_and_keys_past_int64():
+    big = 2 ** 40                              # columns past int32: int64 column ids
+    r = torch.tensor([2, 0, 2, 1, 2])
+    c = torch.tensor([big - 1, 5, 7, big - 2, 7])
+    m = from_coo(r, c, None, 3, big)
+    assert m.col.dtype == torch.int64
+    assert m.ptr.tolist() == [0, 1, 2, 4]
+    assert m.col.tolist() == [5, big - 2, 7, big - 1] and m.val.tolist() == [1, 1, 2, 1]
+    huge = 2 ** 62                             # rows * cols >= 2^63: no single int64 key
+    c = torch.tensor([huge - 1, 5, 7, huge - 2, 7])
+    m = from_coo(r, c, None, 3, huge)
+    assert m.ptr.tolist() == [0, 1, 2, 4]
+    assert m.col.tolist() == [5, huge - 2, 7, huge - 1] and m.val.tolist() == [1, 1, 2, 1]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_transpose_and_compose_equal_the_sparse_path(seed):
+    # duplicates in both factors; many paths per product entry with spread values
+    a = from_coo(*entries(10, 14, 90, seed, scale=3.0), 10, 14)
+    b = from_coo(*entries(14, 7, 80, seed + 10, scale=3.0), 14, 7)
+    assert_same(a.transpose(), old_from_coo(a.col.long(), a.row_ids(), a.val, 14, 10))
+    assert_same(compose(a, b), old_compose(a, b))
+    assert_same(compose(b.transpose(), a.transpose()), old_compose(b.transpose(), a.transpose()))
+
+
+def test_compose_with_no_paths_and_empty_factors():
+    a = from_coo(torch.tensor([0, 2]), torch.tensor([1, 1]), None, 3, 4)
+    b = from_coo(torch.tensor([0, 3]), torch.tensor([2, 0]), None, 4, 5)   # row 1 empty
+    p = compose(a, b)
+    assert p.nnz == 0 and p.ptr.tolist() == [0, 0, 0, 0] and (p.rows, p.cols) == (3, 5)
+    none = torch.zeros(0, dtype=torch.long)
+    z = compose(from_coo(none, none, None, 2, 4), b)
+    assert z.nnz == 0 and z.ptr.tolist() == [0, 0, 0]
+
+
+def test_from_coo_rejects_mismatched_inputs():
+    r = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="row and col"):
+        from_coo(r, torch.tensor([0]), None, 2, 2)
+    with pytest.raises(ValueError, match="val"):
+        from_coo(r, r, torch.ones(3), 2, 2)
+    with pytest.raises(ValueError, match="rows and cols"):
+        from_coo(r, r, None, -1, 2)
+
+
+@pytest.mark.parametrize("n", [0, 1, 37])
+def test_one_per_row_equals_from_coo_of_a_gather(n):
+    g = torch.Generator().manual_seed(n)
+    idx = torch.randint(0, 5, (n,), generator=g)
+    v = torch.rand(n, generator=g)
+    for val in (v, None):
+        fast, want = one_per_row(idx, val, 5), from_coo(torch.arange(n), idx, val, n, 5)
+        assert (fast.rows, fast.cols) == (want.rows, want.cols)
+        for a, b in ((fast.ptr, want.ptr), (fast.col, want.col), (fast.val, want.val)):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        assert fast.bins.__dict__ == row_bins(want.ptr).__dict__     # no tensors: n short rows
+
+
+@pytest.mark.parametrize("short_max,chunk", [(3, 5), (3, None), (-1, 4), (100, 8)])
+def test_row_bins_from_one_read_match_the_row_lengths(short_max, chunk):
+    g = torch.Generator().manual_seed(short_max + 7)
+    counts = torch.randint(0, 12, (40,), generator=g)
+    ptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    b = row_bins(ptr.to(torch.int32), short_max, chunk)
+    lens = counts.tolist()
+    short = [i for i, c in enumerate(lens) if c <= short_max]
+    long = [i for i, c in enumerate(lens) if c > short_max]
+    assert (b.num_short, b.num_long) == (len(short), len(long))
+    assert b.short_max == max([lens[i] for i in short], default=0)
+    if not long:
+        assert b.short is None and b.long is None and b.long_mean == 0.0
+        return
+    assert b.long_mean == sum(lens[i] for i in long) / len(long)
+    if short:
+        assert b.short.tolist() == short and b.long.tolist() == long
+    if chunk is None or max(lens) <= chunk:
+        assert b.chunk_start is None
+        return
+    want = [(p + s, min(p + s + chunk, p + lens[i])) for i in long
+            for p in [int(ptr[i])] for s in range(0, lens[i], chunk)]
+    assert list(zip(b.chunk_start.tolist(), b.chunk_end.tolist())) == want
+    assert b.num_chunks == len(want)
+
+
+def test_pointer_search_equals_the_count():
+    from hector.graph.build import ptr_of, search_ptr     # (the CUDA path of sorted_ptr)
+    g = torch.Generator().manual_seed(5)
+    for n, size in ((1, 0), (7, 30), (50, 400)):
+        keys = torch.sort(torch.randint(0, n + 3, (size,), generator=g)).values  # some >= n
+        for dtype in (torch.int64, torch.int32):
+            assert torch.equal(search_ptr(keys.to(dtype), n), ptr_of(keys, n))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_same_csrs_on_cuda_as_on_the_cpu():
+    """The merge order is fixed (input order, paths in k order): bitwise equal on devices."""
+    r, c, v = entries(40, 30, 3000, 11, scale=5.0)     # many duplicates per entry
+    a, b = from_coo(r, c, v, 40, 30), from_coo(*entries(30, 20, 2000, 12, scale=5.0), 30, 20)
+    ga = from_coo(r.cuda(), c.cuda(), v.cuda(), 40, 30)
+    gb = WeightedCSR(b.ptr.cuda(), b.col.cuda(), b.val.cuda(), b.rows, b.cols)
+    for cpu, gpu in ((a, ga), (compose(a, b), compose(ga, gb)), (a.transpose(), ga.transpose())):
+        assert torch.equal(cpu.ptr, gpu.ptr.cpu()) and torch.equal(cpu.col, gpu.col.cpu())
+        assert torch.equal(cpu.val, gpu.val.cpu())
+        assert (cpu.layout.num_short, cpu.layout.num_long) == (gpu.layout.num_short, gpu.layout.num_long)
