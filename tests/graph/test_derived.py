@@ -72,8 +72,8 @@ def test_compiler_derived_graphs_equal_the_full_graphs_they_replace(kind):
     groups = Graph(torch.stack([rows, ix.move(CDST, EDGE, "dst")]),
                    num_nodes=max(S, ix.rows[CDST]))
     assert_same_fields(_group_graph(ix, kind), groups)
-    # sources: (source rows) -> nodes offset by S (not sorted by destination: a sort runs)
-    sources = Graph(torch.stack([rows, g.dst.long() + S]), num_nodes=S + g.num_nodes)
+    # sources: (source rows) -> nodes, one id range for both (not sorted by destination)
+    sources = Graph(torch.stack([rows, g.dst.long()]), num_nodes=max(S, g.num_nodes))
     assert_same_fields(_derived_graph(ix, kind), sources)
     assert _group_graph(ix, kind) is _group_graph(ix, kind)      # memoised on the graph
 

@@ -35,7 +35,6 @@ from ..kernels.attention.spec import AttentionSpec
 from ..kernels.edgewise.op import edgewise
 from ..kernels.segment_mm.launch import segment_mm_wgrad_op
 from ..kernels.segment_mm.op import segment_mm
-from ..kernels.segment_mm.spec import GemmSpec, default_schedule
 from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, one_per_row, scaled
 from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
 from . import ir
@@ -310,20 +309,17 @@ def _bias_row(step, t: torch.Tensor, index: int, ix: GraphIndex) -> torch.Tensor
 
 
 def _derived_graph(ix: GraphIndex, src_kind: str):
-    """The bipartite graph (source rows of ``src_kind``) -> (nodes, offset by S), memoised."""
+    """The bipartite graph (source rows of ``src_kind``) -> (nodes), memoised.  Sources and
+    destinations share the id range ``[0, max(S, N))``, as in :func:`_group_graph` (the
+    kernels read each operand only in its own role): only the shorter side's operands get
+    zero rows appended, where offset destination ids needed a copy of every operand (on
+    synthetic mag, HGT's ``[S, H, D]`` keys and values: 15 ms of ``cat`` per step)."""
     g = ix.graph
 
     def build():
-        S = ix.rows[src_kind]
-        return AttentionGraph(_source_rows(ix, src_kind), g.dst.long() + S, S + g.num_nodes)
+        rows = max(ix.rows[src_kind], g.num_nodes)
+        return AttentionGraph(_source_rows(ix, src_kind), g.dst.long(), rows)
     return g.derived("attention_sources_" + src_kind, build)
-
-
-def _pad(t: Optional[torch.Tensor], before: int, after: int) -> Optional[torch.Tensor]:
-    if t is None:
-        return None
-    parts = [t.new_zeros((before,) + t.shape[1:]), t, t.new_zeros((after,) + t.shape[1:])]
-    return torch.cat([p for p in parts if p.shape[0]], 0)
 
 
 def _source_rows(ix: GraphIndex, src_kind: str) -> torch.Tensor:
@@ -539,8 +535,8 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
     if rows.graph == "graph":
         return edge_attention(g, v, q, k, a_src, a_dst, scale=scale, negative_slope=slope,
                               backend=backend, spec=spec, plan=plan)
-    S, N = v.shape[0], ix.graph.num_nodes
-    out = edge_attention(g, _pad(v, 0, N), _pad(q, S, 0), _pad(k, 0, N), _pad(a_src, 0, N),
-                         _pad(a_dst, S, 0), scale=scale, negative_slope=slope, backend=backend,
-                         spec=spec, plan=plan)
-    return out[S:]
+    n = g.num_nodes
+    out = edge_attention(g, _fit(v, n), _fit(q, n), _fit(k, n), _fit(a_src, n), _fit(a_dst, n),
+                         scale=scale, negative_slope=slope, backend=backend, spec=spec,
+                         plan=plan)
+    return out[:ix.graph.num_nodes]
