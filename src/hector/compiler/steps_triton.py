@@ -53,22 +53,15 @@ def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:
     return [0, rows]
 
 
-def _gemm_layout(ix: GraphIndex, rs, rows: int, heads: int):
+def _gemm_layout(ix: GraphIndex, rs, rows: int):
     """(seg_ptr as a tuple of Python ints, node permutation on the device or None) of a GEMM
     step, memoised on the graph's index.  Python ints, not a tensor: ``segment_mm`` would read
     a tensor on the host every call (a device sync for a device tensor; a data-dependent
-    value that ends a ``torch.compile`` graph for any tensor).  Head-major rows
-    (``heads`` > 0) make each (head, slice) its own segment."""
-    key = ("gemm_layout", rs.rows, rs.segments, rows, heads)
+    value that ends a ``torch.compile`` graph for any tensor)."""
+    key = ("gemm_layout", rs.rows, rs.segments, rows)
     if key not in ix.memo:
-        bounds = _host_bounds(ix, rs, rows)
         perm = ix.node_perm if rs.segments == "node_type" else None
-        if heads:
-            bounds = [h * rows + b for h in range(heads) for b in bounds[:-1]] + [heads * rows]
-            if perm is not None:
-                offs = torch.arange(heads, device=perm.device).view(-1, 1) * rows
-                perm = (offs + perm.view(1, -1)).reshape(-1)
-        ix.memo[key] = (tuple(bounds), perm)
+        ix.memo[key] = (tuple(_host_bounds(ix, rs, rows)), perm)
     return ix.memo[key]
 
 
@@ -81,36 +74,50 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
     rows = x.shape[0] if gather is None else gather.shape[0]
     weight = w if rs.segments is not None else w.unsqueeze(0)
     if rs.per_head:
-        if gather is not None:
-            x, gather = x.index_select(0, gather), None
         H = x.shape[1]
-        ptr, perm = _gemm_layout(ix, rs, rows, H)
-        xin = x.transpose(0, 1).reshape(H * rows, x.shape[-1])
+        ptr, read, write = _head_major_layout(ix, rs, rows, H, gather)
         S = weight.shape[0]
         weight = weight.transpose(0, 1).reshape((H * S,) + tuple(weight.shape[2:]))
-        n_rows = H * rows
-    else:
-        ptr, perm = _gemm_layout(ix, rs, rows, 0)
-        xin, n_rows = x.flatten(1), rows   # (flatten: fine with 0 rows)
-    out = segment_mm(xin.contiguous(), weight.contiguous(), ptr,
+        out = segment_mm(x.reshape(-1, x.shape[-1]).contiguous(), weight.contiguous(), ptr,
+                         gather=read, scatter=write, num_out_rows=H * rows,
+                         transpose_weight=rs.transpose_weight, backend=backend)
+        return out.reshape((rows,) + tuple(step.output.shape))
+    ptr, perm = _gemm_layout(ix, rs, rows)
+    out = segment_mm(x.flatten(1).contiguous(), weight.contiguous(), ptr,   # (flatten: 0 rows ok)
                      gather=perm if gather is None else gather, scatter=perm,
-                     num_out_rows=n_rows if perm is not None else None,
+                     num_out_rows=rows if perm is not None else None,
                      transpose_weight=rs.transpose_weight, backend=backend)
-    if rs.per_head:
-        out = out.view(H, rows, -1).transpose(0, 1)
     return out.reshape((rows,) + tuple(step.output.shape))
 
 
-def _wgrad_layout(ix: GraphIndex, kind: str, per, rows: int, heads: int):
-    """(segment bounds as a tuple of ints, row permutation on the device or None) of a weight
-    gradient over ``rows`` rows of ``kind``, head-major when ``heads`` > 0; memoised."""
-    key = ("wgrad_layout", kind, per, rows, heads)
+def _head_major_layout(ix: GraphIndex, rs, rows: int, heads: int, gather):
+    """(segment bounds, read index, write index) of a per-head GEMM, memoised: the GEMM's
+    logical rows are head-major ``(h, j)`` (one segment per (head, slice)), and it reads row
+    ``g(r) * H + h`` of the ``[X * H, K]`` input and writes row ``r * H + h`` of the
+    ``[rows * H, N]`` output (``r`` the j-th row in segment order, ``g`` the step's gather):
+    no gathered copy of the input and no transposes, in or out."""
+    key = ("head_major", rs.rows, rs.segments, rs.gather, rows, heads)
     if key not in ix.memo:
-        seg = "relation" if per == "relation" else "node_type" if per == "node_type" else None
-        rs = RowSegments(rows=kind, segments=seg, per_head=bool(heads), transpose_weight=False)
-        ptr, perm = _gemm_layout(ix, rs, rows, heads)
-        ix.memo[key] = (ptr, perm)
+        ptr, perm = _gemm_layout(ix, rs, rows)
+        bounds = [h * rows + b for h in range(heads) for b in ptr[:-1]] + [heads * rows]
+        device = ix.graph.device
+        r = perm.long() if perm is not None else torch.arange(rows, device=device)
+        src = gather.long().index_select(0, r) if gather is not None else r
+        h = torch.arange(heads, device=device).view(-1, 1)
+        ix.memo[key] = (tuple(bounds), (src.view(1, -1) * heads + h).reshape(-1),
+                        (r.view(1, -1) * heads + h).reshape(-1))
     return ix.memo[key]
+
+
+def _wgrad_layout(ix: GraphIndex, kind: str, per, rows: int, heads: int):
+    """(segment bounds as a tuple of ints, row index on the device or None) of a weight
+    gradient over ``rows`` rows of ``kind``; with ``heads`` > 0 the rows are head-major
+    ``(h, j)``, read in place from ``[rows * H, .]`` views (see :func:`_head_major_layout`)."""
+    seg = "relation" if per == "relation" else "node_type" if per == "node_type" else None
+    rs = RowSegments(rows=kind, segments=seg, per_head=bool(heads), transpose_weight=False)
+    if heads:
+        return _head_major_layout(ix, rs, rows, heads, None)[:2]
+    return _gemm_layout(ix, rs, rows)
 
 
 def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
@@ -124,9 +131,8 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     rows = x.shape[0]
     H = x.shape[1] if headwise else 0
     bounds, perm = _wgrad_layout(ix, v.args[0].kind, v.per, rows, H)
-    if headwise:
-        xin = x.transpose(0, 1).reshape(H * rows, x.shape[-1])
-        dyin = dy.transpose(0, 1).reshape(H * rows, dy.shape[-1])
+    if headwise:   # rows (r, h) in place; the head-major order is in the index
+        xin, dyin = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
     else:
         xin, dyin = x.flatten(1), dy.flatten(1)   # (flatten: fine with 0 rows)
     K, N = xin.shape[1], dyin.shape[1]
