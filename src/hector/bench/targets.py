@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional
 
-from .suites import ATTENTION, RELATIONAL
+from .suites import RELATIONAL
 
 #: (layer family, stage) -> geometric-mean speedup required
 SPEEDUP = {("relational", "inference"): 10.0, ("relational", "training"): 10.0,
