@@ -259,7 +259,6 @@ def _eval_elementwise_or_weight(v: Value, a: List[torch.Tensor], ix: GraphIndex)
 
 def _wgrad(v: Value, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
     headwise = len(v.shape) == 3
-    rows = x.shape[0]
     if not headwise:
         x, dy = x.flatten(1), dy.flatten(1)   # (flatten: fine with 0 rows)
     kind = v.args[0].kind
