@@ -38,8 +38,8 @@ def main(argv=None):
     p.add_argument("--json")
     p.add_argument("--markdown")
     p.add_argument("--plot")
-    p.add_argument("--summary", help="write one markdown row per case: hector against the "
-                                      "better PyG peer")
+    p.add_argument("--summary", help="write one markdown row per case: hector at its best "
+                                      "(eager or captured) against the best PyG peer")
     a = p.parse_args(argv)
     res = merge(a.inputs)
     print(report.table(res))

@@ -73,7 +73,8 @@ def table(result: dict) -> str:
     if result.get("targets"):
         where = ("" if str(meta.get("device", "")).startswith("cuda")
                  else "; they are set for one H200, so on the CPU they only inform")
-        out += ["", f"targets (hector against the better PyG peer of each case{where}):",
+        out += ["", "targets (hector at its best, eager or captured, against the best PyG peer "
+                    f"of each case{where}):",
                 targets.table(result["targets"])]
     for r in result["rows"]:
         if "error" in r:
