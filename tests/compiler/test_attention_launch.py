@@ -50,13 +50,18 @@ CASES = {  # model, dims, node types, the op graph lowering must pick (plan.Atte
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_attention_step_launches_lowerings_spec_and_cached_schedules(monkeypatch, name):
     fn, dims, node_types, want_rows = CASES[name]
-    launched = []
-    real = launch.attention_forward      # what the custom op (and the Function) runs
+    launched, launched_bwd = [], []
+    real, real_bwd = launch.attention_forward, launch.attention_backward   # what the ops run
 
     def spy(graph, spec, plan, params, *tensors):
         launched.append((graph, spec, plan))
         return real(graph, spec, plan, params, *tensors)
+
+    def spy_bwd(graph, spec, plan, *rest):
+        launched_bwd.append((graph, spec, plan))
+        return real_bwd(graph, spec, plan, *rest)
     monkeypatch.setattr(launch, "attention_forward", spy)
+    monkeypatch.setattr(launch, "attention_backward", spy_bwd)
     torch.manual_seed(0)
     g = _graph(node_types)
     module = hector.compile(fn, backend="triton", **dims).to(g.device)
@@ -69,12 +74,17 @@ def test_attention_step_launches_lowerings_spec_and_cached_schedules(monkeypatch
     assert (fwd_step.spec[1].graph, fwd_step.spec[1].source) == want_rows
     steps = [s for plan in (cp.forward_plan, cp.backward_plan) for s in plan.steps
              if s.template == "attention"]
+    # A fused backward step (attention_bwd) launches the backward kernels only; every other
+    # attention step (forward, or the unfused backward's recomputation) the forward kernel.
+    bwd_steps = [s for s in steps if s.body.op == N.Op.ATTENTION_BWD]
     ix = GraphIndex.of(g)
-    assert launched and len(launched) == len(steps)
-    for graph, spec, plan in launched:
+    assert launched and len(launched) == len(steps) - len(bwd_steps)
+    assert len(launched_bwd) == len(bwd_steps)
+    assert len(bwd_steps) == (0 if name == "rgat" else 1)
+    for graph, spec, plan in launched + launched_bwd:
         # Each launch is some step's own objects: lowering's spec (not one rebuilt from the
         # tensors) and the schedules memoised for this graph (not planned again).
-        (step,) = [s for s in steps if s.spec[0] is spec]
+        step = next(s for s in steps if s.spec[0] is spec)
         assert plan is attention_launch(step, ix)[1]
         assert (graph is g) == (step.spec[1].graph == "graph")
     # Inference on the same graph launches the forward step's objects again.

@@ -10,7 +10,8 @@ Two ways to differentiate:
   IR-level autodiff produced and the same passes and lowering compiled.
 
 Backends: ``torch`` evaluates every step with plain torch ops; ``triton`` runs GEMM steps on
-the segment-GEMM kernels, attention steps on the fused attention kernels, traversal steps
+the segment-GEMM kernels, attention steps (forward and backward) on the fused attention
+kernels, traversal steps
 whose spec names a kernel (``TraversalSpec.kernel``) on the traversal kernels, and the
 remaining traversal and weight steps with torch ops.
 """
@@ -22,8 +23,8 @@ import torch
 
 from .ir import Op, Value, toposort
 from .plan import Plan, Step
-from .steps_torch import GraphIndex, eval_body, eval_op
-from .steps_triton import run_attention, run_gemm, run_traversal, run_wgrad
+from .steps_torch import GraphIndex, attention_torch_lse, eval_body, eval_op
+from .steps_triton import run_attention, run_attention_bwd, run_gemm, run_traversal, run_wgrad
 
 
 def triton_step(step: Step) -> bool:
@@ -35,7 +36,15 @@ def triton_step(step: Step) -> bool:
         step.template == "traversal" and step.spec.kernel is not None)
 
 
-def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str) -> torch.Tensor:
+def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str):
+    """A step's output; for a forward attention (out, log-sum-exp or None), for an attention
+    backward a dict role -> gradient, which ``select`` steps read."""
+    if step.template == "select":
+        return args[0][step.body.attr("role")]
+    if step.template == "attention" and step.body.op == Op.ATTENTION_BWD:
+        return run_attention_bwd(step, args, ix, backend if backend == "triton" else "torch")
+    if step.template == "attention" and backend != "triton":
+        return attention_torch_lse(step.body, args, ix)
     if backend == "triton" and triton_step(step):
         if step.template == "attention":
             return run_attention(step, args, ix, "triton")
@@ -61,7 +70,10 @@ def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
     for step in plan.steps:
         if step.output in leaves:      # a weight root the caller evaluated already
             continue
-        env[step.output] = run_step(step, [env[i] for i in step.inputs], ix, backend)
+        out = run_step(step, [env[i] for i in step.inputs], ix, backend)
+        if step.extra is not None:
+            out, env[step.extra] = out
+        env[step.output] = out
     return env
 
 

@@ -37,7 +37,8 @@ _OPS = {"gemm": "hector.kernels.segment_mm.op.segment_mm (Triton segment GEMM; "
         "attention": "hector.kernels.attention.op.edge_attention (fused score+softmax+aggregate "
                      "Triton kernel)",
         "traversal": "torch index_select / index_add traversal",
-        "weight": "torch (weight-only, once per call)"}
+        "weight": "torch (weight-only, once per call)",
+        "select": "none (reads one gradient of the attention backward step)"}
 
 _TRAVERSAL_KERNEL = ("hector.kernels.traversal.op ({} Triton kernel; "
                      "torch backend: index_select / index_add)")

@@ -54,6 +54,9 @@ class Op:
                                                   "wgrad", "wsum")
     # made by fusion
     ATTENTION, KERNEL = "attention", "kernel"
+    # the fused attention's backward (made by autodiff of an ``attention`` node)
+    ATTENTION_LSE = "attention_lse"     # the forward's per-destination log-sum-exp
+    ATTENTION_BWD, PICK = "attention_bwd", "pick"   # every role's gradient; one of them
 
 
 UNARY = (Op.NEG, Op.EXP, Op.SIGMOID, Op.TANH, Op.GELU, Op.RELU, Op.LEAKY_RELU, Op.SCALE,
@@ -321,6 +324,43 @@ def attention_roles(v: Value, items: Optional[Sequence] = None) -> Dict[str, Any
     default, or anything parallel to them, such as the tensors bound to them)."""
     _need(v.op == Op.ATTENTION, f"attention_roles: not an attention node ({v.op})")
     return dict(zip(v.attr("roles"), v.args if items is None else items))
+
+
+def attention_lse(att: Value) -> Value:
+    """The per-destination log-sum-exp of the activated scores of attention ``att`` (the fused
+    forward computes it for its softmax; the fused backward reads it instead of recomputing
+    the scores' normaliser).  ``att``: an ``attention`` node or the kernel computing one."""
+    return Value(Op.ATTENTION_LSE, (att,), NODE, (att.heads, 1))
+
+
+def attention_bwd(att: Value, grad: Value, lse: Value, needs: Tuple[str, ...]) -> Value:
+    """The gradients of attention ``att`` given its output's gradient ``grad``: one traversal
+    by destination (q, a_dst) and one by source (v, k, a_src), the scores recomputed on chip
+    from ``lse``.  A tuple-valued node: read each role's gradient with :func:`pick`.  For
+    ``k`` with a per-relation ``p`` it is the gradient of the effective key ``k * p_r``.
+    Arguments: the attention's own, then ``grad``, ``att`` (its output), ``lse``."""
+    roles = att.attr("roles")
+    _need(att.op == Op.ATTENTION, f"attention_bwd: not an attention node ({att.op})")
+    _need(set(needs) <= set(roles) - {"p"}, f"attention_bwd: needs {needs} not among {roles}")
+    return Value(Op.ATTENTION_BWD, att.args + (grad, att, lse), NODE, att.shape,
+                 att.attrs + (("needs", tuple(needs)),))
+
+
+def attention_of_bwd(b: Value) -> Value:
+    """The forward ``attention`` node an ``attention_bwd`` node differentiates (its arguments
+    as ``b`` binds them: inside a kernel body, ``arg`` placeholders)."""
+    _need(b.op == Op.ATTENTION_BWD, f"attention_of_bwd: not an attention_bwd node ({b.op})")
+    n = len(b.attr("roles"))
+    return Value(Op.ATTENTION, b.args[:n], NODE, b.shape,
+                 tuple(kv for kv in b.attrs if kv[0] != "needs"))
+
+
+def pick(b: Value, role: str) -> Value:
+    """Role ``role``'s gradient out of ``attention_bwd`` node ``b`` (rows and shape of the
+    role's value)."""
+    _need(role in b.attr("needs"), f"pick: {role!r} is not among {b.attr('needs')}")
+    like = b.args[b.attr("roles").index(role)]
+    return Value(Op.PICK, (b,), like.kind, like.shape, (("role", role),))
 
 
 def kernel(template: str, body: Value, inputs: Sequence[Value]) -> Value:

@@ -16,7 +16,8 @@ import torch
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.edgewise.spec import EdgewiseSpec, node
 from ..kernels.segment_mm.spec import GemmSpec
-from .ir import CDST, CSRC, EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, attention_roles, kernel, toposort
+from .ir import (CDST, CSRC, EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, attention_lse,
+                 attention_of_bwd, attention_roles, kernel, toposort)
 from ..kernels.traversal.spec import MAX_ADDENDS
 from .plan import (AttentionRows, EdgewiseLowering, LinearTraversal, Plan, RowSegments, Step,
                    TraversalSpec)
@@ -33,8 +34,10 @@ def template_of(v: Value) -> str:
         return "weight"
     if v.op == Op.LINEAR:
         return "gemm"
-    if v.op == Op.ATTENTION:
+    if v.op in (Op.ATTENTION, Op.ATTENTION_BWD):
         return "attention"
+    if v.op == Op.PICK:
+        return "select"
     return "traversal"
 
 
@@ -54,8 +57,10 @@ def lower(outputs: Sequence[Value], dtype: torch.dtype = torch.float32) -> Plan:
         k = v if v.op == Op.KERNEL else single_kernel(v)
         template, body = k.attr("template"), k.attr("body")
         spec, note = _spec(template, body, dtype)
+        # A forward attention also writes its log-sum-exp (a fused backward may read it).
+        extra = attention_lse(v) if body.op == Op.ATTENTION else None
         steps.append(Step(name=_name(template, body), template=template, body=body,
-                          inputs=v.args, output=v, spec=spec, note=note))
+                          inputs=v.args, output=v, spec=spec, note=note, extra=extra))
     return Plan(tuple(steps), tuple(outputs), tuple(leaves))
 
 
@@ -67,6 +72,13 @@ def _name(template: str, body: Value) -> str:
 def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
     if template == "gemm":
         return gemm_spec(body, dtype)
+    if template == "select":
+        return None, f"the {body.attr('role')} gradient of the attention backward (no kernel)"
+    if template == "attention" and body.op == Op.ATTENTION_BWD:
+        spec, rows = attention_spec(attention_of_bwd(body), dtype)
+        return (spec, rows), (f"backward of the fused attention (op graph: {rows.graph}, "
+                              f"sources: {rows.source} rows): gradients of "
+                              f"{', '.join(body.attr('needs'))}")
     if template == "attention":
         spec, rows = attention_spec(body, dtype)
         return (spec, rows), f"op graph: {rows.graph}, sources: {rows.source} rows" + (

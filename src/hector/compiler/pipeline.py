@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .ir import Value
+from .ir import Op, Value, attention_lse, toposort
 from .lower import lower
 from .passes import autodiff, canonicalize, compact, fuse as fusion, reorder
 from .passes.common import Cheaper, Decision, GraphStats
@@ -204,14 +204,30 @@ def compile_backward(entry: CompiledPlan) -> CompiledPlan:
 
 def _backward_stage(stage: ForwardStage, stats: GraphStats) -> BackwardStage:
     opts, log = stage.options, []
-    bwd = autodiff.differentiate(stage.optimized)
-    log.append(PassRecord("autodiff", stage.optimized, bwd.outputs, tuple(bwd.decisions)))
-    bwd = autodiff.bind_saved(bwd, stage.optimized, stage.materialised)
+    forward, materialised, fused = _autodiff_input(stage)
+    bwd = autodiff.differentiate(forward)
+    log.append(PassRecord("autodiff", forward, bwd.outputs, tuple(fused) + bwd.decisions))
+    bwd = autodiff.bind_saved(bwd, forward, materialised)
     b_out = optimize(bwd.outputs, stats, reorder_on=opts["reorder"],
                      compact_on=opts["compact"], log=log, prefix="backward/")
     b_out = _run("backward/fuse", fusion.run, b_out, stats, opts["fuse"], log)
     return BackwardStage(_questions(log), lower(b_out, stage.dtype), bwd.saved_values,
                          bwd.saved_leaves, bwd.grad_leaves, bwd.targets, tuple(log))
+
+
+def _autodiff_input(stage: ForwardStage):
+    """(forward IR autodiff differentiates, its value -> forward plan value map, decisions).
+    With fusion on, attentions whose fused backward applies are differentiated as one
+    operator (``fuse.attention_for_autodiff``), so their gradients run on the attention
+    backward kernels; the fused forward plan saves their log-sum-exp for it."""
+    if not stage.options["fuse"]:
+        return stage.optimized, stage.materialised, []
+    forward, memo, decisions = fusion.attention_for_autodiff(stage.optimized)
+    materialised = {memo[o]: p for o, p in stage.materialised.items() if o in memo}
+    for v in toposort(forward):
+        if v.op == Op.ATTENTION and v in materialised:
+            materialised[attention_lse(v)] = attention_lse(materialised[v])
+    return forward, materialised, decisions
 
 
 def check_same_plan(shared: Plan, own: Plan, stats: GraphStats) -> None:

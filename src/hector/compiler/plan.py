@@ -11,7 +11,9 @@ lowering (``lower``) produces and the executor (``execute``) runs.
   the :class:`AttentionRows` saying which graph that call traverses; run by
   ``hector.kernels.attention.op.edge_attention``);
 * ``weight``: a weight-only computation (weight products, basis combinations): tiny, once per
-  call, never per row.
+  call, never per row;
+* ``select``: one role's gradient out of a fused attention backward step (which computes
+  them all in one launch pair); no kernel.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import Optional, Tuple
 
 from .ir import Value
 
-TEMPLATES = ("gemm", "traversal", "attention", "weight")
+TEMPLATES = ("gemm", "traversal", "attention", "weight", "select")
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,7 @@ class Step:
     output: Value
     spec: object = None     # GemmSpec + RowSegments / TraversalSpec / AttentionSpec + AttentionRows / None
     note: str = ""
+    extra: Optional[Value] = None   # a second output the step writes (an attention's lse)
 
     def __post_init__(self):
         if self.template not in TEMPLATES:

@@ -352,6 +352,77 @@ def attention_torch(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Te
     return msg.new_zeros((ix.rows[NODE],) + tuple(msg.shape[1:])).index_add(0, dst, msg)
 
 
+def _lse(t: torch.Tensor, dst: torch.Tensor, n: int) -> torch.Tensor:
+    """``[n, H]`` fp32 log-sum-exp of the scores ``t [E, H, 1]`` over each destination's
+    edges (0 for a node without incoming edges), as the attention kernels keep it."""
+    t = t[..., 0].float()
+    idx = dst[:, None].expand_as(t)
+    top = t.new_full((n, t.shape[1]), float("-inf")).scatter_reduce(0, idx, t.detach(), "amax")
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    total = t.new_zeros((n, t.shape[1])).index_add(0, dst, torch.exp(t - top[dst]))
+    return top + torch.log(torch.where(total > 0, total, torch.ones_like(total)))
+
+
+def attention_torch_lse(v: Value, a: List[torch.Tensor], ix: GraphIndex):
+    """(output, log-sum-exp ``[N, H]``) of a fused ``attention`` operator: the torch backend
+    of an attention step (the log-sum-exp is what :func:`attention_bwd_torch` reads)."""
+    score = _activated(v, attention_score(v, a, ix))
+    dst = ix.move(NODE, EDGE, "dst")
+    lse = _lse(score, dst, ix.rows[NODE])
+    alpha = torch.exp(score.float() - lse[dst][..., None]).to(score.dtype)
+    value, t = attention_roles(v, tuple(zip(v.args, a)))["v"]
+    msg = alpha * edge_side(t, value, "src", ix)
+    out = msg.new_zeros((ix.rows[NODE],) + tuple(msg.shape[1:])).index_add(0, dst, msg)
+    return out, lse
+
+
+def _activated(v: Value, score: torch.Tensor) -> torch.Tensor:
+    slope = v.attr("slope")
+    return score if slope is None else F.leaky_relu(score, slope)
+
+
+def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
+                        ix: GraphIndex) -> Dict[str, torch.Tensor]:
+    """The gradients of an ``attention_bwd`` node (role -> gradient on the role's rows), edge
+    by edge: the reference of the fused backward kernels.  With ``s`` the pre-activation
+    score, ``t`` the activated one, ``alpha = exp(t - lse)`` and ``g`` the output's gradient:
+    ``dv_u = sum alpha g_v``; ``dt = alpha (<g_v, v_u> - <g_v, out_v>)``; ``ds = dt act'(s)``;
+    ``dq_v = sum scale ds k'_u``, ``dk'_u = sum scale ds q_v`` (``k' = k p_r``), ``da = sum ds``.
+    ``att``: ``attention_of_bwd(b)``, built once by the caller (torch.compile cannot trace IR
+    construction)."""
+    n = len(att.args)
+    role_t, (grad, out, lse) = a[:n], a[n:n + 3]
+    roles = attention_roles(att, tuple(zip(att.args, role_t)))
+    s = attention_score(att, role_t, ix)
+    dst = ix.move(NODE, EDGE, "dst")
+    alpha = torch.exp(_activated(att, s).float() - lse[dst][..., None])
+    g_e = grad.index_select(0, dst).float()
+    value, vt = roles["v"]
+    d_alpha = (g_e * edge_side(vt, value, "src", ix).float()).sum(-1, keepdim=True)
+    delta = (grad.float() * out.float()).sum(-1, keepdim=True).index_select(0, dst)
+    ds = alpha * (d_alpha - delta)
+    slope = att.attr("slope")
+    if slope is not None:
+        ds = torch.where(s > 0, ds, ds * slope)
+    scale = att.attr("scale")
+    per_edge = {"v": (alpha * g_e, "src"), "a_src": (ds, "src"), "a_dst": (ds, "dst")}
+    if "q" in roles:
+        q_e = edge_side(roles["q"][1], roles["q"][0], "dst", ix).float()
+        k_e = edge_side(roles["k"][1], roles["k"][0], "src", ix).float()
+        if "p" in roles:
+            k_e = k_e * _operand(roles["p"][1], roles["p"][0], EDGE, ix).float()
+        per_edge.update(q=(scale * ds * k_e, "dst"), k=(scale * ds * q_e, "src"))
+    grads = {}
+    for role in b.attr("needs"):
+        contrib, end = per_edge[role]
+        like, t = roles[role]
+        if like.kind != EDGE:
+            contrib = contrib.new_zeros((ix.rows[like.kind],) + tuple(contrib.shape[1:])) \
+                .index_add(0, ix.move(like.kind, EDGE, end), contrib)
+        grads[role] = contrib.to(t.dtype)
+    return grads
+
+
 def eval_body(body: Value, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
     """Evaluate a kernel body, its ``arg`` leaves bound to ``inputs``."""
     memo: Dict[Value, torch.Tensor] = {}

@@ -29,7 +29,8 @@ import torch
 from ..graph import Graph
 from ..graph.build import sort_key, sorted_ptr
 from ..graph.derived import AttentionGraph
-from ..kernels.attention.launch import AttentionPlan, make_plan
+from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
+                                        edge_attention_triton, make_plan)
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.edgewise.op import edgewise
@@ -38,10 +39,11 @@ from ..kernels.segment_mm.op import segment_mm
 from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, one_per_row, scaled
 from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
 from . import ir
-from .ir import CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_roles, toposort
+from .ir import (CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_of_bwd, attention_roles,
+                 toposort)
 from .lower import edgewise_lowering
 from .plan import AttentionRows, RowSegments
-from .steps_torch import GraphIndex, _operand, eval_body
+from .steps_torch import GraphIndex, _operand, attention_bwd_torch, eval_body
 
 
 def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:
@@ -513,36 +515,65 @@ def run_edgewise_body(program, tensors: List[torch.Tensor], ix: GraphIndex) -> t
 
 def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
     """An attention step: the op called on the graph lowering chose (``step.spec``), with the
-    spec and schedules of :func:`attention_launch`."""
+    spec and schedules of :func:`attention_launch`.  Returns (out, log-sum-exp ``[N, H]``),
+    the log-sum-exp None for the (dst, relation) group form (whose backward is unfused)."""
     body: Value = step.body
     rows: AttentionRows = step.spec[1]
     roles = attention_roles(body, tuple(zip(body.args, inputs)))
     if rows.graph == "groups":
-        return _attention_by_dst_relation(step, roles, ix, backend)
+        return _attention_by_dst_relation(step, roles, ix, backend), None
     scale, slope = body.attr("scale"), body.attr("slope")
-    src_kind, p = rows.source, roles.get("p")
-
-    def at_source(role):
-        return _at_source(step, role, roles, src_kind, ix)
-
-    v = at_source("v")
-    if rows.score_on_edges:
-        # The whole score is per edge; fold it into one source-side term.
-        a_src = _edge_score(step, roles, ix)[..., 0]
-        q = k = a_dst = None
-    else:
-        q = roles["q"][1] if "q" in roles else None
-        # p_r scales q.k: fold it into the keys
-        k = _at_source(step, "k", roles, src_kind, ix, p) if "k" in roles else None
-        a_src = at_source("a_src")[..., 0] if "a_src" in roles else None
-        a_dst = roles["a_dst"][1][..., 0] if "a_dst" in roles else None
+    terms = _attention_terms(step, roles, ix)
     spec, plan = attention_launch(step, ix)
     g = attention_graph(rows, ix)
-    if rows.graph == "graph":
-        return edge_attention(g, v, q, k, a_src, a_dst, scale=scale, negative_slope=slope,
-                              backend=backend, spec=spec, plan=plan)
-    n = g.num_nodes
-    out = edge_attention(g, _fit(v, n), _fit(q, n), _fit(k, n), _fit(a_src, n), _fit(a_dst, n),
-                         scale=scale, negative_slope=slope, backend=backend, spec=spec,
-                         plan=plan)
-    return out[:ix.graph.num_nodes]
+    n, nodes = g.num_nodes, ix.graph.num_nodes
+    out, lse = edge_attention_triton(g, *(_fit(t, n) for t in terms), scale=scale,
+                                     negative_slope=slope, spec=spec, plan=plan,
+                                     return_lse=True)
+    return out[:nodes], lse[:nodes]
+
+
+def _attention_terms(step, roles, ix: GraphIndex):
+    """(v, q, k, a_src, a_dst) as the op takes them on the step's graph (None where absent):
+    source terms on the source rows, ``p_r`` folded into the keys."""
+    rows: AttentionRows = step.spec[1]
+    src_kind = rows.source
+    v = _at_source(step, "v", roles, src_kind, ix)
+    if rows.score_on_edges:
+        # The whole score is per edge; fold it into one source-side term.
+        return v, None, None, _edge_score(step, roles, ix)[..., 0], None
+    q = roles["q"][1] if "q" in roles else None
+    k = _at_source(step, "k", roles, src_kind, ix, roles.get("p")) if "k" in roles else None
+    a_src = _at_source(step, "a_src", roles, src_kind, ix)[..., 0] if "a_src" in roles else None
+    a_dst = roles["a_dst"][1][..., 0] if "a_dst" in roles else None
+    return v, q, k, a_src, a_dst
+
+
+_OP_ROLES = ("v", "q", "k", "a_src", "a_dst")   # the op's gradient order
+
+
+def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
+    """An attention backward step (``attention_bwd``): role -> gradient on the role's rows.
+    Triton: the fused backward kernels on the forward's graph, spec and schedules, reading
+    the forward's output and log-sum-exp; torch: :func:`attention_bwd_torch`."""
+    body: Value = step.body
+    att = _step_ir(step, "forward attention", lambda: attention_of_bwd(body))
+    if backend != "triton":
+        return attention_bwd_torch(body, att, inputs, ix)
+    n_roles = len(att.args)
+    roles = attention_roles(att, tuple(zip(att.args, inputs[:n_roles])))
+    grad, out, lse = inputs[n_roles:n_roles + 3]
+    terms = _attention_terms(step, roles, ix)
+    spec, plan = attention_launch(step, ix)
+    g = attention_graph(step.spec[1], ix)
+    n, needs = g.num_nodes, body.attr("needs")
+    grads = edge_attention_grads_triton(
+        g, spec, plan, [r in needs for r in _OP_ROLES], _fit(grad, n),
+        *(_fit(t, n) for t in terms), _fit(out, n), _fit(lse, n), att.attr("scale"),
+        att.attr("slope"))
+    result = {}
+    for role, d in zip(_OP_ROLES, grads):
+        if role in needs:
+            d = d[:ix.rows[roles[role][0].kind]]
+            result[role] = d[..., None] if role in ("a_src", "a_dst") else d
+    return result

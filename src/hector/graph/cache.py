@@ -52,11 +52,16 @@ def _unchanged(tensors: Tuple[torch.Tensor, ...], copies: Tuple[torch.Tensor, ..
     return all(not _verify(t) or torch.equal(t, c) for t, c in zip(tensors, copies))
 
 
+@torch.compiler.disable
 def cached(tensors: Sequence[Optional[torch.Tensor]], extra: tuple, build: Callable[[], T]) -> T:
     """What ``build()`` makes from ``tensors`` (None entries allowed) and the hashable ``extra``
     (sizes, a tag), reused while the tensors live and hold the same values: a Graph, or any
     other structure derived from raw index tensors.  Shared by every layer that derives
-    something from raw tensors, so all get the same guarantee."""
+    something from raw tensors, so all get the same guarantee.
+
+    Run eagerly under ``torch.compile`` (one graph break): traced, dynamo guarded on the
+    cache's own entries, and a guard on a tensor whose weak reference had died failed the
+    compilation (seen once in a long CPU test run)."""
     given = tuple(t for t in tensors if t is not None)
     key = tuple(_key(t) for t in tensors) + tuple(extra)
     hit = _cache.get(key)

@@ -12,6 +12,12 @@ operator reads (a parameter, or e.g. ``W_r @ k`` after reordering).  Weight-only
 are tiny and are differentiated by torch autograd at run time (the executor chains the
 gradient of a root to its parameters).
 
+A fused ``attention`` (score, edge softmax and aggregation as one operator; the pipeline
+fuses it before autodiff wherever its backward kernels apply, ``fuse.fused_backward``) is
+differentiated as one operator too: ``attention_bwd`` gives every role's gradient from two
+traversals (by destination, by source) that recompute the scores on chip from the forward's
+log-sum-exp, so the backward holds no per-edge tensor.
+
 ``bind_saved`` decides what the backward reads from the forward: every forward value the
 fused forward plan materialises becomes a ``saved`` leaf; values that fusion kept on chip
 (edge softmax weights inside the attention kernel, say) are recomputed by the backward.
@@ -94,7 +100,28 @@ def _adjoints(v: Value, g: Value) -> List[Tuple[Value, Value]]:
         return [(a[0], N.expand(g, a[0].shape))]
     if op in (Op.EXPAND,):
         return [(a[0], N.reduce_to(g, a[0].shape))]
+    if op == Op.ATTENTION:
+        return _attention_adjoints(v, g)
     raise NotImplementedError(f"autodiff: no adjoint for IR op {op!r}")
+
+
+def _attention_adjoints(v: Value, g: Value) -> List[Tuple[Value, Value]]:
+    """The fused attention's adjoint: its backward kernels (:func:`N.attention_bwd`) give
+    every role's gradient at once; a per-relation prior ``p`` is folded into the keys there
+    (``k' = k p_r``), so ``dk = dk' p_r`` and ``dp_r = sum over rows of relation r of
+    <dk', k>``."""
+    roles = N.attention_roles(v)
+    needs = tuple(r for r, a in roles.items() if r != "p" and a.op != Op.CONST)
+    bwd = N.attention_bwd(v, g, N.attention_lse(v), needs)
+    pairs = []
+    for role in needs:
+        d = N.pick(bwd, role)
+        if role == "k" and "p" in roles:
+            k, p = roles["k"], roles["p"]
+            pairs += [(k, N.binary(Op.MUL, d, p)), (p, N.wsum(N.dot(d, k), p))]
+        else:
+            pairs.append((roles[role], d))
+    return pairs
 
 
 def weight_roots(outputs: Sequence[Value]) -> List[Value]:
@@ -130,8 +157,10 @@ def differentiate(outputs: Sequence[Value]) -> Backward:
 
 def bind_saved(bwd: Backward, forward: Sequence[Value], materialised: Dict[Value, Value]) -> Backward:
     """Replace forward values the fused forward plan materialises (``materialised``: unfused
-    value -> the plan value holding it; leaves map to themselves) with ``saved`` leaves."""
+    value -> the plan value holding it; leaves map to themselves) with ``saved`` leaves.  An
+    attention's log-sum-exp is a forward value too (its kernel's second output)."""
     fwd_set = set(toposort(forward))
+    fwd_set.update(k for k in materialised if k.op == Op.ATTENTION_LSE)
     memo: Dict[Value, Value] = {}
     saved_values: List[Value] = []
     saved_leaves: List[Value] = []

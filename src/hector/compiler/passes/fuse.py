@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .. import ir as N
 from ..ir import EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, kernel, rewrite, toposort
-from ..lower import single_kernel, template_of
+from ..lower import attention_spec, single_kernel, template_of
 from .common import Decision
 
 NAME = "fuse"
@@ -91,6 +91,45 @@ def match_attention(v: Value) -> Tuple[Optional[Value], str]:
     if "q" in roles and roles["q"].kind != NODE:
         return None, "query depends on the relation (compact dst rows)"
     return N.attention(roles, msg.shape, scale, slope), ""
+
+
+def fused_backward(att: Value) -> Tuple[bool, str]:
+    """Whether attention ``att`` is differentiated as one operator (its backward kernels), or
+    (False, why) through its unfused operators.  The kernels take every term on the rows
+    the forward's op call traverses (``AttentionRows``): the graph's nodes, or a derived
+    graph whose sources are one row kind and whose destinations are the nodes."""
+    rows = attention_spec(att, None)[1]
+    roles = N.attention_roles(att)
+    if rows.graph == "groups" or rows.score_on_edges:
+        return False, "the destination term depends on the relation"
+    side = [roles[r].kind for r in ("v", "k", "a_src") if r in roles]
+    if any(kind != rows.source for kind in side):
+        return False, f"source terms on {sorted(set(side))} rows, not all on {rows.source} rows"
+    return True, ""
+
+
+def attention_for_autodiff(outputs) -> Tuple[Tuple[Value, ...], Dict[Value, Value],
+                                             List[Decision]]:
+    """``outputs`` with each attention pattern that :func:`fused_backward` accepts replaced
+    by its fused ``attention`` operator (autodiff then differentiates it as one operator);
+    returns (outputs, original value -> its replacement, decisions)."""
+    decisions: List[Decision] = []
+    memo: Dict[Value, Value] = {}
+
+    def fused(v: Value):
+        if v.op != Op.SCATTER or v.kind != NODE:
+            return None
+        att, _ = match_attention(v)
+        if att is None:
+            return None
+        ok, why = fused_backward(att)
+        decisions.append(Decision("autodiff", "attention backward as one operator", ok,
+                                  "two traversals (by destination, by source), scores "
+                                  "recomputed on chip from the forward's log-sum-exp" if ok
+                                  else why + ": differentiated through its operators"))
+        return att if ok else None
+
+    return rewrite(outputs, fused, memo), memo, decisions
 
 
 def run(outputs, stats=None, enabled: bool = True, mapping: Optional[Dict[Value, Value]] = None):

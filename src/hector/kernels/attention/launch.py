@@ -501,16 +501,32 @@ def _autograd_backward(ctx, dout, _dlse):
 edge_attention_op.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
+def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan, needs,
+                                dout, v, q, k, a_src, a_dst, out, lse, scale: float,
+                                negative_slope: Optional[float]) -> List[torch.Tensor]:
+    """The fused backward as the ``hector::edge_attention_backward`` op, called directly by
+    the compiler's backward plan (whose IR autodiff differentiated the attention as one
+    operator): ``[dv, dq, dk, d a_src, d a_dst]`` for ``needs`` (same order), an empty tensor
+    where not asked for.  ``out``, ``lse``: the forward's (``return_lse`` below); no dropout."""
+    tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
+    return edge_attention_backward_op(graph_handle(graph), dout.contiguous(), *tensors,
+                                      out.contiguous(), lse.contiguous(), float(scale),
+                                      negative_slope, 0.0, 0, "auto",
+                                      launch_handle(graph, spec, plan), list(needs))
+
+
 def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0,
                           negative_slope=None, dropout=0.0, seed=None, strategy="auto",
                           schedule: Optional[Schedule] = None, *,
                           spec: Optional[AttentionSpec] = None,
-                          plan: Optional[AttentionPlan] = None) -> torch.Tensor:
+                          plan: Optional[AttentionPlan] = None, return_lse: bool = False):
     """The Triton path of :func:`hector.kernels.attention.op.edge_attention` (inputs already
     validated): the ``hector::edge_attention`` custom op, or with a pinned ``schedule`` the
     ``autograd.Function``.  ``spec`` / ``plan``: decided by the caller (the compiler) and
     launched as given (the op receives them by handle); otherwise derived from the tensors
-    and planned here (inside the op, memoised per graph)."""
+    and planned here (inside the op, memoised per graph).  ``return_lse``: (out, the
+    per-destination log-sum-exp ``[N, H]`` fp32) for a caller that runs the backward itself
+    (not with a pinned ``schedule``)."""
     tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
     if schedule is None:
         if plan is not None and spec is None:
@@ -520,8 +536,11 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
         launch = 0 if plan is None and spec is None else launch_handle(
             graph, spec, plan if plan is not None else _memo_plan(graph, spec, strategy))
         seed_t = seed_tensor(seed, v.device) if dropout > 0 else None
-        return edge_attention_op(graph_handle(graph), *tensors, float(scale), negative_slope,
-                                 float(dropout), 0, strategy, launch, seed_t)[0]
+        out = edge_attention_op(graph_handle(graph), *tensors, float(scale), negative_slope,
+                                float(dropout), 0, strategy, launch, seed_t)
+        return out if return_lse else out[0]
+    if return_lse:
+        raise ValueError("return_lse needs the custom op's path (no pinned schedule)")
     if spec is None:
         spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
     if plan is None:
