@@ -255,6 +255,14 @@ def test_strategy_rule():
     assert choose_strategy(flat, 1_000_000)[0] == "node"
     strategy, why = choose_strategy(skew, 1_000_000)
     assert strategy == "edge" and "100000" in why
+    # HGT's derived graph of mag: the longest row is 1.5 fair shares (node-parallel measured
+    # 3.2x slower on the H200), and products-like rows (0.07 shares) stay node-parallel.
+    mag = DegreeStats(max=61_726, mean=6.9, cv=12.2, num_isolated=0, num_super=900,
+                      super_threshold=1000)
+    assert choose_strategy(mag, 21_111_007, sms=132, heads=4)[0] == "edge"
+    products = DegreeStats(max=17_481, mean=50.5, cv=1.9, num_isolated=0, num_super=500,
+                           super_threshold=1000)
+    assert choose_strategy(products, 123_718_280, sms=132, heads=1)[0] == "node"
     # Long rows everywhere (reddit-like: mean 492, max 21.6K, no straggler): edge-parallel
     # with one head, node-parallel with four (the measured split).
     long_rows = DegreeStats(max=21_600, mean=492.0, cv=1.2, num_isolated=0, num_super=8000,
@@ -264,6 +272,9 @@ def test_strategy_rule():
     spec = AttentionSpec.of(torch.empty(1, 8, 8))
     sched = default_schedule(spec, "edge", 1_000_000, 5.0, 528)
     assert sched.block_h == 8 and sched.chunk >= sched.block_e
+    # many short chunks on a big graph (mag: 8192-edge chunks measured 1.3-1.6x slower)
+    from hector.kernels.attention.spec import MAX_CHUNK
+    assert default_schedule(spec, "edge", 21_111_007, 6.9, 528).chunk == MAX_CHUNK <= 1024
 
 
 # --- (c) bad input --------------------------------------------------------------------------

@@ -28,6 +28,14 @@ from .spec import AttentionSpec, Schedule, default_schedule, next_pow2, tune_con
 PROGRAMS_PER_SM = 4
 #: Below this in-degree no row is long enough to straggle, whatever the graph.
 MIN_STRAGGLER_DEGREE = 512
+#: A row straggles once it holds more than this fraction of a fair share of the edges.  A
+#: node-parallel program walks its row serially, one latency-bound edge tile (about 1 us on
+#: the H200) after another, while the other programs stream their rows at full bandwidth:
+#: measured on the H200 on HGT's derived graph of synthetic mag (21.1M edges, longest row
+#: 61,726 = 1.54 shares, four heads of 16, fp32), node-parallel took 46.0 ms for the forward
+#: and both backward traversals, edge-parallel 14.5 ms (the longest row alone is ~15K tiles).
+#: The reddit, products and proteins profiles (longest rows 0.05-0.1 shares) stay node-parallel.
+STRAGGLER_SHARE = 1 / 3
 #: Mean degree from which rows count as long (see ``choose_strategy``).
 LONG_ROW_MEAN_DEGREE = 256
 
@@ -38,11 +46,13 @@ def choose_strategy(degree, num_edges: int, sms: int = DEFAULT_NUM_SMS,
                     heads: int = 1) -> Tuple[str, str]:
     """('node' | 'edge', why) for a traversal over rows with degree statistics ``degree``.
 
-    Node-parallel finishes when its longest row does, so it loses once one row holds more
-    edges than a fair share of the whole traversal: ``E / (SMs * programs per SM)``, the work
-    each in-flight program would get if edges were spread evenly.  Edge-parallel pays for a
-    combine pass and a row loop per chunk, so it is only chosen when the longest row exceeds
-    twice that share and is long in absolute terms (at least MIN_STRAGGLER_DEGREE).
+    Node-parallel finishes when its longest row does, so it loses once one row holds a large
+    part of a fair share of the whole traversal: ``E / (SMs * programs per SM)``, the work
+    each in-flight program would get if edges were spread evenly; one program's serial walk
+    is several times slower per edge than the device's aggregate stream, so the threshold is
+    ``STRAGGLER_SHARE`` of that share (measured; see there).  Edge-parallel pays for a
+    combine pass and a row loop per chunk, so the longest row must also be long in absolute
+    terms (at least MIN_STRAGGLER_DEGREE).
 
     Long rows on average (mean degree >= LONG_ROW_MEAN_DEGREE) with one head also go
     edge-parallel.  This is measured, not derived: on the H200 suite (docs/perf-notes.md) the
@@ -53,7 +63,7 @@ def choose_strategy(degree, num_edges: int, sms: int = DEFAULT_NUM_SMS,
     share = num_edges / lanes if lanes else float(num_edges)
     facts = (f"max degree {degree.max}, mean {degree.mean:.1f}, cv {degree.cv:.2f}; "
              f"fair share per program E/({sms} SMs x {PROGRAMS_PER_SM}) = {share:.0f} edges")
-    if degree.max >= MIN_STRAGGLER_DEGREE and degree.max > 2 * share:
+    if degree.max >= MIN_STRAGGLER_DEGREE and degree.max > STRAGGLER_SHARE * share:
         return "edge", f"edge-parallel: the longest row would straggle ({facts})"
     if heads == 1 and degree.mean >= LONG_ROW_MEAN_DEGREE:
         return "edge", (f"edge-parallel: long rows (mean degree >= {LONG_ROW_MEAN_DEGREE}) with "
