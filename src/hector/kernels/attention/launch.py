@@ -124,22 +124,23 @@ def chunk_rows(graph, csr, chunk: int) -> torch.Tensor:
     return table[key]
 
 
-def active_rows(graph, csr) -> Tuple["CSR", Optional[torch.Tensor]]:
-    """The rows of ``csr`` that hold edges, as a compressed CSR, and their ids (None when every
-    row holds edges).
+def active_rows(graph, csr) -> Tuple["CSR", torch.Tensor]:
+    """The rows of ``csr`` that hold edges, as a compressed CSR, and their ids (every row's
+    id when all hold edges).
 
     The edge-parallel schedule hands each run of edgeless rows to one program, which walks it
     serially: 620K such rows (the derived graph of compiled RGAT on fb15k) cost 125 ms, and
     ogbn-mag's 1.13M authors, which receive no edges, sit in the middle of the node range.
-    Traversing only rows with edges costs a gather of the row-side inputs and a scatter of the
-    row-side outputs (node-sized, small next to the edges).  Cached per (graph, csr)."""
+    The kernels read and write the row-side tensors through the ids (``row_ids``), so
+    skipping those rows copies nothing (a gather of the row-side inputs and a scatter of the
+    outputs took 6 ms of HGT's 45 ms step on mag).  Cached per (graph, csr)."""
     table = _chunk_tables.setdefault(graph, {})
     key = ("active", id(csr))
     if key not in table:
         deg = csr.ptr[1:] - csr.ptr[:-1]
         nz = (deg > 0).nonzero().squeeze(1)
         if nz.numel() == deg.numel():
-            table[key] = (csr, None)
+            table[key] = (csr, nz)
         else:
             ptr = torch.cat([csr.ptr[nz], csr.ptr[-1:]]).contiguous()
             table[key] = (CSR(ptr, csr.col, csr.eid), nz)
@@ -147,23 +148,18 @@ def active_rows(graph, csr) -> Tuple["CSR", Optional[torch.Tensor]]:
 
 
 def _rows_of(graph, csr, sched: Schedule):
-    """(csr to traverse, ids of its rows or None, number of rows) for one traversal."""
+    """(csr to traverse, data row of each of its rows, its number of rows) for one traversal;
+    node-parallel traverses every row in place (the ids are then unused: ``csr.ptr`` stands
+    in)."""
     if sched.strategy != "edge":
-        return csr, None, csr.ptr.numel() - 1
-    csr, sel = active_rows(graph, csr)
-    return csr, sel, (csr.ptr.numel() - 1)
+        return csr, csr.ptr, csr.ptr.numel() - 1
+    csr, ids = active_rows(graph, csr)
+    return csr, ids, (csr.ptr.numel() - 1)
 
 
-def _pick(t: Optional[torch.Tensor], sel: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """Row-side operand restricted to the traversed rows."""
-    return t if t is None or sel is None else t.index_select(0, sel)
-
-
-def _spread(t: Optional[torch.Tensor], sel: Optional[torch.Tensor], n: int):
-    """Row-side result back to all ``n`` rows; rows without edges get exactly 0."""
-    if t is None or sel is None:
-        return t
-    return t.new_zeros((n,) + tuple(t.shape[1:])).index_copy_(0, sel, t)
+def _rows_out(sched: Schedule, shape, **kw) -> torch.Tensor:
+    """A row-side output: rows an edge-parallel traversal skips (no edges) stay exactly 0."""
+    return (torch.zeros if sched.strategy == "edge" else torch.empty)(shape, **kw)
 
 
 def score_params(spec: AttentionSpec, strategy: str) -> dict:
@@ -204,12 +200,12 @@ def _traversal(graph, csr, sched: Schedule, heads: int):
     return (csr.ptr.numel() - 1, hb), csr.ptr, 0
 
 
-def _combine_sum(csr, sched, rows, nchunks, part, out):
+def _combine_sum(csr, sched, rows, row_ids, nchunks, part, out):
     if nchunks > 1:
         width = part.shape[-1]
         block_w = min(1024, next_pow2(width))
         registry.kernel("combine_sum")[(nchunks - 1, -(-width // block_w))](
-            csr.ptr, rows, part, out, width, sched.chunk, BLOCK_W=block_w)
+            csr.ptr, rows, row_ids, part, out, width, sched.chunk, BLOCK_W=block_w)
 
 
 def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
@@ -217,10 +213,9 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
     """(out, lse): the forward traversal (and the combine pass of an edge-parallel one)."""
     n, heads, dim_v = v.shape
     sched = plan.dst
-    csr, sel, n_rows = _rows_of(graph, graph.csr_in, sched)
-    q_r, a_dst_r = _pick(q, sel), _pick(a_dst, sel)      # destination (row) side
-    out = torch.empty(n_rows, heads, dim_v, dtype=v.dtype, device=v.device)
-    lse = torch.empty(n_rows, heads, dtype=torch.float32, device=v.device)
+    csr, row_ids, n_rows = _rows_of(graph, graph.csr_in, sched)
+    out = _rows_out(sched, (n, heads, dim_v), dtype=v.dtype, device=v.device)
+    lse = _rows_out(sched, (n, heads), dtype=torch.float32, device=v.device)
     grid, rows, nchunks = _traversal(graph, csr, sched, heads)
     if sched.strategy == "edge":
         m_part = torch.empty(nchunks, 2, heads, dtype=torch.float32, device=v.device)
@@ -229,16 +224,16 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
     else:
         m_part = l_part = acc_part = lse
     if n > 0:
-        args = (csr.ptr, csr.col, csr.eid, rows, _or(q_r, v), _or(k, v), v, _or(a_src, lse),
-                _or(a_dst_r, lse), out, lse, m_part, l_part, acc_part, *_scalars(params, lse),
-                graph.num_edges, heads, spec.dim_qk, dim_v, sched.chunk)
+        args = (csr.ptr, csr.col, csr.eid, rows, row_ids, _or(q, v), _or(k, v), v,
+                _or(a_src, lse), _or(a_dst, lse), out, lse, m_part, l_part, acc_part,
+                *_scalars(params, lse), graph.num_edges, heads, spec.dim_qk, dim_v, sched.chunk)
         _launch_traversal("attention_fwd", score_params(spec, sched.strategy), plan, sched,
                           grid, args, _shape(n_rows, graph.num_edges, spec), v.device)
         if nchunks > 1:
             registry.kernel("attention_combine")[(nchunks - 1, grid[1])](
-                csr.ptr, rows, m_part, l_part, acc_part, out, lse, heads, dim_v,
+                csr.ptr, rows, row_ids, m_part, l_part, acc_part, out, lse, heads, dim_v,
                 sched.chunk, BLOCK_H=sched.block_h, BLOCK_DV=sched.block_dv)
-    return _spread(out, sel, n), _spread(lse, sel, n)
+    return out, lse
 
 
 def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
@@ -263,58 +258,50 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         # Rows are destinations: q, a_dst, dout, lse, delta are read (and dq, d a_dst
         # written) per row; k, v, a_src per edge through the column ids.
         sched = plan.dst
-        csr, sel, n_rows = _rows_of(graph, graph.csr_in, sched)
-        lse_r = _pick(lse, sel)
-        tensors = (_or(_pick(q, sel), v), _or(k, v), v, _or(a_src, lse_r),
-                   _or(_pick(a_dst, sel), lse_r), _pick(dout, sel), lse_r, _pick(delta, sel))
-        dq_r = torch.empty(n_rows, heads, dim_k, dtype=q.dtype, device=v.device) if need_q else None
-        dd_r = torch.empty(n_rows, heads, dtype=a_dst.dtype, device=v.device) if need_dst else None
+        csr, row_ids, n_rows = _rows_of(graph, graph.csr_in, sched)
+        tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse), dout, lse, delta)
+        dq = _rows_out(sched, (n, heads, dim_k), dtype=q.dtype, device=v.device) if need_q else None
+        da_dst = _rows_out(sched, (n, heads), dtype=a_dst.dtype, device=v.device) if need_dst else None
         grid, rows, nchunks = _traversal(graph, csr, sched, heads)
         dq_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_q and nchunks else lse
         dd_part = torch.empty(nchunks, 2, heads, **fp32) if need_dst and nchunks else lse
-        args = (csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dq_r, lse), _or(dd_r, lse),
-                dq_part, dd_part, *_scalars(params, lse), graph.num_edges, heads, dim_k,
-                dim_v, sched.chunk)
+        args = (csr.ptr, csr.col, csr.eid, rows, row_ids, *tensors, _or(dq, lse),
+                _or(da_dst, lse), dq_part, dd_part, *_scalars(params, lse), graph.num_edges,
+                heads, dim_k, dim_v, sched.chunk)
         _launch_traversal("attention_bwd_dst", dict(score_params(spec, sched.strategy),
                                                     need_dq=need_q, need_ddst=need_dst),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
                           v.device)
-        if need_q:
-            _combine_sum(csr, sched, rows, nchunks, dq_part, dq_r)
-            dq = _spread(dq_r, sel, n)
-        if need_dst:
-            _combine_sum(csr, sched, rows, nchunks, dd_part, dd_r)
-            da_dst = _spread(dd_r, sel, n)
+        for flag, part, grad in ((need_q, dq_part, dq), (need_dst, dd_part, da_dst)):
+            if flag:
+                _combine_sum(csr, sched, rows, row_ids, nchunks, part, grad)
 
     if need_k or need_v or need_src:
         # Rows are sources: k, v, a_src are read (and dk, dv, d a_src written) per row;
         # q, a_dst, dout, lse, delta per edge through the column ids (destinations).
         sched = plan.src
-        csr, sel, n_rows = _rows_of(graph, graph.csr_out, sched)
-        v_r = _pick(v, sel)
-        tensors = (_or(q, v_r), _or(_pick(k, sel), v_r), v_r, _or(_pick(a_src, sel), lse),
-                   _or(a_dst, lse), dout, lse, delta)
+        csr, row_ids, n_rows = _rows_of(graph, graph.csr_out, sched)
+        tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse), dout, lse, delta)
         new = dict(device=v.device)
-        dk_r = torch.empty(n_rows, heads, dim_k, dtype=k.dtype, **new) if need_k else None
-        dv_r = torch.empty(n_rows, heads, dim_v, dtype=v.dtype, **new) if need_v else None
-        ds_r = torch.empty(n_rows, heads, dtype=a_src.dtype, **new) if need_src else None
+        dk = _rows_out(sched, (n, heads, dim_k), dtype=k.dtype, **new) if need_k else None
+        dv = _rows_out(sched, (n, heads, dim_v), dtype=v.dtype, **new) if need_v else None
+        da_src = _rows_out(sched, (n, heads), dtype=a_src.dtype, **new) if need_src else None
         grid, rows, nchunks = _traversal(graph, csr, sched, heads)
         dk_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_k and nchunks else lse
         dv_part = torch.empty(nchunks, 2, heads * dim_v, **fp32) if need_v and nchunks else lse
         ds_part = torch.empty(nchunks, 2, heads, **fp32) if need_src and nchunks else lse
-        args = (csr.ptr, csr.col, csr.eid, rows, *tensors, _or(dk_r, lse), _or(dv_r, lse),
-                _or(ds_r, lse), dk_part, dv_part, ds_part, *_scalars(params, lse),
+        args = (csr.ptr, csr.col, csr.eid, rows, row_ids, *tensors, _or(dk, lse), _or(dv, lse),
+                _or(da_src, lse), dk_part, dv_part, ds_part, *_scalars(params, lse),
                 graph.num_edges, heads, dim_k, dim_v, sched.chunk)
         _launch_traversal("attention_bwd_src", dict(score_params(spec, sched.strategy),
                                                     need_dk=need_k, need_dv=need_v,
                                                     need_dsrc=need_src),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
                           v.device)
-        for flag, part, grad in ((need_k, dk_part, dk_r), (need_v, dv_part, dv_r),
-                                 (need_src, ds_part, ds_r)):
+        for flag, part, grad in ((need_k, dk_part, dk), (need_v, dv_part, dv),
+                                 (need_src, ds_part, da_src)):
             if flag:
-                _combine_sum(csr, sched, rows, nchunks, part, grad)
-        dk, dv, da_src = _spread(dk_r, sel, n), _spread(dv_r, sel, n), _spread(ds_r, sel, n)
+                _combine_sum(csr, sched, rows, row_ids, nchunks, part, grad)
     return dv, dq, dk, da_src, da_dst
 
 
