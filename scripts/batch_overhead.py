@@ -37,10 +37,10 @@ import time
 
 import torch
 
-from hector import Graph
 from hector.datasets import synthetic
 from hector.graph.block import mark_block
 from hector.loader import NeighborLoader, relabel, sample_hop
+from hector.loader.neighbor import block_graph
 from hector.nn import HGTConv, RGATConv, RGCNConv
 
 
@@ -80,10 +80,9 @@ def stub_triton_kernels():
 
 
 def rebuild(block):
-    g = Graph(block.input_edge_index(), edge_type=block.input_edge_type(),
-              num_nodes=block.num_nodes, num_relations=block.num_relations,
-              node_type=block.node_type.long(), num_node_types=block.num_node_types,
-              node_type_names=block.node_type_names, relation_names=block.relation_names)
+    """The block built again from its edges, the way the loader builds it."""
+    g = block_graph(block, block.input_edge_index(), block.input_edge_type(),
+                    block.node_type.long())
     return mark_block(g, block.num_dst_nodes, block.dst_index, block.dst_type_ptr)
 
 
@@ -114,7 +113,7 @@ def step(kind, model, graph, batch, x, pyg_layers=False):
             h = torch.relu(conv(h, ei, et)[:block.num_dst_nodes] if block.dst_index is None
                            else conv(h, ei, et)[block.dst_index.long()])
         elif kind == "hgt":
-            ptr = block.node_type_ptr.tolist()
+            ptr = block.host_ptr["node"]
             x_dict = {t: h[ptr[i]:ptr[i + 1]] for i, t in enumerate(graph.node_type_names)}
             out = conv(x_dict, _per_type_edges(block, graph) if pyg_layers else block)
             if pyg_layers:     # PyG returns every source row: keep each type's destinations
@@ -131,7 +130,7 @@ def step(kind, model, graph, batch, x, pyg_layers=False):
 
 def _per_type_edges(block, graph):
     """The block's edges per relation in PyG's hetero layout (ids within each type)."""
-    ptr, names = block.node_type_ptr.tolist(), graph.node_type_names
+    ptr, names = block.host_ptr["node"], graph.node_type_names
     ei, et = block.input_edge_index(), block.input_edge_type()
     out = {}
     for r, (s, rel, d) in enumerate(graph.relation_names):
