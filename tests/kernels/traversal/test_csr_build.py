@@ -2,11 +2,17 @@
 the same CSRs as torch's sparse-tensor path they replaced (``coalesce``, ``sparse.mm``), bit
 for bit on the CPU; duplicates summed in input order; empty rows, no entries, sizes past
 int32 and keys past int64.  Host-only: no kernel runs."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from hector.kernels.traversal.csr import WeightedCSR, compose, from_coo, one_per_row
 from hector.kernels.traversal.schedule import row_bins
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/helpers.py
+from helpers import host_reads  # noqa: E402
 
 
 def sparse_csr(sp: torch.Tensor):
@@ -159,6 +165,44 @@ def test_one_per_row_equals_from_coo_of_a_gather(n):
         for a, b in ((fast.ptr, want.ptr), (fast.col, want.col), (fast.val, want.val)):
             assert a.dtype == b.dtype and torch.equal(a, b)
         assert fast.bins.__dict__ == row_bins(want.ptr).__dict__     # no tensors: n short rows
+
+
+def test_row_bins_are_found_on_first_use_only():
+    """A CSR built by from_coo holds no bins (a host read) until a launch asks for them."""
+    m = from_coo(*entries(9, 6, 40, 3), 9, 6)
+    assert m.bins is None
+    assert m.layout.__dict__ == row_bins(m.ptr).__dict__ and m.bins is m.layout
+    t = m.transpose()
+    assert t.bins is None and t.layout.num_short + t.layout.num_long == 6
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_compose_after_a_gather_reads_no_path_count_and_equals_the_general_path(seed):
+    """A gather's bins say one entry per row: its paths are the outer entries, known without
+    a read.  The product equals the sparse path and the general path (same gather without
+    bins) bit for bit; only the duplicate merge reads the host."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, 8, (30,), generator=g)           # 30 edges -> 8 nodes
+    gather = one_per_row(idx, torch.rand(30, generator=g), 8)
+    outer = from_coo(torch.randint(0, 5, (30,), generator=g), torch.arange(30),
+                     torch.rand(30, generator=g), 5, 30, distinct=True)    # scatter to 5 rows
+    with host_reads() as seen:
+        fast = compose(outer, gather)
+    assert len(seen) == 1, seen           # the duplicate merge's; no path count, no bins
+    assert outer.bins is None and fast.bins is None
+    unbinned = WeightedCSR(gather.ptr, gather.col, gather.val, gather.rows, gather.cols)
+    for want in (old_compose(outer, gather), compose(outer, unbinned)):
+        want = want if isinstance(want, tuple) else (want.ptr, want.col, want.val)
+        assert_same(fast, want)
+
+
+def test_compose_after_one_entry_per_row_on_average_is_not_taken_for_a_gather():
+    """nnz == rows but rows of 2, 0 and 1 entries: the path count must be read."""
+    inner = from_coo(torch.tensor([0, 0, 2]), torch.tensor([1, 3, 0]), torch.tensor([1., 2, 3]),
+                     3, 4, distinct=True)
+    inner.layout                                            # bins known: longest row 2
+    outer = from_coo(torch.tensor([0, 1, 1]), torch.tensor([0, 1, 2]), None, 2, 3)
+    assert_same(compose(outer, inner), old_compose(outer, inner))
 
 
 @pytest.mark.parametrize("short_max,chunk", [(3, 5), (3, None), (-1, 4), (100, 8)])

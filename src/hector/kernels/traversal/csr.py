@@ -136,9 +136,11 @@ def _sum_duplicates(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor):
 
 def _csr(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor, rows: int,
          cols: int) -> WeightedCSR:
-    """The CSR of entries already sorted by (row, col) and distinct."""
+    """The CSR of entries already sorted by (row, col) and distinct.  Its row bins (a host
+    read) are found on first use (:attr:`WeightedCSR.layout`): a factor that is only composed
+    into a longer chain is never launched, so never pays that read."""
     ptr = sorted_ptr(row, rows)
-    return WeightedCSR(ptr, _narrow_cols(col, cols), val.contiguous(), rows, cols, row_bins(ptr))
+    return WeightedCSR(ptr, _narrow_cols(col, cols), val.contiguous(), rows, cols)
 
 
 def _narrow_cols(col: torch.Tensor, cols: int) -> torch.Tensor:
@@ -159,13 +161,24 @@ def compose(outer: WeightedCSR, inner: WeightedCSR) -> WeightedCSR:
     first = inner.ptr.index_select(0, k)
     per = inner.ptr.index_select(0, k + 1) - first          # paths through each outer entry
     ends = torch.cumsum(per, 0)
-    n = int(ends[-1]) if ends.numel() else 0                # (one host read: the path count)
+    if _one_per_row(inner):      # a gather first: one path per outer entry, no read needed
+        n = k.numel()
+    else:
+        n = int(ends[-1]) if ends.numel() else 0            # (one host read: the path count)
     which = torch.repeat_interleave(torch.arange(k.numel(), device=dev), per, output_size=n)
     at = (torch.arange(n, device=dev) - (ends - per).index_select(0, which)
           + first.index_select(0, which))                    # entry of inner on each path
     row = outer.row_ids().index_select(0, which)
     val = outer.val.index_select(0, which) * inner.val.index_select(0, at)
     return from_coo(row, inner.col.long().index_select(0, at), val, outer.rows, inner.cols)
+
+
+def _one_per_row(m: WeightedCSR) -> bool:
+    """Whether every row of ``m`` holds exactly one entry, from host facts only: bins already
+    known (a gather's are, see :func:`one_per_row`) with no row over one entry, and as many
+    entries as rows."""
+    b = m.bins
+    return b is not None and b.num_long == 0 and b.short_max <= 1 and m.nnz == m.rows
 
 
 def scaled(m: WeightedCSR, factor: float) -> WeightedCSR:
