@@ -103,9 +103,9 @@ class Graph:
         # read is a device sync on CUDA, paid by every mini-batch block): the segment pointers
         # (which also size the compact maps), the node-type contiguity and the degree stats.
         ptrs = (rel_ptr, runs_src.rel_ptr, runs_dst.rel_ptr, type_ptr)
-        values = torch.cat([p.to(torch.float64).reshape(-1) for p in ptrs + (contiguous,)]
-                           + [v.view(1) for d in degrees
-                              for v in DegreeStats.parts(d, super_node_threshold)]).tolist()
+        ints = torch.cat(ptrs + (contiguous.to(torch.int64).view(1),)).to(torch.float64)
+        stats = [v for d in degrees for v in DegreeStats.parts(d, super_node_threshold)]
+        values = (torch.cat([ints, torch.stack(stats)]) if stats else ints).tolist()
         host = []
         for p in ptrs:
             host.append([int(v) for v in values[:p.numel()]])
