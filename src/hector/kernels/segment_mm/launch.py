@@ -64,7 +64,9 @@ def tile_map(bounds: Tuple[int, ...], block: int, device: torch.device) -> torch
     table = torch.stack([seg, start, end], dim=1)
     dtype = torch.int32 if bounds[-1] < 2 ** 31 else torch.int64
     table = table.to(dtype).contiguous()
-    if device.type == "cuda":
+    # Not while a CUDA graph is being captured: a replay would copy again from the staging
+    # buffer, by then reused (there the plain copy runs, as it always did).
+    if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
         return table.pin_memory().to(device, non_blocking=True)
     return table.to(device)
 
