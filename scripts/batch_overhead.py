@@ -4,6 +4,7 @@
                                      [--models rgcn,rgat,hgt] [--fanout 25,20]
                                      [--batch-size 1024] [--batches 10] [--threads N] [--pyg]
                                      [--count-syncs] [--stub-kernels] [--cpu-clock]
+                                     [--cprofile N]
 
 For each batch of ``NeighborLoader`` on a synthetic profile (features of width ``--hidden``
 drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HGTConv):
@@ -23,6 +24,9 @@ drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HG
   tensors) of build and of first, counted by ``torch.cuda.set_sync_debug_mode`` on a second
   build of the batch's blocks (so the timings above are not slowed by the counting).
 
+``--cprofile N``: each batch's first forward + backward run once more on fresh blocks under
+cProfile (after the timings, which it does not touch), the top N functions printed to stderr.
+
 ``--stub-kernels`` (CPU, under ``TRITON_INTERPRET=1``): the Triton backend's host path with
 every Triton kernel launch skipped (outputs are left unwritten, so values are meaningless):
 "plan" is then the host work a new batch adds on that backend (index arrays, movement CSRs,
@@ -32,7 +36,10 @@ kernels.
 Prints medians in milliseconds per batch, one row per model.
 """
 import argparse
+import cProfile
+import pstats
 import statistics
+import sys
 import time
 
 import torch
@@ -160,6 +167,9 @@ def main():
                    help="count synchronizing CUDA calls of build and first (CUDA only)")
     p.add_argument("--stub-kernels", action="store_true",
                    help="CPU, TRITON_INTERPRET=1: skip every Triton launch (host path only)")
+    p.add_argument("--cprofile", type=int, default=0, metavar="N",
+                   help="cProfile each batch's first step once more on fresh blocks (apart "
+                        "from the timings) and print its top N functions to stderr")
     p.add_argument("--cpu-clock", action="store_true",
                    help="CPU only: time by this process's CPU time, not wall time (steadier "
                         "on a machine shared with other jobs)")
@@ -196,7 +206,7 @@ def main():
     print("|" + "---|" * len(head))
     for kind in args.models.split(","):
         model, refs = make_model(kind, graph, args.hidden, device, pyg)
-        rows = []
+        rows, profile = [], cProfile.Profile()
         for i, batch in zip(range(args.batches + 1), loader):
             def sample_only():
                 dst = batch.seed
@@ -221,6 +231,13 @@ def main():
                 batch.blocks = again
                 _, n_first = count_syncs(lambda: step(kind, model, graph, batch, x))
                 syncs = (n_build, n_first)
+            if args.cprofile and i:    # fresh blocks again, profiled apart from the timings
+                again = [rebuild(b) for b in blocks]
+                batch.blocks = again
+                profile.enable()
+                step(kind, model, graph, batch, x)
+                sync(device)
+                profile.disable()
             if i:                                  # batch 0 warms up (first compiles)
                 rows.append((sum(b.num_edges for b in blocks), t_sample, t_build,
                              t_compile + t_first - t_compute, t_compile, t_compute, t_pyg)
@@ -229,6 +246,12 @@ def main():
         print(f"| {kind} | {int(med[0]):,} | " + " | ".join(f"{1e3 * v:.1f}" for v in med[1:6])
               + f" | {(med[2] + med[3]) / med[5]:.2f} | {1e3 * med[6]:.1f} |"
               + "".join(f" {v:.0f} |" for v in med[7:]))
+        if args.cprofile:
+            stats = pstats.Stats(profile, stream=sys.stderr)
+            print(f"--- {kind}: cProfile of the first forward+backward of {len(rows)} new "
+                  "batches (totals; divide by the batch count)", file=sys.stderr)
+            stats.sort_stats("tottime").print_stats(args.cprofile)
+            stats.sort_stats("cumulative").print_stats(args.cprofile)
 
 
 if __name__ == "__main__":
