@@ -167,13 +167,33 @@ def test_one_per_row_equals_from_coo_of_a_gather(n):
         assert fast.bins.__dict__ == row_bins(want.ptr).__dict__     # no tensors: n short rows
 
 
-def test_row_bins_are_found_on_first_use_only():
-    """A CSR built by from_coo holds no bins (a host read) until a launch asks for them."""
-    m = from_coo(*entries(9, 6, 40, 3), 9, 6)
+def same_bins(a, b) -> bool:
+    """RowBins equal field by field (tensors by value)."""
+    for name, x in a.__dict__.items():
+        y = b.__dict__[name]
+        same = (x is None and y is None) if x is None or y is None else (
+            torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y)
+        if not same:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("rows,cols,nnz", [(9, 6, 40), (4, 3000, 7000)])
+def test_row_bins_are_found_on_first_use_or_with_the_merge_read(rows, cols, nnz):
+    """A CSR of distinct entries holds no bins (a host read) until a launch asks for them; a
+    merged one gets them from its duplicate merge's read, equal to a read of their own (the
+    second case: rows past SHORT_MAX and past CHUNK, cut into chunks)."""
+    r, c, v = entries(rows, cols, nnz, 3)
+    m = from_coo(r, c, v, rows, cols, distinct=True)    # (duplicates kept: the caller's word)
     assert m.bins is None
-    assert m.layout.__dict__ == row_bins(m.ptr).__dict__ and m.bins is m.layout
+    assert same_bins(m.layout, row_bins(m.ptr)) and m.bins is m.layout
     t = m.transpose()
-    assert t.bins is None and t.layout.num_short + t.layout.num_long == 6
+    assert t.bins is None and t.layout.num_short + t.layout.num_long == cols
+    with host_reads() as seen:
+        merged = from_coo(r, c, v, rows, cols)
+    assert len(seen) == 1 and merged.bins is not None
+    assert same_bins(merged.bins, row_bins(merged.ptr))
+    assert rows == 9 or merged.bins.num_chunks > merged.bins.num_long > 0
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -188,8 +208,8 @@ def test_compose_after_a_gather_reads_no_path_count_and_equals_the_general_path(
                      torch.rand(30, generator=g), 5, 30, distinct=True)    # scatter to 5 rows
     with host_reads() as seen:
         fast = compose(outer, gather)
-    assert len(seen) == 1, seen           # the duplicate merge's; no path count, no bins
-    assert outer.bins is None and fast.bins is None
+    assert len(seen) == 1, seen           # the duplicate merge's (bins in it); no path count
+    assert outer.bins is None and same_bins(fast.bins, row_bins(fast.ptr))
     unbinned = WeightedCSR(gather.ptr, gather.col, gather.val, gather.rows, gather.cols)
     for want in (old_compose(outer, gather), compose(outer, unbinned)):
         want = want if isinstance(want, tuple) else (want.ptr, want.col, want.val)

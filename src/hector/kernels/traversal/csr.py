@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ...graph.build import sort_key, sorted_ptr
-from .schedule import RowBins, row_bins
+from .schedule import PendingBins, RowBins, row_bins
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,7 +83,7 @@ def from_coo(row: torch.Tensor, col: torch.Tensor, val: Optional[torch.Tensor],
     order = _sort_by_row_col(row, col, rows, cols)
     row, col, val = (t.index_select(0, order) for t in (row, col, val))
     if not distinct and row.numel() > 1:
-        row, col, val = _sum_duplicates(row, col, val)
+        return _merged(row, col, val, rows, cols)
     return _csr(row, col, val, rows, cols)
 
 
@@ -109,29 +109,39 @@ def _sort_by_row_col(row: torch.Tensor, col: torch.Tensor, rows: int,
     return by_col.index_select(0, torch.sort(row.index_select(0, by_col), stable=True).indices)
 
 
-def _sum_duplicates(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor):
-    """Entries sorted by (row, col) with equal neighbours merged; each run of equal keys
-    summed left to right (sequentially, in the order given)."""
-    n = row.numel()
-    new = torch.ones(n, dtype=torch.bool, device=row.device)
+def _merged(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor, rows: int,
+            cols: int) -> WeightedCSR:
+    """The CSR of entries sorted by (row, col) with equal neighbours merged, each run of
+    equal keys summed left to right (sequentially, in the order given).  Its one host read
+    also takes the row bins: a merged CSR is a chain's product, the one a launch reads."""
+    n, dev = row.numel(), row.device
+    new = torch.ones(n, dtype=torch.bool, device=dev)
     new[1:] = (row[1:] != row[:-1]) | (col[1:] != col[:-1])
-    run = torch.cumsum(new, 0) - 1                        # each entry's run of equal keys
-    at = torch.arange(n, device=row.device)
+    seen = torch.zeros(n + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(new, 0, out=seen[1:])                  # seen[p]: runs among the first p
+    run = seen[1:] - 1                                  # each entry's run of equal keys
+    at = torch.arange(n, device=dev)
     first = torch.cummax(torch.where(new, at, 0), 0).values     # where that run starts
-    # One host read for both sizes (each read is a device sync on CUDA).
-    distinct, longest = torch.stack([run[-1] + 1, (at - first).max() + 1]).tolist()
-    if distinct == n:
-        return row, col, val
-    starts = torch.full((distinct,), n, device=row.device).scatter_reduce_(0, run, at, "amin")
-    counts = torch.diff(starts, append=torch.full((1,), n, device=row.device))  # (no copy)
-    total = val.index_select(0, starts)
-    # One pass per repeat: O(distinct x longest run), with no atomics (a fixed order on every
-    # device); runs are short in practice (parallel edges, paths between two rows).
-    last = n - 1
-    for k in range(1, longest):
-        more = val.index_select(0, (starts + k).clamp_(max=last))
-        total = torch.where(counts > k, total + more, total)
-    return row.index_select(0, starts), col.index_select(0, starts), total
+    # The merged rows' pointers before their count is known: the runs begun before each
+    # row's first entry.  So the sizes and the bins' facts are one read (a device sync).
+    ptr = seen.index_select(0, sorted_ptr(row, rows))
+    bins = PendingBins.of(ptr)
+    sizes = torch.stack([seen[-1], (at - first).max() + 1])
+    values = torch.cat([sizes, bins.facts]).tolist()    # (rows > 0: row has entries)
+    distinct, longest = values[:2]
+    if distinct < n:
+        starts = torch.full((distinct,), n, device=dev).scatter_reduce_(0, run, at, "amin")
+        counts = torch.diff(starts, append=torch.full((1,), n, device=dev))  # (no copy)
+        total = val.index_select(0, starts)
+        # One pass per repeat: O(distinct x longest run), with no atomics (a fixed order on
+        # every device); runs are short in practice (parallel edges, paths between two rows).
+        last = n - 1
+        for k in range(1, longest):
+            more = val.index_select(0, (starts + k).clamp_(max=last))
+            total = torch.where(counts > k, total + more, total)
+        row, col, val = row.index_select(0, starts), col.index_select(0, starts), total
+    return WeightedCSR(ptr, _narrow_cols(col, cols), val.contiguous(), rows, cols,
+                       bins.finish(values[2:]))
 
 
 def _csr(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor, rows: int,
