@@ -134,6 +134,21 @@ def test_transpose_and_compose_equal_the_sparse_path(seed):
     assert_same(compose(b.transpose(), a.transpose()), old_compose(b.transpose(), a.transpose()))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_col_sorted_entries_give_the_same_csr(seed):
+    """Columns non-decreasing (a scatter's arange, a transpose's row ids): the sort by row
+    alone gives the CSR of the (row, col) sort, duplicates merged alike."""
+    r, c, v = entries(11, 50, 60, seed)
+    c = torch.sort(c).values                                  # non-decreasing, repeats kept
+    for distinct in (False, True):
+        fast = from_coo(r, c, v, 11, 50, distinct=distinct, col_sorted=True)
+        want = from_coo(r, c, v, 11, 50, distinct=distinct)
+        assert_same(fast, (want.ptr, want.col, want.val))
+    rows = torch.arange(60)                                   # a scatter: one entry per col
+    fast = from_coo(r, rows, v, 11, 60, distinct=True, col_sorted=True)
+    assert_same(fast, old_from_coo(r, rows, v, 11, 60))
+
+
 def test_compose_with_no_paths_and_empty_factors():
     a = from_coo(torch.tensor([0, 2]), torch.tensor([1, 1]), None, 3, 4)
     b = from_coo(torch.tensor([0, 3]), torch.tensor([2, 0]), None, 4, 5)   # row 1 empty

@@ -44,7 +44,7 @@ class WeightedCSR:
     def transpose(self) -> "WeightedCSR":
         """The transposed CSR (by source for the backward), built with torch ops once."""
         return from_coo(self.col.long(), self.row_ids(), self.val, self.cols, self.rows,
-                        distinct=True)
+                        distinct=True, col_sorted=True)
 
     def row_ids(self) -> torch.Tensor:
         """``[nnz]`` int64 row of each entry."""
@@ -58,12 +58,15 @@ class WeightedCSR:
 
 
 def from_coo(row: torch.Tensor, col: torch.Tensor, val: Optional[torch.Tensor],
-             rows: int, cols: int, distinct: bool = False) -> WeightedCSR:
+             rows: int, cols: int, distinct: bool = False,
+             col_sorted: bool = False) -> WeightedCSR:
     """CSR of the entries ``(row[j], col[j], val[j])``, ``val`` None = 1; entries of one row
     ordered by column.  Duplicates are summed in input order (a sequential fp32 sum, the same
     on every device and run); ``distinct``: the caller knows no (row, col) repeats, which
-    saves the duplicate search (one host read).  Ids are trusted (they come from a validated
-    ``Graph``): nothing is read back to check them.
+    saves the duplicate search (one host read); ``col_sorted``: the caller knows ``col`` is
+    non-decreasing (a transpose's, a scatter's ``arange``), so a stable sort by row alone
+    orders the entries by (row, col), on a narrower key.  Ids are trusted (they come from a
+    validated ``Graph``): nothing is read back to check them.
 
     One stable sort of the (row, col) key, no sparse tensor: torch's ``coalesce`` under
     ``check_invariants`` read every index back to validate it and sorted again (the largest
@@ -80,7 +83,10 @@ def from_coo(row: torch.Tensor, col: torch.Tensor, val: Optional[torch.Tensor],
     val = (torch.ones(row.shape[0], dtype=torch.float32, device=dev) if val is None
            else val.float())
     row, col = row.long(), col.long()
-    order = _sort_by_row_col(row, col, rows, cols)
+    if col_sorted:
+        order = torch.sort(sort_key(row, rows), stable=True).indices
+    else:
+        order = _sort_by_row_col(row, col, rows, cols)
     row, col, val = (t.index_select(0, order) for t in (row, col, val))
     if not distinct and row.numel() > 1:
         return _merged(row, col, val, rows, cols)
