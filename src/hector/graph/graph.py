@@ -52,6 +52,9 @@ class Graph:
         in_degree / out_degree: :class:`DegreeStats`.
         node_type_ptr: ``[T + 1]``; with ``node_perm`` (None when node types are already
             contiguous id ranges) it lists the nodes of each type.
+        host_ptr: the segment pointers as Python ints, read once by the build: ``"edge"``
+            (``rel_ptr``), ``"compact_src"`` / ``"compact_dst"`` (their ``rel_ptr``) and
+            ``"node"`` (``node_type_ptr``).
         num_dst_nodes, dst_index, dst_type_ptr: set on bipartite blocks only (see
             :mod:`hector.graph.block`); ``num_dst_nodes`` is None on an ordinary graph.
     """
@@ -119,8 +122,6 @@ class Graph:
             degrees, values[1:], super_node_threshold)
         self.compact_src = build.compact_from_runs(runs_src, host[1][-1], n)
         self.compact_dst = build.compact_from_runs(runs_dst, host[2][-1], n)
-        #: Segment pointers as Python ints: edges per relation ("edge"), compact rows per
-        #: relation ("compact_src", "compact_dst"), nodes per type ("node").
         self.host_ptr = dict(zip(("edge", "compact_src", "compact_dst", "node"), host))
         # Narrow every id array to the index dtype once, here; pointers that may exceed the
         # number of edges stay int64 only when the index dtype is int64 anyway.
