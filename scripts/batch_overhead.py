@@ -3,7 +3,8 @@
     python scripts/batch_overhead.py [--device cuda] [--profile mag] [--scale 0.05]
                                      [--models rgcn,rgat,hgt] [--fanout 25,20]
                                      [--batch-size 1024] [--batches 10] [--threads N] [--pyg]
-                                     [--count-syncs] [--stub-kernels]
+                                     [--count-syncs] [--stub-kernels] [--cpu-clock]
+                                     [--cprofile N]
 
 For each batch of ``NeighborLoader`` on a synthetic profile (features of width ``--hidden``
 drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HGTConv):
@@ -23,6 +24,9 @@ drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HG
   tensors) of build and of first, counted by ``torch.cuda.set_sync_debug_mode`` on a second
   build of the batch's blocks (so the timings above are not slowed by the counting).
 
+``--cprofile N``: each batch's first forward + backward run once more on fresh blocks under
+cProfile (after the timings, which it does not touch), the top N functions printed to stderr.
+
 ``--stub-kernels`` (CPU, under ``TRITON_INTERPRET=1``): the Triton backend's host path with
 every Triton kernel launch skipped (outputs are left unwritten, so values are meaningless):
 "plan" is then the host work a new batch adds on that backend (index arrays, movement CSRs,
@@ -32,15 +36,18 @@ kernels.
 Prints medians in milliseconds per batch, one row per model.
 """
 import argparse
+import cProfile
+import pstats
 import statistics
+import sys
 import time
 
 import torch
 
-from hector import Graph
 from hector.datasets import synthetic
 from hector.graph.block import mark_block
 from hector.loader import NeighborLoader, relabel, sample_hop
+from hector.loader.neighbor import block_graph
 from hector.nn import HGTConv, RGATConv, RGCNConv
 
 
@@ -49,12 +56,17 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+#: What ``clock`` reads: wall time, or with ``--cpu-clock`` this process's CPU time (on a
+#: CPU shared with other jobs, time spent waiting for a core is not counted).
+TIMER = [time.perf_counter]
+
+
 def clock(fn, device):
     sync(device)
-    t0 = time.perf_counter()
+    t0 = TIMER[0]()
     out = fn()
     sync(device)
-    return time.perf_counter() - t0, out
+    return TIMER[0]() - t0, out
 
 
 def count_syncs(fn):
@@ -80,10 +92,9 @@ def stub_triton_kernels():
 
 
 def rebuild(block):
-    g = Graph(block.input_edge_index(), edge_type=block.input_edge_type(),
-              num_nodes=block.num_nodes, num_relations=block.num_relations,
-              node_type=block.node_type.long(), num_node_types=block.num_node_types,
-              node_type_names=block.node_type_names, relation_names=block.relation_names)
+    """The block built again from its edges, the way the loader builds it."""
+    g = block_graph(block, block.input_edge_index(), block.input_edge_type(),
+                    block.node_type.long())
     return mark_block(g, block.num_dst_nodes, block.dst_index, block.dst_type_ptr)
 
 
@@ -114,7 +125,7 @@ def step(kind, model, graph, batch, x, pyg_layers=False):
             h = torch.relu(conv(h, ei, et)[:block.num_dst_nodes] if block.dst_index is None
                            else conv(h, ei, et)[block.dst_index.long()])
         elif kind == "hgt":
-            ptr = block.node_type_ptr.tolist()
+            ptr = block.host_ptr["node"]
             x_dict = {t: h[ptr[i]:ptr[i + 1]] for i, t in enumerate(graph.node_type_names)}
             out = conv(x_dict, _per_type_edges(block, graph) if pyg_layers else block)
             if pyg_layers:     # PyG returns every source row: keep each type's destinations
@@ -131,7 +142,7 @@ def step(kind, model, graph, batch, x, pyg_layers=False):
 
 def _per_type_edges(block, graph):
     """The block's edges per relation in PyG's hetero layout (ids within each type)."""
-    ptr, names = block.node_type_ptr.tolist(), graph.node_type_names
+    ptr, names = block.host_ptr["node"], graph.node_type_names
     ei, et = block.input_edge_index(), block.input_edge_type()
     out = {}
     for r, (s, rel, d) in enumerate(graph.relation_names):
@@ -156,12 +167,22 @@ def main():
                    help="count synchronizing CUDA calls of build and first (CUDA only)")
     p.add_argument("--stub-kernels", action="store_true",
                    help="CPU, TRITON_INTERPRET=1: skip every Triton launch (host path only)")
+    p.add_argument("--cprofile", type=int, default=0, metavar="N",
+                   help="cProfile each batch's first step once more on fresh blocks (apart "
+                        "from the timings) and print its top N functions to stderr")
+    p.add_argument("--cpu-clock", action="store_true",
+                   help="CPU only: time by this process's CPU time, not wall time (steadier "
+                        "on a machine shared with other jobs)")
     args = p.parse_args()
     if args.stub_kernels:
         stub_triton_kernels()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.cpu_clock:
+        if device.type != "cpu":
+            raise SystemExit("--cpu-clock needs --device cpu (CPU time misses GPU waits)")
+        TIMER[0] = time.process_time
     scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.05)
     data = synthetic.load(args.profile, device=device, scale=scale)
     graph = data.graph
@@ -185,7 +206,7 @@ def main():
     print("|" + "---|" * len(head))
     for kind in args.models.split(","):
         model, refs = make_model(kind, graph, args.hidden, device, pyg)
-        rows = []
+        rows, profile = [], cProfile.Profile()
         for i, batch in zip(range(args.batches + 1), loader):
             def sample_only():
                 dst = batch.seed
@@ -210,6 +231,13 @@ def main():
                 batch.blocks = again
                 _, n_first = count_syncs(lambda: step(kind, model, graph, batch, x))
                 syncs = (n_build, n_first)
+            if args.cprofile and i:    # fresh blocks again, profiled apart from the timings
+                again = [rebuild(b) for b in blocks]
+                batch.blocks = again
+                profile.enable()
+                step(kind, model, graph, batch, x)
+                sync(device)
+                profile.disable()
             if i:                                  # batch 0 warms up (first compiles)
                 rows.append((sum(b.num_edges for b in blocks), t_sample, t_build,
                              t_compile + t_first - t_compute, t_compile, t_compute, t_pyg)
@@ -218,6 +246,12 @@ def main():
         print(f"| {kind} | {int(med[0]):,} | " + " | ".join(f"{1e3 * v:.1f}" for v in med[1:6])
               + f" | {(med[2] + med[3]) / med[5]:.2f} | {1e3 * med[6]:.1f} |"
               + "".join(f" {v:.0f} |" for v in med[7:]))
+        if args.cprofile:
+            stats = pstats.Stats(profile, stream=sys.stderr)
+            print(f"--- {kind}: cProfile of the first forward+backward of {len(rows)} new "
+                  "batches (totals; divide by the batch count)", file=sys.stderr)
+            stats.sort_stats("tottime").print_stats(args.cprofile)
+            stats.sort_stats("cumulative").print_stats(args.cprofile)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,13 @@
 self loops and duplicate edges included on purpose."""
 from __future__ import annotations
 
+import contextlib
+import sys
+from pathlib import Path
+
 import torch
+
+import hector
 
 
 def random_relational(num_nodes=24, num_edges=90, num_relations=4, seed=0, empty=(1,)):
@@ -39,3 +45,41 @@ def device_for(backend):
     """Where a test runs ``backend``: Triton on CUDA when there is a GPU (conftest sets
     TRITON_INTERPRET=1 otherwise, and Triton then runs on CPU tensors)."""
     return torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
+
+
+HECTOR_SRC = str(Path(hector.__file__).parent)
+#: Tensor -> Python conversions: each a device sync on CUDA.
+READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "nonzero", "cpu",
+         "numpy")
+
+
+@contextlib.contextmanager
+def host_reads(functions=()):
+    """Yields a list that collects (method, tensor, caller) for every read from hector code;
+    ``functions``: names of ``torch`` functions that read a size back too (``unique``), spied
+    on as well (their entries carry the first argument)."""
+    seen = []
+    saved = {name: torch.Tensor.__dict__.get(name) for name in READS}
+    saved_fns = {name: getattr(torch, name) for name in functions}
+
+    def spy_on(real, name):
+        def spy(self, *a, **k):
+            caller = sys._getframe(1).f_code.co_filename
+            if caller.startswith(HECTOR_SRC):
+                seen.append((name, self, f"{caller}:{sys._getframe(1).f_lineno}"))
+            return real(self, *a, **k)
+        return spy
+    for name in READS:
+        setattr(torch.Tensor, name, spy_on(getattr(torch.Tensor, name), name))
+    for name, real in saved_fns.items():
+        setattr(torch, name, spy_on(real, name))
+    try:
+        yield seen
+    finally:
+        for name, fn in saved.items():
+            if fn is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, fn)
+        for name, fn in saved_fns.items():
+            setattr(torch, name, fn)

@@ -190,6 +190,31 @@ def test_block_through_layers_gives_num_dst_rows():
     assert h.shape == (6, 2)
 
 
+@pytest.mark.parametrize("make", [random_graph, hetero_graph])
+def test_blocks_equal_checked_builds_of_their_edges(make):
+    """The loader builds blocks without the id checks (ids valid by construction): each
+    equals a build of the same edges with every check, field by field."""
+    graph = make()
+    seeds = graph.nodes_of_type("paper") if graph.node_type_names else None
+    for batch in NeighborLoader(graph, [4, 3], input_nodes=seeds, batch_size=7, seed=1):
+        for block in batch.blocks:
+            checked = Graph(block.input_edge_index(), edge_type=block.input_edge_type(),
+                            num_nodes=block.num_nodes, num_relations=block.num_relations,
+                            node_type=block.node_type.long(),
+                            num_node_types=block.num_node_types,
+                            node_type_names=block.node_type_names,
+                            relation_names=block.relation_names)
+            for name in ("src", "dst", "etype", "edge_perm", "rel_ptr", "node_type",
+                         "node_type_ptr"):
+                assert torch.equal(getattr(block, name), getattr(checked, name)), name
+            for name in ("compact_src", "compact_dst"):
+                for part in ("node", "rel", "rel_ptr", "edge_row"):
+                    assert torch.equal(getattr(getattr(block, name), part),
+                                       getattr(getattr(checked, name), part)), (name, part)
+            assert block.host_ptr == checked.host_ptr
+            assert (block.in_degree, block.out_degree) == (checked.in_degree, checked.out_degree)
+
+
 def test_bad_input_names_the_argument():
     graph = random_graph()
     hetero = hetero_graph()

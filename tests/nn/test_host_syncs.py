@@ -2,7 +2,6 @@
 CPU segment pointers the runtime cached per graph (on CUDA every other read would be a device
 sync).  Reads are detected by patching the tensor -> Python conversions and keeping those
 called from hector's own code (Triton's interpreter reads tensors too; that is not ours)."""
-import contextlib
 import sys
 from pathlib import Path
 
@@ -17,39 +16,7 @@ from hector.nn.rgcn import RGCNConv
 from hector.compiler.steps_torch import GraphIndex
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
-from helpers import device_for, random_hetero, random_relational  # noqa: E402
-
-SRC = str(Path(hector.__file__).parent)
-READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "nonzero", "cpu",
-         "numpy")
-
-
-@contextlib.contextmanager
-def host_reads():
-    """Yields a list that collects (method, tensor, caller) for every read from hector code."""
-    seen = []
-    saved = {name: torch.Tensor.__dict__.get(name) for name in READS}
-
-    def patch(name):
-        real = getattr(torch.Tensor, name)
-
-        def spy(self, *a, **k):
-            caller = sys._getframe(1).f_code.co_filename
-            if caller.startswith(SRC):
-                seen.append((name, self, f"{caller}:{sys._getframe(1).f_lineno}"))
-            return real(self, *a, **k)
-        setattr(torch.Tensor, name, spy)
-    for name in READS:
-        patch(name)
-    try:
-        yield seen
-    finally:
-        for name, fn in saved.items():
-            if fn is None:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, fn)
-
+from helpers import device_for, host_reads, random_hetero, random_relational  # noqa: E402
 
 def _cached_host_tensors(graph):
     ix = GraphIndex.of(graph)

@@ -28,15 +28,9 @@ class GraphIndex:
                      CDST: g.compact_dst.num_rows}
         self._idx: Dict[tuple, torch.Tensor] = {}
         self._counts: Dict[tuple, torch.Tensor] = {}
-        # The four segment pointers as Python ints in one device read (a new mini-batch
-        # block pays this once; four reads were four host syncs on CUDA).
-        ptrs = (g.rel_ptr, g.compact_src.rel_ptr, g.compact_dst.rel_ptr, g.node_type_ptr)
-        flat = torch.cat([p.to(torch.int64) for p in ptrs]).tolist()
-        cuts = [0]
-        for p in ptrs:
-            cuts.append(cuts[-1] + p.numel())
-        self.ptr = {kind: flat[a:b] for kind, a, b in zip((EDGE, CSRC, CDST, NODE), cuts,
-                                                            cuts[1:])}
+        # The four segment pointers as Python ints, read by the Graph build with its other
+        # sizes (one device read per graph; a mini-batch block pays none here).
+        self.ptr = {kind: g.host_ptr[kind] for kind in (EDGE, CSRC, CDST, NODE)}
         self.node_perm = None if g.node_types_contiguous else g.node_perm.long()
         # Graph-only quantities the runtime derives (host segment pointers, layouts), keyed
         # by the caller: built on the first call, read on every later one.

@@ -3,6 +3,9 @@ over nodes or edges.  Everything runs on the device of its inputs and works in i
 ``Graph`` narrows the results to its index dtype at the end."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 
 from .structures import CSR, CompactMap
@@ -88,26 +91,72 @@ def csr(row: torch.Tensor, col: torch.Tensor, num_nodes: int) -> CSR:
     return CSR(ptr=sorted_ptr(ordered, num_nodes), col=take(col, order), eid=order)
 
 
-def compact_map(node: torch.Tensor, etype: torch.Tensor, num_nodes: int, num_relations: int,
-                keys_sorted: bool) -> CompactMap:
-    """Unique (node, relation) pairs.  ``keys_sorted``: the key ``etype * N + node`` is already
-    non-decreasing (true for destinations in canonical order), so a consecutive unique does."""
-    key = sort_key(etype * max(num_nodes, 1) + node, max(num_relations, 1) * max(num_nodes, 1))
-    if keys_sorted:
-        uniq, edge_row = torch.unique_consecutive(key, return_inverse=True)
+@dataclass(frozen=True, eq=False)
+class CompactRuns:
+    """A compact map before its row count is read: the keys ``etype * N + node`` sorted
+    (``perm``: sorted position -> edge, None when the keys came sorted), each sorted key's row
+    (``run``, int64) and the rows per relation ``rel_ptr [R + 1]`` (its last entry is the row
+    count), all on the device."""
+    ordered: torch.Tensor
+    perm: Optional[torch.Tensor]
+    run: torch.Tensor
+    rel_ptr: torch.Tensor
+
+
+def compact_runs(node: torch.Tensor, etype: torch.Tensor, num_nodes: int, num_relations: int,
+                 keys_sorted: bool) -> CompactRuns:
+    """Everything of a compact map that needs no host read: ``unique`` reads its output size
+    back (a device sync per map, two per mini-batch block), so the rows are found as runs of
+    equal sorted keys and sized later, with the other sizes of a build, in one read.
+    ``keys_sorted``: ``etype * N + node`` is already non-decreasing (true for destinations in
+    canonical order), so no sort runs."""
+    n = max(num_nodes, 1)
+    bound = max(num_relations, 1) * n
+    key = sort_key(etype * n + node, bound)
+    ordered, perm = (key, None) if keys_sorted else torch.sort(key)
+    new = torch.ones(key.numel(), dtype=torch.int64, device=key.device)
+    if key.numel() > 1:
+        new[1:] = (ordered[1:] != ordered[:-1]).to(torch.int64)
+    seen = torch.zeros(key.numel() + 1, dtype=torch.int64, device=key.device)
+    torch.cumsum(new, 0, out=seen[1:])           # seen[p]: distinct keys among the first p
+    # Relation r's rows start at the first key >= r * N: the distinct keys before it.
+    cut = torch.arange(num_relations + 1, dtype=key.dtype, device=key.device) * n
+    rel_ptr = seen.index_select(0, torch.searchsorted(ordered, cut))
+    return CompactRuns(ordered, perm, seen[1:] - 1, rel_ptr)
+
+
+def compact_from_runs(runs: CompactRuns, num_rows: int, num_nodes: int) -> CompactMap:
+    """The compact map of :func:`compact_runs` once its row count is known on the host: what
+    ``torch.unique(key, sorted=True, return_inverse=True)`` gives, value for value."""
+    n = max(num_nodes, 1)
+    # Every key of a run is the same value, so which one lands in the row does not matter.
+    uniq = runs.ordered.new_empty(num_rows).scatter_(0, runs.run, runs.ordered)
+    if runs.perm is None:
+        edge_row = runs.run
     else:
-        uniq, edge_row = torch.unique(key, sorted=True, return_inverse=True)
-    rel = torch.div(uniq, max(num_nodes, 1), rounding_mode="floor")
-    return CompactMap(node=uniq - rel * max(num_nodes, 1), rel=rel,
-                      rel_ptr=sorted_ptr(rel, num_relations), edge_row=edge_row)
+        edge_row = torch.empty_like(runs.run).index_copy_(0, runs.perm, runs.run)
+    rel = torch.div(uniq, n, rounding_mode="floor")
+    return CompactMap(node=uniq - rel * n, rel=rel, rel_ptr=runs.rel_ptr, edge_row=edge_row)
 
 
-def type_grouping(node_type: torch.Tensor, num_node_types: int):
-    """(ptr [T+1], perm [N] grouping nodes by type, contiguous?) for a node-type array."""
-    contiguous = bool((node_type[1:] >= node_type[:-1]).all()) if node_type.numel() > 1 else True
-    ptr = sorted_ptr(node_type, num_node_types) if contiguous else ptr_of(node_type, num_node_types)
-    perm = None if contiguous else stable_argsort(node_type)
-    return ptr, perm, contiguous
+def type_ptr(node_type: torch.Tensor, num_node_types: int):
+    """(ptr [T+1], 0-d bool: are the types contiguous id ranges, i.e. non-decreasing?), both
+    left on the device so that a build reads them with its other sizes.  ``ptr`` is right
+    only when they are (off the CPU it is a binary search of the sorted types, which needs no
+    read, where ``bincount`` reads the largest type back); otherwise see
+    :func:`regroup_types`."""
+    if node_type.numel() > 1:
+        contiguous = (node_type[1:] >= node_type[:-1]).all()
+    else:
+        contiguous = torch.ones((), dtype=torch.bool, device=node_type.device)
+    return sorted_ptr(node_type, num_node_types), contiguous
+
+
+def regroup_types(node_type: torch.Tensor, num_node_types: int):
+    """(ptr [T+1], perm [N]) for node types that are not contiguous: the nodes grouped by
+    type by one stable sort, whose sorted types give the pointers."""
+    ordered, perm = torch.sort(node_type, stable=True)
+    return sorted_ptr(ordered, num_node_types), perm
 
 
 # -- memory planning ------------------------------------------------------------------------

@@ -35,6 +35,10 @@ class Graph:
         relation_names: a canonical ``(src_type, relation, dst_type)`` per relation; with
             ``node_type_names`` given, every edge's endpoints are checked against it.
         super_node_threshold: in-degree from which a node counts as a super node.
+        check_ids: check every id against its range and, with names, every edge's endpoint
+            types (one device read each).  ``False`` is for ids valid by construction, as
+            ``hector.loader`` makes its blocks (with all sizes given): a wrong id is then
+            undefined behaviour, not an error.
 
     Canonical edge order: edges sorted by (relation, destination), input order within ties.
     Every edge-wise array (``src``, ``dst``, ``etype``, CSR ``eid`` s, compact ``edge_row``) is
@@ -48,6 +52,9 @@ class Graph:
         in_degree / out_degree: :class:`DegreeStats`.
         node_type_ptr: ``[T + 1]``; with ``node_perm`` (None when node types are already
             contiguous id ranges) it lists the nodes of each type.
+        host_ptr: the segment pointers as Python ints, read once by the build: ``"edge"``
+            (``rel_ptr``), ``"compact_src"`` / ``"compact_dst"`` (their ``rel_ptr``) and
+            ``"node"`` (``node_type_ptr``).
         num_dst_nodes, dst_index, dst_type_ptr: set on bipartite blocks only (see
             :mod:`hector.graph.block`); ``num_dst_nodes`` is None on an ordinary graph.
     """
@@ -62,10 +69,10 @@ class Graph:
                  node_type: Optional[torch.Tensor] = None, num_node_types: Optional[int] = None,
                  node_type_names: Optional[Sequence[str]] = None,
                  relation_names: Optional[Sequence[EdgeTypeName]] = None,
-                 super_node_threshold: int = SUPER_NODE_DEGREE):
+                 super_node_threshold: int = SUPER_NODE_DEGREE, *, check_ids: bool = True):
         src, dst, etype, ntype, sizes = _validate(
             edge_index, edge_type, num_nodes, num_relations, node_type, num_node_types,
-            node_type_names, relation_names, super_node_threshold)
+            node_type_names, relation_names, super_node_threshold, check_ids)
         self.num_nodes, self.num_relations, self.num_node_types = sizes
         self.num_edges = int(src.numel())
         build.check_build_memory(self.num_nodes, self.num_edges, self.num_relations, src.device)
@@ -86,24 +93,44 @@ class Graph:
         idx = self.index_dtype
         perm = build.canonical_order(src, dst, etype, n, r)
         src, dst, etype = (build.take(a, perm) for a in (src, dst, etype))
-        self.rel_ptr = build.sorted_ptr(etype, r)        # (canonical order: by relation)
+        rel_ptr = build.sorted_ptr(etype, r)        # (canonical order: by relation)
         self.csr_in = build.csr(dst, src, n)
         self.csr_out = build.csr(src, dst, n)
-        self.compact_src = build.compact_map(src, etype, n, r, keys_sorted=False)
-        self.compact_dst = build.compact_map(dst, etype, n, r, keys_sorted=True)
-        self.in_degree, self.out_degree = DegreeStats.of_each(
-            [self.csr_in.degrees(), self.csr_out.degrees()], super_node_threshold)
+        runs_src = build.compact_runs(src, etype, n, r, keys_sorted=False)
+        runs_dst = build.compact_runs(dst, etype, n, r, keys_sorted=True)
         if ntype is None:
             ntype = torch.zeros(n, dtype=torch.int64, device=src.device)
-        self.node_type_ptr, node_perm, self.node_types_contiguous = build.type_grouping(ntype, t)
+        type_ptr, contiguous = build.type_ptr(ntype, t)
+        degrees = [self.csr_in.degrees(), self.csr_out.degrees()]
+        # Every size and pointer the build and the runtime need on the host, in ONE read (each
+        # read is a device sync on CUDA, paid by every mini-batch block): the segment pointers
+        # (which also size the compact maps), the node-type contiguity and the degree stats.
+        ptrs = (rel_ptr, runs_src.rel_ptr, runs_dst.rel_ptr, type_ptr)
+        ints = torch.cat(ptrs + (contiguous.to(torch.int64).view(1),)).to(torch.float64)
+        stats = [v for d in degrees for v in DegreeStats.parts(d, super_node_threshold)]
+        values = (torch.cat([ints, torch.stack(stats)]) if stats else ints).tolist()
+        host = []
+        for p in ptrs:
+            host.append([int(v) for v in values[:p.numel()]])
+            values = values[p.numel():]
+        self.node_types_contiguous = bool(values[0])
+        node_perm = None
+        if not self.node_types_contiguous:     # (type_ptr's pointers assumed sorted types)
+            type_ptr, node_perm = build.regroup_types(ntype, t)
+            host[3] = type_ptr.tolist()
+        self.in_degree, self.out_degree = DegreeStats.from_values(
+            degrees, values[1:], super_node_threshold)
+        self.compact_src = build.compact_from_runs(runs_src, host[1][-1], n)
+        self.compact_dst = build.compact_from_runs(runs_dst, host[2][-1], n)
+        self.host_ptr = dict(zip(("edge", "compact_src", "compact_dst", "node"), host))
         # Narrow every id array to the index dtype once, here; pointers that may exceed the
         # number of edges stay int64 only when the index dtype is int64 anyway.
         self.src, self.dst, self.etype = src.to(idx), dst.to(idx), etype.to(torch.int32)
         self.edge_perm = perm.to(idx)
         self.node_type = ntype.to(torch.int32)
         self.node_perm = node_perm.to(idx) if node_perm is not None else None
-        self.rel_ptr = self.rel_ptr.to(idx)
-        self.node_type_ptr = self.node_type_ptr.to(idx)
+        self.rel_ptr = rel_ptr.to(idx)
+        self.node_type_ptr = type_ptr.to(idx)
         self.csr_in = CSR(*(a.to(idx) for a in (self.csr_in.ptr, self.csr_in.col, self.csr_in.eid)))
         self.csr_out = CSR(*(a.to(idx) for a in (self.csr_out.ptr, self.csr_out.col, self.csr_out.eid)))
         self.compact_src = _narrow_compact(self.compact_src, idx)
@@ -149,7 +176,7 @@ class Graph:
     def nodes_of_type(self, node_type) -> torch.Tensor:
         """Global ids of the nodes of one type (by index or name), ascending."""
         t = self._type_index(node_type)
-        lo, hi = int(self.node_type_ptr[t]), int(self.node_type_ptr[t + 1])
+        lo, hi = self.host_ptr["node"][t], self.host_ptr["node"][t + 1]
         if self.node_types_contiguous:
             return torch.arange(lo, hi, device=self.device)
         return self.node_perm[lo:hi].long()
@@ -216,8 +243,9 @@ class Graph:
 
     def summary(self) -> dict:
         """Plain-Python statistics (what ``hector info`` prints)."""
-        rel_counts = (self.rel_ptr[1:] - self.rel_ptr[:-1]).tolist()
-        type_counts = (self.node_type_ptr[1:] - self.node_type_ptr[:-1]).tolist()
+        rel_ptr, type_ptr = self.host_ptr["edge"], self.host_ptr["node"]
+        rel_counts = [b - a for a, b in zip(rel_ptr, rel_ptr[1:])]
+        type_counts = [b - a for a, b in zip(type_ptr, type_ptr[1:])]
         return {
             "num_nodes": self.num_nodes, "num_edges": self.num_edges,
             "num_node_types": self.num_node_types, "num_relations": self.num_relations,
@@ -254,9 +282,11 @@ def _move_value(value, device):
 
 
 def _validate(edge_index, edge_type, num_nodes, num_relations, node_type, num_node_types,
-              node_type_names, relation_names, super_node_threshold):
+              node_type_names, relation_names, super_node_threshold, check_ids=True):
     """Every check of DESIGN.md section 6 that concerns graph structure, in one place, before
-    any structure is built.  Returns int64 (src, dst, etype, node_type|None) and the sizes."""
+    any structure is built.  Returns int64 (src, dst, etype, node_type|None) and the sizes.
+    ``check_ids`` False skips the checks that read ids on the host (every size must then be
+    given: a size found from the ids would read them too)."""
     C.check_edge_index(edge_index)
     num_edges = edge_index.shape[1]
     if edge_type is not None:
@@ -304,7 +334,8 @@ def _validate(edge_index, edge_type, num_nodes, num_relations, node_type, num_no
             if num_nodes and int(ntype.min()) < 0:
                 C.check_range(ntype, "node_type", num_node_types, "num_node_types")
         ranges.append((ntype, "node_type", num_node_types, "num_node_types"))
-    _check_ranges(ranges)
+    if check_ids:
+        _check_ranges(ranges)
     num_node_types = 1 if num_node_types is None else max(num_node_types, 1)
 
     _check_names(node_type_names, "node_type_names", num_node_types, "num_node_types")
@@ -315,7 +346,8 @@ def _validate(edge_index, edge_type, num_nodes, num_relations, node_type, num_no
                 raise TypeError(f"relation_names[{i}] must be a (src_type, relation, dst_type) "
                                 f"tuple of str, got {r!r}")
         if node_type_names is not None:
-            _check_endpoint_types(src, dst, etype, ntype, node_type_names, relation_names)
+            _check_endpoint_types(src, dst, etype, ntype, node_type_names, relation_names,
+                                  check_ids)
     return src, dst, etype, ntype, (num_nodes, num_relations, num_node_types)
 
 
@@ -348,15 +380,16 @@ def _endpoint_table(pairs: Tuple[Tuple[int, int], ...], device: torch.device) ->
 
 
 def _check_endpoint_types(src, dst, etype, ntype, node_type_names: List[str],
-                          relation_names: Sequence[EdgeTypeName]) -> None:
-    """Each edge of relation (s, r, d) must leave a node of type s and enter one of type d."""
+                          relation_names: Sequence[EdgeTypeName], check_ids: bool = True) -> None:
+    """Each edge of relation (s, r, d) must leave a node of type s and enter one of type d
+    (the names always; the edges only with ``check_ids``)."""
     index = {n: i for i, n in enumerate(node_type_names)}
     for i, (s, _, d) in enumerate(relation_names):
         for t in (s, d):
             if t not in index:
                 raise ValueError(f"relation_names[{i}]={relation_names[i]!r} names node type "
                                  f"{t!r}, which is not in node_type_names {list(node_type_names)}")
-    if ntype is None or src.numel() == 0:
+    if ntype is None or src.numel() == 0 or not check_ids:
         return
     pairs = tuple((index[s], index[d]) for s, _, d in relation_names)
     want = _endpoint_table(pairs, src.device)[etype]

@@ -87,14 +87,25 @@ class DegreeStats:
         """The statistics of each array, read back in one host round trip (each read is a
         device sync on CUDA, and every mini-batch block and derived graph pays them); the
         counts are exact in float64."""
-        parts = []
-        for degrees in degree_arrays:
-            if degrees.numel():
-                d = degrees.to(torch.float64)
-                parts += [d.mean(), d.std(unbiased=False), d.max(),
-                          (degrees == 0).sum().to(torch.float64),
-                          (degrees >= super_threshold).sum().to(torch.float64)]
+        parts = [p for d in degree_arrays for p in DegreeStats.parts(d, super_threshold)]
         values = torch.stack(parts).tolist() if parts else []
+        return DegreeStats.from_values(degree_arrays, values, super_threshold)
+
+    @staticmethod
+    def parts(degrees: torch.Tensor, super_threshold: int) -> List[torch.Tensor]:
+        """The 0-d float64 device tensors a :class:`DegreeStats` of ``degrees`` is made of
+        (none for an empty array), for a caller that reads them with other values at once."""
+        if not degrees.numel():
+            return []
+        d = degrees.to(torch.float64)
+        return [d.mean(), d.std(unbiased=False), d.max(),
+                (degrees == 0).sum().to(torch.float64),
+                (degrees >= super_threshold).sum().to(torch.float64)]
+
+    @staticmethod
+    def from_values(degree_arrays: List[torch.Tensor], values: List[float],
+                    super_threshold: int) -> List["DegreeStats"]:
+        """The statistics of each array from the host values of their :meth:`parts`, in order."""
         out = []
         for degrees in degree_arrays:
             if degrees.numel() == 0:

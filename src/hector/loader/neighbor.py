@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 
 from .. import checks as C
-from ..graph import Graph
+from ..graph import Graph, build
 from ..graph.block import mark_block
 from .sampler import SamplingIndex, relabel, sample_hop
 
@@ -46,7 +46,7 @@ class Batch:
         a PyG-style ``x_dict[type]``), in the block's local order."""
         block, out = self.blocks[0], {}
         names = self.node_type_names or [str(t) for t in range(len(self.node_type_ptr) - 1)]
-        ptr = block.node_type_ptr.tolist()
+        ptr = block.host_ptr["node"]
         for t, name in enumerate(names):
             out[name] = self.n_id[ptr[t]:ptr[t + 1]] - self.node_type_ptr[t]
         return out
@@ -111,7 +111,7 @@ class NeighborLoader:
         self.shuffle_generator.manual_seed(seed)
         self.generator = torch.Generator(device=graph.device)
         self.generator.manual_seed(seed + 7919 * part)
-        self.node_type_ptr = graph.node_type_ptr.tolist()
+        self.node_type_ptr = list(graph.host_ptr["node"])
 
     # -- argument parsing -----------------------------------------------------------------
     def _fanout(self, f, hop: int) -> Union[int, torch.Tensor]:
@@ -183,22 +183,32 @@ class NeighborLoader:
         """The batch of these seeds (global ids, ordered by node type)."""
         g, blocks, node_ids = self.graph, [], []
         dst = seeds
+        # Destinations per node type: the seeds' counted once (one read), every later hop's
+        # are the previous block's sources, whose type pointers its build has read.
+        dst_ptr = build.type_ptr(self.index.node_type[dst], g.num_node_types)[0].tolist()
         for fanout in self.fanouts:
             src, dst_pos, rel = sample_hop(self.index, dst, fanout, self.generator)
             nodes, dst_local, src_local = relabel(self.index, dst, src)
-            ntype = self.index.node_type[nodes]
-            block = Graph(torch.stack([src_local, dst_local[dst_pos]]), edge_type=rel,
-                          num_nodes=nodes.numel(), num_relations=g.num_relations,
-                          node_type=ntype, num_node_types=g.num_node_types,
-                          node_type_names=g.node_type_names, relation_names=g.relation_names)
-            dst_counts = torch.bincount(self.index.node_type[dst], minlength=g.num_node_types)
-            dst_ptr = [0] + torch.cumsum(dst_counts, 0).tolist()
+            block = block_graph(g, torch.stack([src_local, dst_local[dst_pos]]), rel,
+                                self.index.node_type[nodes])
             # One node type: the destinations are exactly the first sources (no index needed).
             mark_block(block, dst.numel(), dst_local if g.num_node_types > 1 else None, dst_ptr)
             blocks.append(block)
             node_ids.append(nodes)
-            dst = nodes
+            dst, dst_ptr = nodes, block.host_ptr["node"]
         return Batch(blocks[::-1], node_ids[::-1], seeds, self.node_type_ptr, g.node_type_names)
+
+
+def block_graph(graph: Graph, edge_index: torch.Tensor, edge_type: torch.Tensor,
+                node_type: torch.Tensor) -> Graph:
+    """The ``Graph`` of a block of ``graph``'s schema over ``node_type.numel()`` source nodes.
+    The sampler makes every id valid (local ids of the nodes it lists, relations and types
+    of the graph's own edges), so the id checks are skipped: each read back all ids, a device
+    sync per check on CUDA."""
+    return Graph(edge_index, edge_type=edge_type, num_nodes=node_type.numel(),
+                 num_relations=graph.num_relations, node_type=node_type,
+                 num_node_types=graph.num_node_types, node_type_names=graph.node_type_names,
+                 relation_names=graph.relation_names, check_ids=False)
 
 
 def _as_list(num_neighbors) -> list:

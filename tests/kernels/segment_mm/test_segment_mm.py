@@ -200,6 +200,19 @@ def test_tile_map_covers_every_row_once(lengths, block):
     assert bool((covered == 1).all())
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (pinned async copy)")
+def test_tile_map_on_cuda_is_the_cpu_table_copied_without_a_sync():
+    bounds = (0, 7, 7, 52, 55, 1000)      # a layout no other test uses (not cached yet)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = tile_map(bounds, 16, torch.device("cuda", torch.cuda.current_device()))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert got.dtype == torch.int32
+    assert torch.equal(got.cpu(), tile_map(bounds, 16, torch.device("cpu")))
+
+
 def test_specs_and_schedules():
     x = torch.randn(4, 40)
     spec = GemmSpec.of(x, x.new_zeros(0, dtype=torch.long), None, False, 24)

@@ -2,11 +2,17 @@
 the same CSRs as torch's sparse-tensor path they replaced (``coalesce``, ``sparse.mm``), bit
 for bit on the CPU; duplicates summed in input order; empty rows, no entries, sizes past
 int32 and keys past int64.  Host-only: no kernel runs."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from hector.kernels.traversal.csr import WeightedCSR, compose, from_coo, one_per_row
 from hector.kernels.traversal.schedule import row_bins
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/helpers.py
+from helpers import host_reads  # noqa: E402
 
 
 def sparse_csr(sp: torch.Tensor):
@@ -128,6 +134,21 @@ def test_transpose_and_compose_equal_the_sparse_path(seed):
     assert_same(compose(b.transpose(), a.transpose()), old_compose(b.transpose(), a.transpose()))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_col_sorted_entries_give_the_same_csr(seed):
+    """Columns non-decreasing (a scatter's arange, a transpose's row ids): the sort by row
+    alone gives the CSR of the (row, col) sort, duplicates merged alike."""
+    r, c, v = entries(11, 50, 60, seed)
+    c = torch.sort(c).values                                  # non-decreasing, repeats kept
+    for distinct in (False, True):
+        fast = from_coo(r, c, v, 11, 50, distinct=distinct, col_sorted=True)
+        want = from_coo(r, c, v, 11, 50, distinct=distinct)
+        assert_same(fast, (want.ptr, want.col, want.val))
+    rows = torch.arange(60)                                   # a scatter: one entry per col
+    fast = from_coo(r, rows, v, 11, 60, distinct=True, col_sorted=True)
+    assert_same(fast, old_from_coo(r, rows, v, 11, 60))
+
+
 def test_compose_with_no_paths_and_empty_factors():
     a = from_coo(torch.tensor([0, 2]), torch.tensor([1, 1]), None, 3, 4)
     b = from_coo(torch.tensor([0, 3]), torch.tensor([2, 0]), None, 4, 5)   # row 1 empty
@@ -159,6 +180,64 @@ def test_one_per_row_equals_from_coo_of_a_gather(n):
         for a, b in ((fast.ptr, want.ptr), (fast.col, want.col), (fast.val, want.val)):
             assert a.dtype == b.dtype and torch.equal(a, b)
         assert fast.bins.__dict__ == row_bins(want.ptr).__dict__     # no tensors: n short rows
+
+
+def same_bins(a, b) -> bool:
+    """RowBins equal field by field (tensors by value)."""
+    for name, x in a.__dict__.items():
+        y = b.__dict__[name]
+        same = (x is None and y is None) if x is None or y is None else (
+            torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y)
+        if not same:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("rows,cols,nnz", [(9, 6, 40), (4, 3000, 7000)])
+def test_row_bins_are_found_on_first_use_or_with_the_merge_read(rows, cols, nnz):
+    """A CSR of distinct entries holds no bins (a host read) until a launch asks for them; a
+    merged one gets them from its duplicate merge's read, equal to a read of their own (the
+    second case: rows past SHORT_MAX and past CHUNK, cut into chunks)."""
+    r, c, v = entries(rows, cols, nnz, 3)
+    m = from_coo(r, c, v, rows, cols, distinct=True)    # (duplicates kept: the caller's word)
+    assert m.bins is None
+    assert same_bins(m.layout, row_bins(m.ptr)) and m.bins is m.layout
+    t = m.transpose()
+    assert t.bins is None and t.layout.num_short + t.layout.num_long == cols
+    with host_reads() as seen:
+        merged = from_coo(r, c, v, rows, cols)
+    assert len(seen) == 1 and merged.bins is not None
+    assert same_bins(merged.bins, row_bins(merged.ptr))
+    assert rows == 9 or merged.bins.num_chunks > merged.bins.num_long > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_compose_after_a_gather_reads_no_path_count_and_equals_the_general_path(seed):
+    """A gather's bins say one entry per row: its paths are the outer entries, known without
+    a read.  The product equals the sparse path and the general path (same gather without
+    bins) bit for bit; only the duplicate merge reads the host."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, 8, (30,), generator=g)           # 30 edges -> 8 nodes
+    gather = one_per_row(idx, torch.rand(30, generator=g), 8)
+    outer = from_coo(torch.randint(0, 5, (30,), generator=g), torch.arange(30),
+                     torch.rand(30, generator=g), 5, 30, distinct=True)    # scatter to 5 rows
+    with host_reads() as seen:
+        fast = compose(outer, gather)
+    assert len(seen) == 1, seen           # the duplicate merge's (bins in it); no path count
+    assert outer.bins is None and same_bins(fast.bins, row_bins(fast.ptr))
+    unbinned = WeightedCSR(gather.ptr, gather.col, gather.val, gather.rows, gather.cols)
+    for want in (old_compose(outer, gather), compose(outer, unbinned)):
+        want = want if isinstance(want, tuple) else (want.ptr, want.col, want.val)
+        assert_same(fast, want)
+
+
+def test_compose_after_one_entry_per_row_on_average_is_not_taken_for_a_gather():
+    """nnz == rows but rows of 2, 0 and 1 entries: the path count must be read."""
+    inner = from_coo(torch.tensor([0, 0, 2]), torch.tensor([1, 3, 0]), torch.tensor([1., 2, 3]),
+                     3, 4, distinct=True)
+    inner.layout                                            # bins known: longest row 2
+    outer = from_coo(torch.tensor([0, 1, 1]), torch.tensor([0, 1, 2]), None, 2, 3)
+    assert_same(compose(outer, inner), old_compose(outer, inner))
 
 
 @pytest.mark.parametrize("short_max,chunk", [(3, 5), (3, None), (-1, 4), (100, 8)])

@@ -49,7 +49,10 @@ def tile_map(bounds: Tuple[int, ...], block: int, device: torch.device) -> torch
 
     Built with torch ops on the host from ``seg_ptr`` (which the op reads there anyway, for
     validation) and copied to the device once: cached per (segment layout, block, device),
-    since a layer calls it with the same relation pointers every step.
+    since a layer calls it with the same relation pointers every step.  Every mini-batch
+    block is a new layout, so on CUDA the copy is asynchronous, from pinned memory: a copy
+    from pageable memory waits for the stream to drain (a device sync per new layout, 7-9
+    per batch); torch's pinned-memory allocator keeps the staging buffer until it is done.
     """
     ptr = torch.tensor(bounds, dtype=torch.int64)
     counts = (ptr[1:] - ptr[:-1] + block - 1) // block
@@ -60,7 +63,12 @@ def tile_map(bounds: Tuple[int, ...], block: int, device: torch.device) -> torch
     end = torch.minimum(start + block, ptr[seg + 1])
     table = torch.stack([seg, start, end], dim=1)
     dtype = torch.int32 if bounds[-1] < 2 ** 31 else torch.int64
-    return table.to(device=device, dtype=dtype).contiguous()
+    table = table.to(dtype).contiguous()
+    # Not while a CUDA graph is being captured: a replay would copy again from the staging
+    # buffer, by then reused (there the plain copy runs, as it always did).
+    if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        return table.pin_memory().to(device, non_blocking=True)
+    return table.to(device)
 
 
 def _weight_strides(w: torch.Tensor, transpose: bool) -> Tuple[int, int, int]:

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ...graph.build import sort_key, sorted_ptr
-from .schedule import RowBins, row_bins
+from .schedule import PendingBins, RowBins, row_bins
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,7 +44,7 @@ class WeightedCSR:
     def transpose(self) -> "WeightedCSR":
         """The transposed CSR (by source for the backward), built with torch ops once."""
         return from_coo(self.col.long(), self.row_ids(), self.val, self.cols, self.rows,
-                        distinct=True)
+                        distinct=True, col_sorted=True)
 
     def row_ids(self) -> torch.Tensor:
         """``[nnz]`` int64 row of each entry."""
@@ -58,12 +58,15 @@ class WeightedCSR:
 
 
 def from_coo(row: torch.Tensor, col: torch.Tensor, val: Optional[torch.Tensor],
-             rows: int, cols: int, distinct: bool = False) -> WeightedCSR:
+             rows: int, cols: int, distinct: bool = False,
+             col_sorted: bool = False) -> WeightedCSR:
     """CSR of the entries ``(row[j], col[j], val[j])``, ``val`` None = 1; entries of one row
     ordered by column.  Duplicates are summed in input order (a sequential fp32 sum, the same
     on every device and run); ``distinct``: the caller knows no (row, col) repeats, which
-    saves the duplicate search (one host read).  Ids are trusted (they come from a validated
-    ``Graph``): nothing is read back to check them.
+    saves the duplicate search (one host read); ``col_sorted``: the caller knows ``col`` is
+    non-decreasing (a transpose's, a scatter's ``arange``), so a stable sort by row alone
+    orders the entries by (row, col), on a narrower key.  Ids are trusted (they come from a
+    validated ``Graph``): nothing is read back to check them.
 
     One stable sort of the (row, col) key, no sparse tensor: torch's ``coalesce`` under
     ``check_invariants`` read every index back to validate it and sorted again (the largest
@@ -80,10 +83,13 @@ def from_coo(row: torch.Tensor, col: torch.Tensor, val: Optional[torch.Tensor],
     val = (torch.ones(row.shape[0], dtype=torch.float32, device=dev) if val is None
            else val.float())
     row, col = row.long(), col.long()
-    order = _sort_by_row_col(row, col, rows, cols)
+    if col_sorted:
+        order = torch.sort(sort_key(row, rows), stable=True).indices
+    else:
+        order = _sort_by_row_col(row, col, rows, cols)
     row, col, val = (t.index_select(0, order) for t in (row, col, val))
     if not distinct and row.numel() > 1:
-        row, col, val = _sum_duplicates(row, col, val)
+        return _merged(row, col, val, rows, cols)
     return _csr(row, col, val, rows, cols)
 
 
@@ -109,36 +115,48 @@ def _sort_by_row_col(row: torch.Tensor, col: torch.Tensor, rows: int,
     return by_col.index_select(0, torch.sort(row.index_select(0, by_col), stable=True).indices)
 
 
-def _sum_duplicates(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor):
-    """Entries sorted by (row, col) with equal neighbours merged; each run of equal keys
-    summed left to right (sequentially, in the order given)."""
-    n = row.numel()
-    new = torch.ones(n, dtype=torch.bool, device=row.device)
+def _merged(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor, rows: int,
+            cols: int) -> WeightedCSR:
+    """The CSR of entries sorted by (row, col) with equal neighbours merged, each run of
+    equal keys summed left to right (sequentially, in the order given).  Its one host read
+    also takes the row bins: a merged CSR is a chain's product, the one a launch reads."""
+    n, dev = row.numel(), row.device
+    new = torch.ones(n, dtype=torch.bool, device=dev)
     new[1:] = (row[1:] != row[:-1]) | (col[1:] != col[:-1])
-    run = torch.cumsum(new, 0) - 1                        # each entry's run of equal keys
-    at = torch.arange(n, device=row.device)
+    seen = torch.zeros(n + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(new, 0, out=seen[1:])                  # seen[p]: runs among the first p
+    run = seen[1:] - 1                                  # each entry's run of equal keys
+    at = torch.arange(n, device=dev)
     first = torch.cummax(torch.where(new, at, 0), 0).values     # where that run starts
-    # One host read for both sizes (each read is a device sync on CUDA).
-    distinct, longest = torch.stack([run[-1] + 1, (at - first).max() + 1]).tolist()
-    if distinct == n:
-        return row, col, val
-    starts = torch.full((distinct,), n, device=row.device).scatter_reduce_(0, run, at, "amin")
-    counts = torch.diff(starts, append=torch.full((1,), n, device=row.device))  # (no copy)
-    total = val.index_select(0, starts)
-    # One pass per repeat: O(distinct x longest run), with no atomics (a fixed order on every
-    # device); runs are short in practice (parallel edges, paths between two rows).
-    last = n - 1
-    for k in range(1, longest):
-        more = val.index_select(0, (starts + k).clamp_(max=last))
-        total = torch.where(counts > k, total + more, total)
-    return row.index_select(0, starts), col.index_select(0, starts), total
+    # The merged rows' pointers before their count is known: the runs begun before each
+    # row's first entry.  So the sizes and the bins' facts are one read (a device sync).
+    ptr = seen.index_select(0, sorted_ptr(row, rows))
+    bins = PendingBins.of(ptr)
+    sizes = torch.stack([seen[-1], (at - first).max() + 1])
+    values = torch.cat([sizes, bins.facts]).tolist()    # (rows > 0: row has entries)
+    distinct, longest = values[:2]
+    if distinct < n:
+        starts = torch.full((distinct,), n, device=dev).scatter_reduce_(0, run, at, "amin")
+        counts = torch.diff(starts, append=torch.full((1,), n, device=dev))  # (no copy)
+        total = val.index_select(0, starts)
+        # One pass per repeat: O(distinct x longest run), with no atomics (a fixed order on
+        # every device); runs are short in practice (parallel edges, paths between two rows).
+        last = n - 1
+        for k in range(1, longest):
+            more = val.index_select(0, (starts + k).clamp_(max=last))
+            total = torch.where(counts > k, total + more, total)
+        row, col, val = row.index_select(0, starts), col.index_select(0, starts), total
+    return WeightedCSR(ptr, _narrow_cols(col, cols), val.contiguous(), rows, cols,
+                       bins.finish(values[2:]))
 
 
 def _csr(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor, rows: int,
          cols: int) -> WeightedCSR:
-    """The CSR of entries already sorted by (row, col) and distinct."""
+    """The CSR of entries already sorted by (row, col) and distinct.  Its row bins (a host
+    read) are found on first use (:attr:`WeightedCSR.layout`): a factor that is only composed
+    into a longer chain is never launched, so never pays that read."""
     ptr = sorted_ptr(row, rows)
-    return WeightedCSR(ptr, _narrow_cols(col, cols), val.contiguous(), rows, cols, row_bins(ptr))
+    return WeightedCSR(ptr, _narrow_cols(col, cols), val.contiguous(), rows, cols)
 
 
 def _narrow_cols(col: torch.Tensor, cols: int) -> torch.Tensor:
@@ -159,13 +177,24 @@ def compose(outer: WeightedCSR, inner: WeightedCSR) -> WeightedCSR:
     first = inner.ptr.index_select(0, k)
     per = inner.ptr.index_select(0, k + 1) - first          # paths through each outer entry
     ends = torch.cumsum(per, 0)
-    n = int(ends[-1]) if ends.numel() else 0                # (one host read: the path count)
+    if _one_per_row(inner):      # a gather first: one path per outer entry, no read needed
+        n = k.numel()
+    else:
+        n = int(ends[-1]) if ends.numel() else 0            # (one host read: the path count)
     which = torch.repeat_interleave(torch.arange(k.numel(), device=dev), per, output_size=n)
     at = (torch.arange(n, device=dev) - (ends - per).index_select(0, which)
           + first.index_select(0, which))                    # entry of inner on each path
     row = outer.row_ids().index_select(0, which)
     val = outer.val.index_select(0, which) * inner.val.index_select(0, at)
     return from_coo(row, inner.col.long().index_select(0, at), val, outer.rows, inner.cols)
+
+
+def _one_per_row(m: WeightedCSR) -> bool:
+    """Whether every row of ``m`` holds exactly one entry, from host facts only: bins already
+    known (a gather's are, see :func:`one_per_row`) with no row over one entry, and as many
+    entries as rows."""
+    b = m.bins
+    return b is not None and b.num_long == 0 and b.short_max <= 1 and m.nnz == m.rows
 
 
 def scaled(m: WeightedCSR, factor: float) -> WeightedCSR:

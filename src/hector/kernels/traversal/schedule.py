@@ -61,43 +61,71 @@ def row_bins(ptr: torch.Tensor, short_max: int = SHORT_MAX,
              chunk: Optional[int] = CHUNK) -> RowBins:
     """Bins of the rows of ``ptr`` (the host reads happen here, once per CSR); ``chunk`` None:
     long rows are never cut (edge softmax)."""
-    counts = ptr[1:] - ptr[:-1]
-    rows = counts.numel()
-    if rows == 0:
-        return RowBins(0, 0, None, None, 0, 0.0)
-    is_short = counts <= short_max
-    zero = counts.new_zeros(())
-    per_row = (counts + chunk - 1) // chunk if chunk is not None else counts
-    # Every host fact in one read (each read is a device sync on CUDA, paid per CSR of every
-    # new mini-batch block): the short count, the short rows' longest, the long rows' total
-    # and longest, and how many chunks the long rows make.
-    num_short, short_mx, total, longest, num_chunks = torch.stack([
-        is_short.sum(), torch.where(is_short, counts, zero).max(),
-        torch.where(is_short, zero, counts).sum(), counts.max(),
-        torch.where(is_short, zero, per_row).sum()]).tolist()
-    num_long = rows - num_short
-    if num_long == 0:
-        return RowBins(rows, 0, None, None, int(short_mx), 0.0)
-    # Short row ids, then long ones, each ascending: sizes known, so no nonzero (a sync).
-    by_bin = torch.sort((~is_short).to(torch.uint8), stable=True).indices
-    short_ids, long_ids = by_bin[:num_short], by_bin[num_short:]
-    lens = counts.index_select(0, long_ids)
-    starts = ends = chunk_of = None
-    if chunk is not None and longest > chunk:
-        per_row = per_row.index_select(0, long_ids)
-        chunk_of = torch.zeros(num_long + 1, dtype=torch.int64, device=ptr.device)
-        torch.cumsum(per_row, 0, out=chunk_of[1:])
-        owner = torch.repeat_interleave(torch.arange(num_long, device=ptr.device), per_row,
-                                        output_size=num_chunks)
-        k = torch.arange(owner.numel(), device=ptr.device) - chunk_of[:-1].index_select(0, owner)
-        row_end = ptr[1:].index_select(0, long_ids).index_select(0, owner)
-        starts = ptr[:-1].index_select(0, long_ids).index_select(0, owner) + k * chunk
-        ends = torch.minimum(starts + chunk, row_end)
-    split = num_short > 0     # a bin that holds every row needs no row list
-    return RowBins(num_short, num_long,
-                   short_ids.to(torch.int32) if split else None,
-                   long_ids.to(torch.int32) if split else None,
-                   int(short_mx), float(total) / num_long, starts, ends, chunk_of)
+    pending = PendingBins.of(ptr, short_max, chunk)
+    return pending.finish(pending.facts.tolist() if pending.facts is not None else [])
+
+
+@dataclass(frozen=True, eq=False)
+class PendingBins:
+    """:func:`row_bins` up to its one host read: ``facts`` (a ``[5]`` device tensor, None for
+    no rows) is what must be read; a caller with other values to read reads them together
+    and calls :meth:`finish` with the facts' host values."""
+    ptr: torch.Tensor
+    counts: torch.Tensor
+    is_short: torch.Tensor
+    per_row: torch.Tensor
+    facts: Optional[torch.Tensor]
+    chunk: Optional[int]
+
+    @staticmethod
+    def of(ptr: torch.Tensor, short_max: int = SHORT_MAX,
+           chunk: Optional[int] = CHUNK) -> "PendingBins":
+        counts = ptr[1:] - ptr[:-1]
+        is_short = counts <= short_max
+        per_row = (counts + chunk - 1) // chunk if chunk is not None else counts
+        if counts.numel() == 0:
+            return PendingBins(ptr, counts, is_short, per_row, None, chunk)
+        zero = counts.new_zeros(())
+        # Every host fact in one read (each read is a device sync on CUDA, paid per CSR of
+        # every new mini-batch block): the short count, the short rows' longest, the long
+        # rows' total and longest, and how many chunks the long rows make.
+        facts = torch.stack([
+            is_short.sum(), torch.where(is_short, counts, zero).max(),
+            torch.where(is_short, zero, counts).sum(), counts.max(),
+            torch.where(is_short, zero, per_row).sum()])
+        return PendingBins(ptr, counts, is_short, per_row, facts, chunk)
+
+    def finish(self, facts: list) -> RowBins:
+        """The bins, given the host values of ``facts`` (empty for no rows)."""
+        ptr, counts, is_short, per_row, chunk = (self.ptr, self.counts, self.is_short,
+                                                 self.per_row, self.chunk)
+        rows = counts.numel()
+        if rows == 0:
+            return RowBins(0, 0, None, None, 0, 0.0)
+        num_short, short_mx, total, longest, num_chunks = (int(v) for v in facts)
+        num_long = rows - num_short
+        if num_long == 0:
+            return RowBins(rows, 0, None, None, short_mx, 0.0)
+        # Short row ids, then long ones, each ascending: sizes known, so no nonzero (a sync).
+        by_bin = torch.sort((~is_short).to(torch.uint8), stable=True).indices
+        short_ids, long_ids = by_bin[:num_short], by_bin[num_short:]
+        starts = ends = chunk_of = None
+        if chunk is not None and longest > chunk:
+            per_row = per_row.index_select(0, long_ids)
+            chunk_of = torch.zeros(num_long + 1, dtype=torch.int64, device=ptr.device)
+            torch.cumsum(per_row, 0, out=chunk_of[1:])
+            owner = torch.repeat_interleave(torch.arange(num_long, device=ptr.device),
+                                            per_row, output_size=num_chunks)
+            k = (torch.arange(owner.numel(), device=ptr.device)
+                 - chunk_of[:-1].index_select(0, owner))
+            row_end = ptr[1:].index_select(0, long_ids).index_select(0, owner)
+            starts = ptr[:-1].index_select(0, long_ids).index_select(0, owner) + k * chunk
+            ends = torch.minimum(starts + chunk, row_end)
+        split = num_short > 0     # a bin that holds every row needs no row list
+        return RowBins(num_short, num_long,
+                       short_ids.to(torch.int32) if split else None,
+                       long_ids.to(torch.int32) if split else None,
+                       short_mx, float(total) / num_long, starts, ends, chunk_of)
 
 
 #: fp32 accumulator elements a program holds (``BLOCK_R x BLOCK_F`` or ``BLOCK_E x BLOCK_F``
