@@ -15,7 +15,8 @@ from .defaults import DEFAULTS, MODELS
 from .capture import capture_step
 from .loop import DTYPES, resolve_config, train
 
-__all__ = ["configure", "run", "train", "capture_step", "DEFAULTS", "MODELS", "resolve_config"]
+__all__ = ["configure", "run", "train", "train_processes", "capture_step", "DEFAULTS", "MODELS",
+           "resolve_config"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -82,11 +83,42 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _worker(rank: int, world: int, args: argparse.Namespace) -> None:
+def train_processes(args: argparse.Namespace, out=None) -> dict:
+    """``train(args)`` in ``args.devices`` processes, spawned as ``hector train --devices N``
+    spawns them (in this process with one device); rank 0's log is written to ``out`` (stdout) once all have finished, and its
+    result returned (the dict ``train`` returns).  For scripts that need the result, which
+    ``run`` does not hand back."""
+    import json
+    import os
+    import sys
+    import tempfile
+    from . import distributed
+    resolve_config(args)              # bad options fail here, once, not in N processes
+    if (args.devices or 1) == 1:
+        return train(args, out=out)
+    with tempfile.TemporaryDirectory(prefix="hector-train-") as tmp:
+        log, result = os.path.join(tmp, "rank0.log"), os.path.join(tmp, "rank0.json")
+        distributed.spawn(_worker, args.devices, args, log, result)
+        with open(log) as f:
+            (out or sys.stdout).write(f.read())
+        with open(result) as f:
+            return json.load(f)
+
+
+def _worker(rank: int, world: int, args: argparse.Namespace, log: str = None,
+            result: str = None) -> None:
+    """One of ``world`` processes; with ``log`` and ``result`` (file paths), rank 0 prints its
+    log into ``log`` and saves its result as JSON in ``result`` (see ``train_processes``)."""
+    import contextlib
+    import json
     import torch
     from . import distributed
     distributed.init(torch.device(args.device), rank, world)
     try:
-        train(args)
+        with (open(log, "w") if log and rank == 0 else contextlib.nullcontext()) as out:
+            r = train(args, out=out)
+        if result and rank == 0:
+            with open(result, "w") as f:
+                json.dump(r, f)
     finally:
         distributed.shutdown()
