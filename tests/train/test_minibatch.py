@@ -113,8 +113,9 @@ def _one_rank_grad(data, seeds):
     return model.conv2.weight.grad
 
 
-def test_train_processes_returns_rank_0s_result_and_log():
+def test_train_processes_returns_rank_0s_result_and_log(monkeypatch):
     # What scripts/train_seeds.py --devices 2 reads: the spawned group's rank-0 result.
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     out = io.StringIO()
     result = train_processes(parse("--model", "gat", "--dataset", "synthetic:cora", "--epochs",
                                    "2", "--hidden", "4", "--heads", "1", "--batch-size", "64",
@@ -123,6 +124,9 @@ def test_train_processes_returns_rank_0s_result_and_log():
     text = out.getvalue()
     assert result["devices"] == 2 and result["batch_size"] == 64 and result["epochs"] == 2
     assert text.startswith("settings ") and "devices=2" in text.splitlines()[0]
+    # each of the two processes took half of the CPU threads (distributed.share_cpu)
+    threads = int(re.search(r"cpu_threads=(\d+)", text).group(1))
+    assert threads == max(1, torch.get_num_threads() // 2)
     line = re.search(r"^RESULT .*test_acc=([0-9.]+) .*devices=2 ", text, re.M)
     assert line and float(line.group(1)) == pytest.approx(result["test_acc"], abs=5e-5)
 

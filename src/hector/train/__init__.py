@@ -113,7 +113,10 @@ def _worker(rank: int, world: int, args: argparse.Namespace, log: str = None,
     import json
     import torch
     from . import distributed
-    distributed.init(torch.device(args.device), rank, world)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        distributed.share_cpu(world)
+    distributed.init(device, rank, world)
     try:
         with (open(log, "w") if log and rank == 0 else contextlib.nullcontext()) as out:
             r = train(args, out=out)
