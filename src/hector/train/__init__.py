@@ -53,7 +53,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="neighbours sampled per layer, first hop first (default 25,20; -1: "
                         "all)")
     p.add_argument("--devices", type=int, default=1,
-                   help="processes (one per GPU; gloo processes with --device cpu) training "
+                   help="processes (one per GPU; with --device cpu, gloo processes sharing the "
+                        "CPU threads unless OMP_NUM_THREADS is set) training "
                         "with DistributedDataParallel, each on its share of the seeds; "
                         "implies mini-batches.  Under torchrun the group comes from torchrun")
     p.add_argument("--log-every", type=int, default=10,
