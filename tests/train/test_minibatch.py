@@ -1,7 +1,7 @@
 """Mini-batch training: every model on blocks equals the full-graph model where sampling
 keeps every neighbour, DistributedDataParallel over two gloo processes gives the gradients
 of the union batch, the loop switches to mini-batches when the graph would not fit, and
-``hector train --batch-size`` runs."""
+``hector train --batch-size`` runs, in one process or (``train_processes``) in two."""
 import argparse
 import io
 import re
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hector import Graph
 from hector.datasets.base import Dataset
 from hector.loader import NeighborLoader
-from hector.train import configure, distributed, minibatch, train
+from hector.train import configure, distributed, minibatch, train, train_processes
 from hector.train.defaults import MODELS
 from hector.train.models import build
 
@@ -111,6 +111,24 @@ def _one_rank_grad(data, seeds):
     F.cross_entropy(model(data.x[batch.n_id], batch.blocks, n_id=batch.n_id),
                     data.y[seeds]).backward()
     return model.conv2.weight.grad
+
+
+def test_train_processes_returns_rank_0s_result_and_log(monkeypatch):
+    # What scripts/train_seeds.py --devices 2 reads: the spawned group's rank-0 result.
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    out = io.StringIO()
+    result = train_processes(parse("--model", "gat", "--dataset", "synthetic:cora", "--epochs",
+                                   "2", "--hidden", "4", "--heads", "1", "--batch-size", "64",
+                                   "--fanout", "5,5", "--devices", "2", "--device", "cpu"),
+                             out=out)
+    text = out.getvalue()
+    assert result["devices"] == 2 and result["batch_size"] == 64 and result["epochs"] == 2
+    assert text.startswith("settings ") and "devices=2" in text.splitlines()[0]
+    # each of the two processes took half of the CPU threads (distributed.share_cpu)
+    threads = int(re.search(r"cpu_threads=(\d+)", text).group(1))
+    assert threads == max(1, torch.get_num_threads() // 2)
+    line = re.search(r"^RESULT .*test_acc=([0-9.]+) .*devices=2 ", text, re.M)
+    assert line and float(line.group(1)) == pytest.approx(result["test_acc"], abs=5e-5)
 
 
 def test_switches_to_mini_batches_when_the_graph_would_not_fit(monkeypatch):

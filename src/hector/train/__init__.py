@@ -15,7 +15,8 @@ from .defaults import DEFAULTS, MODELS
 from .capture import capture_step
 from .loop import DTYPES, resolve_config, train
 
-__all__ = ["configure", "run", "train", "capture_step", "DEFAULTS", "MODELS", "resolve_config"]
+__all__ = ["configure", "run", "train", "train_processes", "capture_step", "DEFAULTS", "MODELS",
+           "resolve_config"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -52,7 +53,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="neighbours sampled per layer, first hop first (default 25,20; -1: "
                         "all)")
     p.add_argument("--devices", type=int, default=1,
-                   help="processes (one per GPU; gloo processes with --device cpu) training "
+                   help="processes (one per GPU; with --device cpu, gloo processes sharing the "
+                        "CPU threads unless OMP_NUM_THREADS is set) training "
                         "with DistributedDataParallel, each on its share of the seeds; "
                         "implies mini-batches.  Under torchrun the group comes from torchrun")
     p.add_argument("--log-every", type=int, default=10,
@@ -82,11 +84,45 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _worker(rank: int, world: int, args: argparse.Namespace) -> None:
+def train_processes(args: argparse.Namespace, out=None) -> dict:
+    """``train(args)`` in ``args.devices`` processes, spawned as ``hector train --devices N``
+    spawns them (in this process with one device); rank 0's log is written to ``out`` (stdout) once all have finished, and its
+    result returned (the dict ``train`` returns).  For scripts that need the result, which
+    ``run`` does not hand back."""
+    import json
+    import os
+    import sys
+    import tempfile
+    from . import distributed
+    resolve_config(args)              # bad options fail here, once, not in N processes
+    if (args.devices or 1) == 1:
+        return train(args, out=out)
+    with tempfile.TemporaryDirectory(prefix="hector-train-") as tmp:
+        log, result = os.path.join(tmp, "rank0.log"), os.path.join(tmp, "rank0.json")
+        distributed.spawn(_worker, args.devices, args, log, result)
+        with open(log) as f:
+            (out or sys.stdout).write(f.read())
+        with open(result) as f:
+            return json.load(f)
+
+
+def _worker(rank: int, world: int, args: argparse.Namespace, log: str = None,
+            result: str = None) -> None:
+    """One of ``world`` processes; with ``log`` and ``result`` (file paths), rank 0 prints its
+    log into ``log`` and saves its result as JSON in ``result`` (see ``train_processes``)."""
+    import contextlib
+    import json
     import torch
     from . import distributed
-    distributed.init(torch.device(args.device), rank, world)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        distributed.share_cpu(world)
+    distributed.init(device, rank, world)
     try:
-        train(args)
+        with (open(log, "w") if log and rank == 0 else contextlib.nullcontext()) as out:
+            r = train(args, out=out)
+        if result and rank == 0:
+            with open(result, "w") as f:
+                json.dump(r, f)
     finally:
         distributed.shutdown()
