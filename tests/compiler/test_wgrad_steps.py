@@ -92,3 +92,10 @@ def test_slice_sums_equal_index_add(monkeypatch, dtype, tol, n):
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
     if n > 1:
         assert torch.all(got[n - 1] == 0)
+
+
+@pytest.mark.parametrize("n", [4, steps_torch.ONE_HOT_SLICES + 1])
+def test_slice_sums_of_no_rows_are_zeros(n):
+    # a graph without edges: a per-relation bias gradient sums no compact rows
+    got = steps_torch.slice_sums(torch.zeros(0, 2, 1), torch.zeros(0, dtype=torch.long), n)
+    assert got.shape == (n, 2, 1) and not got.any()

@@ -277,7 +277,7 @@ def slice_sums(dy: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
     in a fixed number of launches (no host sync: it can be captured)."""
     if n > ONE_HOT_SLICES:
         return dy.new_zeros((n,) + tuple(dy.shape[1:])).index_add(0, idx, dy)
-    flat = dy.reshape(dy.shape[0], -1)
+    flat = dy.flatten(1)            # (not reshape(rows, -1): ambiguous with no rows)
     out = torch.zeros(n, flat.shape[1], dtype=torch.float32, device=dy.device)
     ids = torch.arange(n, device=dy.device)
     step = max(1, _ONE_HOT_ELEMENTS // max(n, 1))
