@@ -333,19 +333,6 @@ def attention_score(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Te
     return score
 
 
-def attention_torch(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
-    """The fused ``attention`` operator (what fusion makes of score -> edge softmax ->
-    weighted aggregation), evaluated edge by edge."""
-    score = attention_score(v, a, ix)
-    if v.attr("slope") is not None:
-        score = F.leaky_relu(score, v.attr("slope"))
-    dst = ix.move(NODE, EDGE, "dst")
-    alpha = edge_softmax(score, dst, ix.rows[NODE])
-    value, t = attention_roles(v, tuple(zip(v.args, a)))["v"]
-    msg = alpha * edge_side(t, value, "src", ix)
-    return msg.new_zeros((ix.rows[NODE],) + tuple(msg.shape[1:])).index_add(0, dst, msg)
-
-
 def _lse(t: torch.Tensor, dst: torch.Tensor, n: int) -> torch.Tensor:
     """``[n, H]`` fp32 log-sum-exp of the scores ``t [E, H, 1]`` over each destination's
     edges (0 for a node without incoming edges), as the attention kernels keep it."""
@@ -358,8 +345,10 @@ def _lse(t: torch.Tensor, dst: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def attention_torch_lse(v: Value, a: List[torch.Tensor], ix: GraphIndex):
-    """(output, log-sum-exp ``[N, H]``) of a fused ``attention`` operator: the torch backend
-    of an attention step (the log-sum-exp is what :func:`attention_bwd_torch` reads)."""
+    """(output, log-sum-exp ``[N, H]``) of a fused ``attention`` operator (what fusion makes
+    of score -> edge softmax -> weighted aggregation), evaluated edge by edge: the torch
+    backend of an attention step (the log-sum-exp is what :func:`attention_bwd_torch`
+    reads)."""
     score = _activated(v, attention_score(v, a, ix))
     dst = ix.move(NODE, EDGE, "dst")
     lse = _lse(score, dst, ix.rows[NODE])
@@ -424,7 +413,7 @@ def eval_body(body: Value, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.
         if b.op == Op.ARG:
             memo[b] = inputs[b.attr("index")]
         elif b.op == Op.ATTENTION:
-            memo[b] = attention_torch(b, [memo[x] for x in b.args], ix)
+            memo[b] = attention_torch_lse(b, [memo[x] for x in b.args], ix)[0]
         else:
             memo[b] = eval_op(b, [memo[x] for x in b.args], ix)
     return memo[body]
