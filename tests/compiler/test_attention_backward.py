@@ -3,7 +3,8 @@ differentiated as one operator (``attention_bwd``: the attention backward kernel
 Triton backend, reading the forward's output and log-sum-exp), so the backward plan has no
 per-edge step.  Checked against torch autograd through the forward's torch ops, on both
 backends, for every form the fused backward takes (node sources with q.k, node sources with
-additive terms and leaky_relu, compact (src, relation) sources with a per-relation prior)."""
+additive terms and leaky_relu, compact (src, relation) sources with a per-relation prior,
+RGAT's (dst, relation) destination term on the group graph)."""
 import sys
 from pathlib import Path
 
@@ -42,7 +43,8 @@ def transformer_like(m, in_dim, heads=2, dim=4):
 
 
 CASES = [(gat_like, dict(in_dim=6)), (transformer_like, dict(in_dim=6)),
-         (models.hgt, dict(in_dim=8, out_dim=8, heads=2))]
+         (models.hgt, dict(in_dim=8, out_dim=8, heads=2)),
+         (models.rgat, dict(in_dim=8, out_dim=4, heads=2))]
 
 
 def _graph(num_relations=3):
@@ -114,17 +116,26 @@ def test_fused_attention_backward_in_bf16_stays_near_fp32():
         assert rel_err(got[name], ref[name]) < 6e-2, name
 
 
-def test_an_attention_whose_destination_term_depends_on_the_relation_stays_unfused():
-    """RGAT's (dst, relation) destination term: the group form's backward is not the fused
-    one; autodiff says why and differentiates its operators."""
+def test_a_score_folded_onto_edges_stays_unfused():
+    """A relation-dependent destination term next to q.k puts the whole score on the edges;
+    the fused backward does not take that form: autodiff says why and differentiates its
+    operators."""
+    def qk_with_relational_dst(m, in_dim, heads=2, dim=4):
+        x = m.node_input("x", in_dim)
+        z = m.linear(x, m.weight("W", (in_dim, heads * dim)), heads=heads)
+        z_dst = m.linear(m.dst(x), m.weight("R", (in_dim, heads * dim), per="relation"),
+                         heads=heads)
+        a_d = m.linear(z_dst, m.weight("att_dst", (heads * dim, heads)), heads=heads)
+        alpha = m.edge_softmax(m.dot(m.dst(z), m.src(z)) + a_d)
+        return m.heads(m.aggregate(alpha * m.src(z), "sum"), 1)
     g = _graph()
-    cp = _compiled(models.rgat, dict(in_dim=8, out_dim=4, heads=2), g,
+    cp = _compiled(qk_with_relational_dst, dict(in_dim=6), g,
                    backend="torch").program.compiled_for(g)
     assert not any(s.body.op == Op.ATTENTION_BWD for s in cp.backward_plan.steps)
     why = [d for rec in cp.log if rec.name == "autodiff" for d in rec.decisions
            if d.what == "attention backward as one operator"]
     assert len(why) == 1 and not why[0].applied
-    assert "depends on the relation" in why[0].reason
+    assert "per edge" in why[0].reason
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

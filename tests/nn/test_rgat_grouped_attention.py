@@ -19,15 +19,20 @@ TOL = 1e-4
 
 
 def _spy(monkeypatch):
-    calls = []
-    # Patched where the compiler's attention steps look the op up.
-    real = steps_triton.edge_attention
+    calls, bwd = [], []
+    # Patched where the compiler's attention steps look the ops up.
+    real, real_bwd = steps_triton.edge_attention_triton, steps_triton.edge_attention_grads_triton
 
     def spy(graph, v, *a, **k):
         calls.append((graph.num_nodes, graph.num_edges, tuple(v.shape)))
         return real(graph, v, *a, **k)
-    monkeypatch.setattr(steps_triton, "edge_attention", spy)
-    return calls
+
+    def spy_bwd(graph, *a, **k):
+        bwd.append(graph.num_nodes)
+        return real_bwd(graph, *a, **k)
+    monkeypatch.setattr(steps_triton, "edge_attention_triton", spy)
+    monkeypatch.setattr(steps_triton, "edge_attention_grads_triton", spy_bwd)
+    return calls, bwd
 
 
 def _graphs():
@@ -52,7 +57,7 @@ def test_rgat_triton_matches_pyg_without_per_edge_messages(monkeypatch, name, op
         ref.bias.normal_()
     dev = device_for("triton")
     ours = RGATConv.from_pyg(ref, backend="triton", autodiff=autodiff).to(dev)
-    calls = _spy(monkeypatch)
+    calls, bwd = _spy(monkeypatch)
     x = torch.randn(n, 8)
     xa, xb = x.clone().requires_grad_(), x.to(dev).requires_grad_()
     a, b = ref(xa, ei, et), ours(xb, ei.to(dev), et.to(dev))
@@ -66,13 +71,16 @@ def test_rgat_triton_matches_pyg_without_per_edge_messages(monkeypatch, name, op
         if v is not None:
             assert u is not None and rel_err(u, v) < TOL
     g = hector.graph.graph_of(ei.to(dev), et.to(dev), num_nodes=n, num_relations=4)
-    # The IR backward's own attention steps carry per-edge scalars (D = 1): not messages.
     messages = [c for c in calls if c[2][-1] == 4]
     rows = max(g.compact_src.num_rows, g.compact_dst.num_rows)
-    assert all(c[0] == rows and c[2][0] == rows for c in messages), calls
+    # Every attention call runs on the group graph with compact message rows.
+    assert messages == calls and all(c[0] == rows and c[2][0] == rows for c in calls), calls
     # many_dst: every (dst, relation) pair has one edge, the passes keep the score per edge
     # and fusion makes no attention step; empty: nothing to attend over.
-    assert bool(messages) == (name in ("random", "many_src"))
+    assert bool(calls) == (name in ("random", "many_src"))
+    # The IR autodiff runs the fused backward kernels on the same group graph (no
+    # recomputation of the attention); torch autograd goes through the op's own backward.
+    assert bwd == ([rows] if calls and autodiff == "ir" else [])
 
 
 def test_group_graph_is_built_once(monkeypatch):

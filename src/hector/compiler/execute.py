@@ -37,7 +37,7 @@ def triton_step(step: Step) -> bool:
 
 
 def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str):
-    """A step's output; for a forward attention (out, log-sum-exp or None), for an attention
+    """A step's output; for a forward attention (out, log-sum-exp), for an attention
     backward a dict role -> gradient, which ``select`` steps read."""
     if step.template == "select":
         return args[0][step.body.attr("role")]

@@ -5,7 +5,8 @@
   once per graph (:func:`movement_csr`);
 * ``gemm`` steps -> :func:`hector.kernels.segment_mm.op.segment_mm` (segment GEMM with
   gather/scatter);
-* ``attention`` steps -> :func:`hector.kernels.attention.op.edge_attention`.  That op takes
+* ``attention`` steps -> the ``hector::edge_attention`` op (:func:`edge_attention_triton`) and,
+  differentiated as one operator, ``hector::edge_attention_backward``.  That op takes
   per-*node* terms, but relational attention reads compact (src, relation) rows (HGT's ``k
   W_att_r``, the messages ``m W_msg_r``) or even (dst, relation) rows (RGAT's ``z_v^r q``).  We
   lower it onto a *derived bipartite graph*: sources are the rows the source-side terms live on
@@ -29,9 +30,9 @@ import torch
 from ..graph import Graph
 from ..graph.build import sort_key, sorted_ptr
 from ..graph.derived import AttentionGraph
+from ..kernels.attention.groups import group_order, merge_groups
 from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
                                         edge_attention_triton, make_plan)
-from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.edgewise.op import edgewise
 from ..kernels.segment_mm.launch import segment_mm_wgrad_op
@@ -378,18 +379,15 @@ def attention_launch(step, ix: GraphIndex) -> Tuple[AttentionSpec, AttentionPlan
 
 
 def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
-    """Attention whose destination term depends on the relation, without per-edge messages.
+    """(out, log-sum-exp ``[N, H]``) of an attention whose destination term depends on the
+    relation, without per-edge messages.
 
     The fused kernel runs on the derived graph of :func:`_group_graph`: each (dst, relation)
     row ``g`` is a destination whose ``a_dst`` is its own, and messages stay compact rows read
-    through the derived edges' source ids.  It returns ``o_g``, softmax-weighted over the
-    edges of ``g`` only.  The softmax over all of ``N(v)`` is then
-    ``o_v = sum_g w_g o_g`` with ``w_g = sum_{e in g} alpha_e`` (``alpha``: the softmax over
-    ``N(v)``), computed per edge on ``[E, H]`` scores (no feature axis).  Cost next to the
-    per-edge path: ``[Sd, H, D]`` group outputs instead of two ``[E, H, D]`` copies and an
-    ``[E + N, H, D]`` output."""
-    body: Value = step.body
-    g = ix.graph
+    through the derived edges' source ids.  It returns ``o_g`` (softmax-weighted over the
+    edges of ``g`` only) and ``g``'s log-sum-exp ``l_g``; the softmax over all of ``N(v)`` is
+    then ``lse_v = log sum_g exp(l_g)``, ``o_v = sum_g exp(l_g - lse_v) o_g``
+    (:func:`~hector.kernels.attention.groups.merge_groups`, one kernel)."""
     src_kind = step.spec[1].source
 
     def at_source(role):
@@ -398,18 +396,27 @@ def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
     v = at_source("v")
     a_src = at_source("a_src")[..., 0] if "a_src" in roles else None
     a_dst = roles["a_dst"][1][..., 0]
-    if g.num_edges == 0:
-        return v.new_zeros((g.num_nodes,) + tuple(v.shape[1:]))
-    scale, slope = body.attr("scale"), body.attr("slope")
-    w = _group_weights(step, roles, slope, ix)
+    n = ix.graph.num_nodes
+    if ix.graph.num_edges == 0:     # no groups: nothing to attend over
+        return v.new_zeros((n,) + tuple(v.shape[1:])), v.new_zeros((n, v.shape[1]),
+                                                                   dtype=torch.float32)
     spec, plan = attention_launch(step, ix)
     dg = attention_graph(step.spec[1], ix)
-    rows = dg.num_nodes
-    o = edge_attention(dg, _fit(v, rows), a_src=_fit(a_src, rows), a_dst=_fit(a_dst, rows),
-                       scale=scale, negative_slope=slope, backend=backend,
-                       spec=spec, plan=plan)[:ix.rows[CDST]]
-    node = ix.move(NODE, CDST, "dst")
-    return o.new_zeros((g.num_nodes,) + tuple(o.shape[1:])).index_add(0, node, o * w)
+    rows, groups = dg.num_nodes, ix.rows[CDST]
+    o, lse = edge_attention_triton(dg, _fit(v, rows), a_src=_fit(a_src, rows),
+                                   a_dst=_fit(a_dst, rows), scale=step.body.attr("scale"),
+                                   negative_slope=step.body.attr("slope"), spec=spec,
+                                   plan=plan, return_lse=True)
+    node, ptr, order = _group_merge_order(ix)
+    return merge_groups(ptr, order, node, o[:groups], lse[:groups])
+
+
+def _group_merge_order(ix: GraphIndex):
+    """(group node ids, ptr, order) of :func:`merge_groups` on this graph, made once."""
+    if "group_merge" not in ix.memo:
+        node = ix.move(NODE, CDST, "dst")
+        ix.memo["group_merge"] = (node,) + group_order(node, ix.graph.num_nodes)
+    return ix.memo["group_merge"]
 
 
 def _step_ir(step, key: str, build):
@@ -472,26 +479,6 @@ def _edge_score(step, roles, ix: GraphIndex) -> torch.Tensor:
     return run_edgewise_body(prog, [roles[n][1] for n in names], ix)
 
 
-def _group_weights(step, roles, slope, ix: GraphIndex) -> torch.Tensor:
-    """``w_g = sum_{e in g} alpha_e`` per (dst, relation) row ``g``, ``alpha`` the softmax of
-    ``leaky_relu(a_dst[g(e)] + a_src[src(e)])`` over each destination's edges: two edgewise
-    programs (the softmax, node-parallel over the CSR by destination; the sum over each
-    group's edges), every term read through its access scheme."""
-    def build():
-        score = ir.gather(ir.arg(0, roles["a_dst"][0]), EDGE, "dst")
-        if "a_src" in roles:
-            x = ir.arg(1, roles["a_src"][0])
-            score = ir.binary(Op.ADD, score,
-                              x if x.kind == EDGE else ir.gather(x, EDGE, "src"))
-        if slope is not None:
-            score = ir.unary(Op.LEAKY_RELU, score, slope=slope)
-        alpha = ir.edge_softmax(score)
-        return _program(alpha), _program(ir.scatter(ir.arg(0, alpha), CDST, "dst"))
-    softmax, group_sum = _step_ir(step, "group weights", build)
-    tensors = [roles["a_dst"][1]] + ([roles["a_src"][1]] if "a_src" in roles else [])
-    return run_edgewise_body(group_sum, [run_edgewise_body(softmax, tensors, ix)], ix)
-
-
 def _program(body: Value):
     """(``body``, its edgewise lowering): what :func:`run_edgewise_body` runs."""
     lowered, why = edgewise_lowering(body)
@@ -515,13 +502,12 @@ def run_edgewise_body(program, tensors: List[torch.Tensor], ix: GraphIndex) -> t
 
 def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
     """An attention step: the op called on the graph lowering chose (``step.spec``), with the
-    spec and schedules of :func:`attention_launch`.  Returns (out, log-sum-exp ``[N, H]``),
-    the log-sum-exp None for the (dst, relation) group form (whose backward is unfused)."""
+    spec and schedules of :func:`attention_launch`.  Returns (out, log-sum-exp ``[N, H]``)."""
     body: Value = step.body
     rows: AttentionRows = step.spec[1]
     roles = attention_roles(body, tuple(zip(body.args, inputs)))
     if rows.graph == "groups":
-        return _attention_by_dst_relation(step, roles, ix, backend), None
+        return _attention_by_dst_relation(step, roles, ix, backend)
     scale, slope = body.attr("scale"), body.attr("slope")
     terms = _attention_terms(step, roles, ix)
     spec, plan = attention_launch(step, ix)
@@ -563,6 +549,12 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     n_roles = len(att.args)
     roles = attention_roles(att, tuple(zip(att.args, inputs[:n_roles])))
     grad, out, lse = inputs[n_roles:n_roles + 3]
+    if step.spec[1].graph == "groups":
+        # Each (dst, relation) group is a destination row of the group graph: it reads its
+        # node's output gradient, output and log-sum-exp (group-sized copies), so the kernels'
+        # alpha and delta are the node's; d a_dst comes out per group.
+        node = ix.move(NODE, CDST, "dst")
+        grad, out, lse = (t.index_select(0, node) for t in (grad, out, lse))
     terms = _attention_terms(step, roles, ix)
     spec, plan = attention_launch(step, ix)
     g = attention_graph(step.spec[1], ix)

@@ -98,6 +98,7 @@ KERNELS: Mapping[str, Entry] = MappingProxyType({
     "attention_bwd_src": Entry("attention_bwd.py.j2", "attention_bwd_src_kernel",
                                dict(_SCORE, need_dk=_BOOL, need_dv=_BOOL, need_dsrc=_BOOL)),
     "combine_sum": Entry("attention_combine.py.j2", "combine_sum_kernel", {}),
+    "merge_groups": Entry("attention_combine.py.j2", "merge_groups_kernel", {}),
     "row_dot": Entry("row_dot.py.j2", "row_dot_kernel", {}),
     "traversal_csr": Entry("traversal_csr.py.j2", "traversal_csr_kernel", _TRAVERSAL),
     "traversal_csr_rows": Entry("traversal_csr.py.j2", "traversal_csr_rows_kernel",

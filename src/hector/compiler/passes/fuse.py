@@ -96,12 +96,14 @@ def match_attention(v: Value) -> Tuple[Optional[Value], str]:
 def fused_backward(att: Value) -> Tuple[bool, str]:
     """Whether attention ``att`` is differentiated as one operator (its backward kernels), or
     (False, why) through its unfused operators.  The kernels take every term on the rows
-    the forward's op call traverses (``AttentionRows``): the graph's nodes, or a derived
-    graph whose sources are one row kind and whose destinations are the nodes."""
+    the forward's op call traverses (``AttentionRows``): the graph's nodes, a derived graph
+    whose sources are one row kind and whose destinations are the nodes, or the (dst,
+    relation) groups (RGAT: each group a destination row, the node's softmax normaliser,
+    output and output gradient read per group)."""
     rows = attention_spec(att, None)[1]
     roles = N.attention_roles(att)
-    if rows.graph == "groups" or rows.score_on_edges:
-        return False, "the destination term depends on the relation"
+    if rows.score_on_edges:
+        return False, "the score is per edge (a relation-dependent destination term with q.k)"
     side = [roles[r].kind for r in ("v", "k", "a_src") if r in roles]
     if any(kind != rows.source for kind in side):
         return False, f"source terms on {sorted(set(side))} rows, not all on {rows.source} rows"

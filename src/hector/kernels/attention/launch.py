@@ -237,8 +237,11 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
 
 
 def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
-                       needs: tuple, dout, v, q, k, a_src, a_dst, out, lse):
-    """(dv, dq, dk, d a_src, d a_dst), None where ``needs`` (same order) is False."""
+                       needs: tuple, dout, v, q, k, a_src, a_dst, out, lse, dlse=None):
+    """(dv, dq, dk, d a_src, d a_dst), None where ``needs`` (same order) is False.
+    ``dlse``: the gradient of the log-sum-exp output, if it has one.  Since ``d lse_v / d
+    s_e = alpha_e``, it joins ``ds_e = alpha_e (<dout_v, v_u> - delta_v)`` as ``delta_v -
+    dlse_v``: the kernels run unchanged."""
     need_v, need_q, need_k, need_src, need_dst = needs
     n, heads, dim_v = v.shape
     dim_k = spec.dim_qk
@@ -252,6 +255,8 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
     rows_total = n * heads
     registry.kernel("row_dot")[(-(-rows_total // 16),)](
         dout, out, delta, rows_total, dim_v, BLOCK_R=16, BLOCK_D=min(next_pow2(dim_v), 128))
+    if dlse is not None:
+        delta -= dlse
     fp32 = dict(dtype=torch.float32, device=v.device)
 
     if need_q or need_dst:
@@ -460,20 +465,22 @@ def edge_attention_backward_op(
         k: Optional[torch.Tensor], a_src: Optional[torch.Tensor], a_dst: Optional[torch.Tensor],
         out: torch.Tensor, lse: torch.Tensor, scale: float, negative_slope: Optional[float],
         dropout: float, seed: int, strategy: str, launch: int,
-        needs: List[bool], seed_tensor: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+        needs: List[bool], seed_tensor: Optional[torch.Tensor] = None,
+        dlse: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """[dv, dq, dk, d a_src, d a_dst]; a gradient not asked for is an empty tensor (a
-    schema output cannot be None)."""
+    schema output cannot be None).  ``dlse``: the log-sum-exp output's gradient, if any."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
                               launch)
     grads = attention_backward(g, spec, plan, (scale, negative_slope, dropout,
                                                _seed_of(seed, seed_tensor)),
-                               tuple(needs), dout, v, q, k, a_src, a_dst, out, lse)
+                               tuple(needs), dout, v, q, k, a_src, a_dst, out, lse,
+                               None if dlse is None else dlse.float())
     return [gr if gr is not None else v.new_empty(0) for gr in grads]
 
 
 @edge_attention_backward_op.register_fake
 def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropout, seed,
-      strategy, launch, needs, seed_tensor=None):
+      strategy, launch, needs, seed_tensor=None, dlse=None):
     return [torch.empty_like(t) if need and t is not None else v.new_empty(0)
             for t, need in zip((v, q, k, a_src, a_dst), needs)]
 
@@ -487,10 +494,13 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(v, q, k, a_src, a_dst, *output, seed_t)
 
 
-def _autograd_backward(ctx, dout, _dlse):
+def _autograd_backward(ctx, dout, dlse):
     needs = list(ctx.needs_input_grad[1:6])
     *saved, seed_t = ctx.saved_tensors
-    grads = edge_attention_backward_op(ctx.graph, dout, *saved, *ctx.scalars, needs, seed_t)
+    if dout is None:
+        dout = torch.zeros_like(saved[-2])
+    grads = edge_attention_backward_op(ctx.graph, dout, *saved, *ctx.scalars, needs, seed_t,
+                                       dlse)
     return (None, *[g if need else None for g, need in zip(grads, needs)],
             None, None, None, None, None, None, None)
 
