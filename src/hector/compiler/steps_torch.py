@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-from ..graph.build import sorted_ptr
+from ..graph.build import sort_key, sorted_ptr
 from ..kernels.traversal.reference import edge_softmax_torch
 from .ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, attention_roles, toposort
 
@@ -28,6 +28,7 @@ class GraphIndex:
                      CDST: g.compact_dst.num_rows}
         self._idx: Dict[tuple, torch.Tensor] = {}
         self._counts: Dict[tuple, torch.Tensor] = {}
+        self._groups: Dict[tuple, tuple] = {}
         # The four segment pointers as Python ints, read by the Graph build with its other
         # sizes (one device read per graph; a mini-batch block pays none here).
         self.ptr = {kind: g.host_ptr[kind] for kind in (EDGE, CSRC, CDST, NODE)}
@@ -66,6 +67,29 @@ class GraphIndex:
                 raise ValueError(f"no movement between {one} and {many} rows")
             self._idx[key] = t.long()
         return self._idx[key]
+
+    def grouped(self, one: str, many: str, end: str):
+        """``(ptr, perm)``, both int64: the ``many`` rows grouped by their ``one`` row, each
+        group in ``many`` order (``perm``: a stable sort of :meth:`move`; ``ptr [rows[one] +
+        1]``: each group's bounds).  What a scatter's CSR and an edgewise program's CSR are
+        made of.  Taken from what the graph holds where it can: edges by destination are its
+        CSR by destination, edges by source its CSR by source (shared with the attention
+        backward), and edges by compact destination row are in order already (canonical order
+        sorts them by (relation, destination)); other groupings sort, once per graph."""
+        key = (one, many, end)
+        if key not in self._groups:
+            g, n = self.graph, self.rows[one]
+            if (one, many) == (NODE, EDGE):
+                csr = g.csr_in if end == "dst" else g.csr_out
+                self._groups[key] = (csr.ptr.long(), csr.eid.long())
+            elif (one, many) == (CDST, EDGE):
+                idx = self.move(one, many, end)
+                self._groups[key] = (sorted_ptr(idx, n),
+                                     torch.arange(idx.numel(), device=idx.device))
+            else:
+                ordered, perm = torch.sort(sort_key(self.move(one, many, end), n), stable=True)
+                self._groups[key] = (sorted_ptr(ordered, n), perm)
+        return self._groups[key]
 
     def counts(self, one: str, many: str, end: str) -> torch.Tensor:
         """How many ``many`` rows map to each ``one`` row (at least 1: a mean of nothing is 0)."""
