@@ -110,12 +110,20 @@ def test_group_bins_of_every_grouping_in_one_read(g, monkeypatch):
     monkeypatch.setattr(schedule.PendingBins.of, "__defaults__", (2, 4))
     ix = GraphIndex(graphs()[g])
     with host_reads() as seen:
-        bins = ix.group_bins(MOVES)
+        ix.prepare_bins(MOVES)
+        bins = [ix.group_bins(*m) for m in MOVES]
     assert len(seen) == (1 if ix.graph.num_nodes else 0)
     for move, b in zip(MOVES, bins):
         ptr = ix.group_ptr(*move)
         assert torch.equal(ptr, ix.grouped(*move)[0])
         same_bins(b, schedule.row_bins(ptr, 2, 4))
     with host_reads() as seen:
-        again = ix.group_bins(MOVES[::-1])
-    assert seen == [] and again == bins[::-1]
+        ix.prepare_bins(MOVES)
+        again = [ix.group_bins(*m) for m in MOVES]
+    assert seen == [] and all(a is b for a, b in zip(again, bins))
+    # Unprepared: one read of its own.
+    fresh = GraphIndex(graphs()[g])
+    with host_reads() as seen:
+        alone = fresh.group_bins(*MOVES[2])
+    assert len(seen) == (1 if fresh.rows["compact_dst"] else 0)     # (no rows: no read)
+    same_bins(alone, bins[2])
