@@ -15,6 +15,9 @@ from hector.graph import build
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
 from helpers import random_relational  # noqa: E402
 
+#: On CUDA the build searches pointers and counts by index_add_ (no reads): both paths run.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
 FIELDS = ("src", "dst", "etype", "edge_perm", "rel_ptr", "node_type", "node_type_ptr",
           "host_ptr", "in_degree", "out_degree", "node_types_contiguous")
 
@@ -55,11 +58,17 @@ def assert_same_graph(got, want):
             assert a.dtype == b.dtype and torch.equal(a, b), f"{name}.{field}"
 
 
+def on(device, *tensors):
+    return [None if t is None else t.to(device) for t in tensors]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", range(len(cases())))
-def test_dst_sorted_build_equals_the_general_build(case):
+def test_dst_sorted_build_equals_the_general_build(case, device):
     ei, et, n, r, nt, t = cases()[case]
     if et is not None:
         ei, et = by_dst_then_relation(ei, et, r)
+    ei, et, nt = on(device, ei, et, nt)
     kw = dict(edge_type=et, num_nodes=n, num_relations=r, node_type=nt, num_node_types=t)
     assert_same_graph(Graph(ei, dst_sorted=True, **kw), Graph(ei, **kw))
 
@@ -94,25 +103,29 @@ def test_compact_maps_by_presence_equal_those_by_sort(case, monkeypatch):
     assert torch.equal(by_presence.compact_src.edge_row.long(), inverse)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", range(len(cases())))
-def test_csr_by_source_is_built_on_first_use_and_equals_a_stable_sort(case):
+def test_csr_by_source_is_built_on_first_use_and_equals_a_stable_sort(case, device):
     ei, et, n, r, nt, t = cases()[case]
+    ei, et, nt = on(device, ei, et, nt)
     g = Graph(ei, edge_type=et, num_nodes=n, num_relations=r, node_type=nt, num_node_types=t)
     assert g._csr_out is None          # the build did not sort by source
-    order = torch.sort(g.src.long(), stable=True).indices
-    counts = torch.bincount(g.src.long(), minlength=n)
-    assert torch.equal(g.csr_out.eid.long(), order)
-    assert torch.equal(g.csr_out.col.long(), g.dst.long()[order])
-    assert torch.equal(g.csr_out.degrees().long(), counts)
+    order = torch.sort(g.src.long().cpu(), stable=True).indices
+    counts = torch.bincount(g.src.long().cpu(), minlength=n)
+    assert torch.equal(g.csr_out.eid.long().cpu(), order)
+    assert torch.equal(g.csr_out.col.long().cpu(), g.dst.long().cpu()[order])
+    assert torch.equal(g.csr_out.degrees().long().cpu(), counts)
     assert g.csr_out.eid.dtype == g.index_dtype
     assert g.out_degree.max == (int(counts.max()) if n else 0)
-    moved = g.to("cpu")
+    moved = g.to(device)
     assert moved.csr_out is g.csr_out
 
 
-def test_counts_by_add_equal_bincount():
+@pytest.mark.parametrize("device", DEVICES)
+def test_counts_by_add_equal_bincount(device):
     keys = torch.tensor([3, 0, 3, 5, 3, 0])
     for n in (6, 9):
-        assert torch.equal(build.counts_by_add(keys, n), torch.bincount(keys, minlength=n))
-        assert torch.equal(build.counts_of(keys, n), torch.bincount(keys, minlength=n))
-    assert build.counts_by_add(keys[:0], 4).tolist() == [0, 0, 0, 0]
+        want = torch.bincount(keys, minlength=n)
+        assert torch.equal(build.counts_by_add(keys.to(device), n).cpu(), want)
+        assert torch.equal(build.counts_of(keys.to(device), n).cpu(), want)
+    assert build.counts_by_add(keys[:0].to(device), 4).tolist() == [0, 0, 0, 0]
