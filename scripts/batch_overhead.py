@@ -4,7 +4,7 @@
                                      [--models rgcn,rgat,hgt] [--fanout 25,20]
                                      [--batch-size 1024] [--batches 10] [--threads N] [--pyg]
                                      [--count-syncs] [--stub-kernels] [--cpu-clock]
-                                     [--cprofile N]
+                                     [--cprofile N] [--epoch-prefetch K]
 
 For each batch of ``NeighborLoader`` on a synthetic profile (features of width ``--hidden``
 drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HGTConv):
@@ -26,6 +26,11 @@ drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HG
 
 ``--cprofile N``: each batch's first forward + backward run once more on fresh blocks under
 cProfile (after the timings, which it does not touch), the top N functions printed to stderr.
+
+``--epoch-prefetch K``: instead of the above, wall time of whole epochs (``--batches``
+batches: sampling, block builds and forward + backward, torch backend) with
+``NeighborLoader(prefetch=0)`` and ``prefetch=K``, alternating, three epochs each: what
+building the next batches in a background thread saves.
 
 ``--stub-kernels`` (CPU, under ``TRITON_INTERPRET=1``): the Triton backend's host path with
 every Triton kernel launch skipped (outputs are left unwritten, so values are meaningless):
@@ -98,15 +103,18 @@ def rebuild(block):
     return mark_block(g, block.num_dst_nodes, block.dst_index, block.dst_type_ptr)
 
 
-def make_model(kind, graph, width, device, pyg=None):
-    """Two hector layers of ``kind``; with ``pyg`` (torch_geometric.nn) also PyG's two,
-    whose parameters ours take over: ``(ours, pyg's or None)``."""
+def make_model(kind, graph, width, device, pyg=None, backend=None):
+    """Two hector layers of ``kind`` (``backend``: the layers' default when None); with
+    ``pyg`` (torch_geometric.nn) also PyG's two, whose parameters ours take over: ``(ours,
+    pyg's or None)``."""
     R = graph.num_relations
     meta = (graph.node_type_names, graph.relation_names)
     args = {"rgcn": [(width, width, R), (width, width, R)],
             "rgat": [(width, width // 4, R), (width, width, R)],
             "hgt": [(width, width, meta), (width, width, meta)]}[kind]
     kw = {"rgcn": [{}, {}], "rgat": [dict(heads=4), {}], "hgt": [dict(heads=4)] * 2}[kind]
+    if backend is not None:
+        kw = [dict(k, backend=backend) for k in kw]
     ours_cls = {"rgcn": RGCNConv, "rgat": RGATConv, "hgt": HGTConv}[kind]
     if pyg is None:
         return torch.nn.ModuleList(ours_cls(*a, **k) for a, k in zip(args, kw)).to(device), None
@@ -151,6 +159,30 @@ def _per_type_edges(block, graph):
     return out
 
 
+def epoch_prefetch(args, graph, x, seeds, fanouts, device):
+    """Wall time per epoch with and without ``prefetch`` (see ``--epoch-prefetch``)."""
+    print("| model | batches | prefetch | epoch ms (3 runs) | median |")
+    print("|---|---|---|---|---|")
+    for kind in args.models.split(","):
+        model, _ = make_model(kind, graph, args.hidden, device, backend="torch")
+        times = {0: [], args.epoch_prefetch: []}
+        for _ in range(3):
+            for depth in times:
+                loader = NeighborLoader(graph, fanouts, input_nodes=seeds,
+                                        batch_size=args.batch_size, shuffle=True, seed=0,
+                                        prefetch=depth)
+                sync(device)
+                t0 = time.perf_counter()
+                for _, batch in zip(range(args.batches), loader):
+                    step(kind, model, graph, batch, x)
+                sync(device)
+                times[depth].append(time.perf_counter() - t0)
+        for depth, ts in times.items():
+            print(f"| {kind} | {args.batches} | {depth} | "
+                  + ", ".join(f"{1e3 * t:.0f}" for t in ts)
+                  + f" | {1e3 * statistics.median(ts):.0f} |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -173,6 +205,9 @@ def main():
     p.add_argument("--cpu-clock", action="store_true",
                    help="CPU only: time by this process's CPU time, not wall time (steadier "
                         "on a machine shared with other jobs)")
+    p.add_argument("--epoch-prefetch", type=int, default=0, metavar="K",
+                   help="time whole epochs with NeighborLoader prefetch=0 and prefetch=K "
+                        "(torch backend) instead")
     args = p.parse_args()
     if args.stub_kernels:
         stub_triton_kernels()
@@ -189,11 +224,13 @@ def main():
     x = torch.randn(graph.num_nodes, args.hidden, device=device)
     seeds = data.node_type_names[0] if data.node_type_names else None
     fanouts = [int(f) for f in args.fanout.split(",")]
-    loader = NeighborLoader(graph, fanouts, input_nodes=seeds, batch_size=args.batch_size,
-                            shuffle=True, seed=0)
     print(f"device={device} profile={args.profile} scale={scale} nodes={graph.num_nodes:,} "
           f"edges={graph.num_edges:,} fanout={fanouts} batch_size={args.batch_size} "
           f"threads={torch.get_num_threads()}")
+    if args.epoch_prefetch:
+        return epoch_prefetch(args, graph, x, seeds, fanouts, device)
+    loader = NeighborLoader(graph, fanouts, input_nodes=seeds, batch_size=args.batch_size,
+                            shuffle=True, seed=0)
     pyg = None
     if args.pyg:
         import torch_geometric.nn as pyg

@@ -11,7 +11,7 @@ from hector.compiler.steps_torch import GraphIndex
 from hector.compiler.steps_triton import _reversed_chain, movement_csr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
-from helpers import random_relational  # noqa: E402
+from helpers import host_reads, random_relational  # noqa: E402
 
 #: RGCN's forward aggregation chain (gather to edges by source, mean per (dst, relation)),
 #: and one whose factors both weigh by 1 / count.
@@ -44,3 +44,86 @@ def test_reversed_chain_is_the_transpose_bit_for_bit(chain, seed):
     assert torch.allclose(dense(reused), dense(fwd).t())
     bins = [(m.layout.num_short, m.layout.num_long, m.layout.short_max) for m in (reused, fresh)]
     assert bins[0] == bins[1]
+
+
+MOVES = [("node", "edge", "dst"), ("node", "edge", "src"), ("compact_dst", "edge", "dst"),
+         ("compact_src", "edge", "src"), ("node", "compact_dst", "dst"),
+         ("node", "compact_src", "src")]
+
+
+def graphs():
+    """A relational graph (empty relations, isolated nodes), its loader-style build (edges
+    sorted by (destination, relation)), one node with self loops, no edges."""
+    ei, et = random_relational(num_nodes=30, num_edges=150, num_relations=3, seed=4)
+    order = torch.sort(ei[1] * 3 + et, stable=True).indices
+    return [Graph(ei, edge_type=et, num_nodes=30, num_relations=3),
+            Graph(ei[:, order], edge_type=et[order], num_nodes=30, num_relations=3,
+                  dst_sorted=True),
+            Graph(torch.zeros(2, 3, dtype=torch.long), edge_type=torch.tensor([0, 1, 1]),
+                  num_nodes=1, num_relations=2),
+            Graph(torch.zeros(2, 0, dtype=torch.long), num_nodes=5)]
+
+
+@pytest.mark.parametrize("g", range(4))
+@pytest.mark.parametrize("move", MOVES, ids="-".join)
+def test_grouped_rows_equal_a_stable_sort_of_the_movement(move, g):
+    ix = GraphIndex(graphs()[g])
+    idx, n = ix.move(*move), ix.rows[move[0]]
+    perm = torch.sort(idx, stable=True).indices
+    ptr = torch.zeros(n + 1, dtype=torch.int64)
+    ptr[1:] = torch.cumsum(torch.bincount(idx, minlength=n), 0)
+    got_ptr, got_perm = ix.grouped(*move)
+    assert got_ptr.dtype == got_perm.dtype == torch.int64
+    assert torch.equal(got_ptr, ptr) and torch.equal(got_perm, perm)
+    assert ix.grouped(*move)[1] is got_perm          # kept per graph
+
+
+@pytest.mark.parametrize("g", range(4))
+@pytest.mark.parametrize("move", MOVES, ids="-".join)
+def test_scatter_from_groups_equals_from_coo(move, g):
+    from hector.kernels.traversal.csr import from_coo, from_groups
+    ix = GraphIndex(graphs()[g])
+    idx, one, many = ix.move(*move), ix.rows[move[0]], ix.rows[move[1]]
+    mean = ix.counts(*move).index_select(0, idx).reciprocal()
+    for val in (None, mean):
+        want = from_coo(idx, torch.arange(many), val, one, many, distinct=True)
+        got = from_groups(*ix.grouped(*move), val, one, many)
+        for a, b in ((got.ptr, want.ptr), (got.col, want.col), (got.val, want.val)):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        assert (got.rows, got.cols) == (want.rows, want.cols)
+
+
+def same_bins(a, b):
+    for field in ("num_short", "num_long", "short_max", "long_mean"):
+        assert getattr(a, field) == getattr(b, field), field
+    for field in ("short", "long", "chunk_start", "chunk_end", "chunk_of"):
+        x, y = getattr(a, field), getattr(b, field)
+        assert (x is None) == (y is None), field
+        if x is not None:
+            assert x.dtype == y.dtype and torch.equal(x, y), field
+
+
+@pytest.mark.parametrize("g", range(4))
+def test_group_bins_of_every_grouping_in_one_read(g, monkeypatch):
+    from hector.kernels.traversal import schedule
+    # Rows over 2 entries long, cut into chunks of 4: long rows and hubs on these small graphs.
+    monkeypatch.setattr(schedule.PendingBins.of, "__defaults__", (2, 4))
+    ix = GraphIndex(graphs()[g])
+    with host_reads() as seen:
+        ix.prepare_bins(MOVES)
+        bins = [ix.group_bins(*m) for m in MOVES]
+    assert len(seen) == (1 if ix.graph.num_nodes else 0)
+    for move, b in zip(MOVES, bins):
+        ptr = ix.group_ptr(*move)
+        assert torch.equal(ptr, ix.grouped(*move)[0])
+        same_bins(b, schedule.row_bins(ptr, 2, 4))
+    with host_reads() as seen:
+        ix.prepare_bins(MOVES)
+        again = [ix.group_bins(*m) for m in MOVES]
+    assert seen == [] and all(a is b for a, b in zip(again, bins))
+    # Unprepared: one read of its own.
+    fresh = GraphIndex(graphs()[g])
+    with host_reads() as seen:
+        alone = fresh.group_bins(*MOVES[2])
+    assert len(seen) == (1 if fresh.rows["compact_dst"] else 0)     # (no rows: no read)
+    same_bins(alone, bins[2])

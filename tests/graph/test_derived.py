@@ -49,6 +49,27 @@ def test_attention_graph_equals_a_full_graph(seed, device):
     order = torch.sort(dst, stable=True).indices        # dst sorted: no sort is run
     assert_same_fields(AttentionGraph(src[order], dst[order], n, dst_sorted=True),
                        Graph(torch.stack([src[order], dst[order]]), num_nodes=n))
+    # The order given (the stable sort of dst, here the full build's): no sort either.
+    assert_same_fields(AttentionGraph(src, dst, n, dst_order=full.edge_perm), full)
+    # As the compiler gives it: a relational graph's own destinations and its csr_in.eid.
+    ei, et = random_relational(num_nodes=n, num_edges=e, num_relations=3, seed=seed)
+    rel = Graph(ei.to(device), edge_type=et.to(device), num_nodes=n, num_relations=3)
+    ix = GraphIndex(rel)
+    rows, m = ix.move(CSRC, EDGE, "src"), max(ix.rows[CSRC], n)
+    assert_same_fields(AttentionGraph(rows, rel.dst, m, dst_order=rel.csr_in.eid),
+                       Graph(torch.stack([rows, rel.dst.long()]), num_nodes=m))
+    assert light_csr_out_is_lazy(AttentionGraph(src, dst, n))
+
+
+def light_csr_out_is_lazy(light):
+    """Whether the CSR by source waits for its first use (a sort no forward needs)."""
+    return light._csr_out is None and light.csr_out is light._csr_out
+
+
+def test_attention_graph_rejects_a_dst_order_of_another_length():
+    src = dst = torch.tensor([0, 1, 1])
+    with pytest.raises(ValueError, match="dst_order"):
+        AttentionGraph(src, dst, 2, dst_order=torch.tensor([0, 1]))
 
 
 def test_attention_graph_without_edges_and_its_missing_fields():

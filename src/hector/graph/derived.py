@@ -10,6 +10,8 @@ exactly the op's fields, equal to those a full build of the same edges would hol
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from . import build
@@ -28,10 +30,13 @@ class AttentionGraph(Graph):
 
     Ids are trusted (the caller derives them from a validated graph): nothing is read back to
     check them.  ``dst_sorted``: ``dst`` is known non-decreasing, so the canonical edge order
-    (by destination, input order within ties) is the input order and no sort runs."""
+    (by destination, input order within ties) is the input order and no sort runs.
+    ``dst_order``: that order when the caller holds it (the stable sort of ``dst``: for a
+    graph's own destinations, its ``csr_in.eid``), so no sort runs either; trusted."""
 
     def __init__(self, src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
-                 dst_sorted: bool = False):  # noqa: super().__init__ is what this avoids
+                 dst_sorted: bool = False, dst_order: Optional[torch.Tensor] = None):
+        # (no super().__init__: a full Graph build is what this class avoids)
         if src.dim() != 1 or dst.shape != src.shape:
             raise ValueError(f"src and dst must be 1-D of one length, got {tuple(src.shape)} "
                              f"and {tuple(dst.shape)}")
@@ -42,19 +47,27 @@ class AttentionGraph(Graph):
         self.index_dtype = idx = build.index_dtype(n, e)
         self.node_type_names = self.relation_names = self.graph_ptr = None
         edges = torch.arange(e, device=dev)
-        perm = edges if dst_sorted else build.stable_argsort(build.sort_key(dst, n))
+        if dst_order is not None and dst_order.shape != (e,):
+            raise ValueError(f"dst_order must be [E] = [{e}], got {tuple(dst_order.shape)}")
+        if dst_sorted:
+            perm = edges
+        elif dst_order is not None:
+            perm = dst_order.long()
+        else:
+            perm = build.stable_argsort(build.sort_key(dst, n))
         if not dst_sorted:
             src, dst = build.take(src, perm), build.take(dst, perm)
         # Canonical order is by destination, so the CSR by destination is that order itself
         # (what Graph's stable sort of a sorted key returns).
         csr_in = CSR(ptr=build.sorted_ptr(dst, n), col=src, eid=edges)
-        csr_out = build.csr(src, dst, n)
+        # The CSR by source (a sort) is built on first use, as a Graph's (only a backward to
+        # the sources reads it); its degrees are counted here for the statistics.
         self.in_degree, self.out_degree = DegreeStats.of_each(
-            [csr_in.degrees(), csr_out.degrees()], SUPER_NODE_DEGREE)
+            [csr_in.degrees(), build.counts_of(src, n)], SUPER_NODE_DEGREE)
         self.src, self.dst, self.edge_perm = src.to(idx), dst.to(idx), perm.to(idx)
         self.rel_ptr = torch.arange(2, dtype=idx, device=dev) * e     # [0, E], no host copy
-        self.csr_in, self.csr_out = (CSR(*(a.to(idx) for a in (c.ptr, c.col, c.eid)))
-                                     for c in (csr_in, csr_out))
+        self.csr_in = CSR(*(a.to(idx) for a in (csr_in.ptr, csr_in.col, csr_in.eid)))
+        self._csr_out = None
         self._device_copies = {dev: self}
         self._derived = {}
 

@@ -39,6 +39,10 @@ class Graph:
             types (one device read each).  ``False`` is for ids valid by construction, as
             ``hector.loader`` makes its blocks (with all sizes given): a wrong id is then
             undefined behaviour, not an error.
+        dst_sorted: the edges are given sorted by (destination, relation), as
+            ``hector.loader``'s sampler lists them: the build then skips one sort of the edges
+            and shortens another (see :func:`~hector.graph.build.relation_order`).  Checked
+            with the build's one read: ValueError when they are not.
 
     Canonical edge order: edges sorted by (relation, destination), input order within ties.
     Every edge-wise array (``src``, ``dst``, ``etype``, CSR ``eid`` s, compact ``edge_row``) is
@@ -47,7 +51,7 @@ class Graph:
     Attributes:
         rel_ptr: ``[R + 1]`` segment of each relation in canonical order.
         csr_in: CSR by destination (aggregation, softmax over incoming edges).
-        csr_out: CSR by source (source-side gradients without atomics).
+        csr_out: CSR by source (source-side gradients without atomics), built on first use.
         compact_src / compact_dst: unique (src, relation) / (dst, relation) pairs.
         in_degree / out_degree: :class:`DegreeStats`.
         node_type_ptr: ``[T + 1]``; with ``node_perm`` (None when node types are already
@@ -69,7 +73,8 @@ class Graph:
                  node_type: Optional[torch.Tensor] = None, num_node_types: Optional[int] = None,
                  node_type_names: Optional[Sequence[str]] = None,
                  relation_names: Optional[Sequence[EdgeTypeName]] = None,
-                 super_node_threshold: int = SUPER_NODE_DEGREE, *, check_ids: bool = True):
+                 super_node_threshold: int = SUPER_NODE_DEGREE, *, check_ids: bool = True,
+                 dst_sorted: bool = False):
         src, dst, etype, ntype, sizes = _validate(
             edge_index, edge_type, num_nodes, num_relations, node_type, num_node_types,
             node_type_names, relation_names, super_node_threshold, check_ids)
@@ -81,32 +86,44 @@ class Graph:
         self.node_type_names = list(node_type_names) if node_type_names is not None else None
         self.relation_names = [tuple(r) for r in relation_names] if relation_names is not None else None
         self.graph_ptr: Optional[torch.Tensor] = None   # set by Graph.batch
-        self._build(src, dst, etype, ntype, super_node_threshold)
+        self._build(src, dst, etype, ntype, super_node_threshold, bool(dst_sorted))
         self._device_copies: Dict[torch.device, Graph] = {self.device: self}
         # Quantities derived from this (immutable) graph, memoised by ``derived``.  A plain
         # attribute set here: torch.compile (2.11) cannot trace ``__dict__.setdefault``.
         self._derived: Dict[object, object] = {}
 
     # -- construction ---------------------------------------------------------------------
-    def _build(self, src, dst, etype, ntype, super_node_threshold):
+    def _build(self, src, dst, etype, ntype, super_node_threshold, dst_sorted):
         n, r, t = self.num_nodes, self.num_relations, self.num_node_types
         idx = self.index_dtype
-        perm = build.canonical_order(src, dst, etype, n, r)
+        in_order = torch.ones((), dtype=torch.bool, device=src.device)
+        if dst_sorted:
+            if src.numel() > 1:      # (read with the sizes below; a wrong order raises there)
+                key = dst * max(r, 1) + etype
+                in_order = (key[1:] >= key[:-1]).all()
+            perm = build.relation_order(etype, r)
+            self.csr_in = build.csr_of_sorted_input(src, dst, perm, n)
+        else:
+            perm = build.canonical_order(src, dst, etype, n, r)
         src, dst, etype = (build.take(a, perm) for a in (src, dst, etype))
         rel_ptr = build.sorted_ptr(etype, r)        # (canonical order: by relation)
-        self.csr_in = build.csr(dst, src, n)
-        self.csr_out = build.csr(src, dst, n)
+        if not dst_sorted:
+            self.csr_in = build.csr(dst, src, n)
+        # The CSR by source (a sort) waits for its first use: a mini-batch block's forward and
+        # most backwards never read it.  Its degrees are counted here, for the statistics.
+        self._csr_out = None
         runs_src = build.compact_runs(src, etype, n, r, keys_sorted=False)
         runs_dst = build.compact_runs(dst, etype, n, r, keys_sorted=True)
         if ntype is None:
             ntype = torch.zeros(n, dtype=torch.int64, device=src.device)
         type_ptr, contiguous = build.type_ptr(ntype, t)
-        degrees = [self.csr_in.degrees(), self.csr_out.degrees()]
+        degrees = [self.csr_in.degrees(), build.counts_of(src, n)]
         # Every size and pointer the build and the runtime need on the host, in ONE read (each
         # read is a device sync on CUDA, paid by every mini-batch block): the segment pointers
         # (which also size the compact maps), the node-type contiguity and the degree stats.
         ptrs = (rel_ptr, runs_src.rel_ptr, runs_dst.rel_ptr, type_ptr)
-        ints = torch.cat(ptrs + (contiguous.to(torch.int64).view(1),)).to(torch.float64)
+        flags = torch.stack([contiguous, in_order]).to(torch.int64)
+        ints = torch.cat(ptrs + (flags,)).to(torch.float64)
         stats = [v for d in degrees for v in DegreeStats.parts(d, super_node_threshold)]
         values = (torch.cat([ints, torch.stack(stats)]) if stats else ints).tolist()
         host = []
@@ -114,6 +131,11 @@ class Graph:
             host.append([int(v) for v in values[:p.numel()]])
             values = values[p.numel():]
         self.node_types_contiguous = bool(values[0])
+        if not values[1]:
+            raise ValueError("dst_sorted=True but the edges are not sorted by (destination, "
+                             "relation): edge_index[1] * num_relations + edge_type must be "
+                             "non-decreasing")
+        values = values[1:]
         node_perm = None
         if not self.node_types_contiguous:     # (type_ptr's pointers assumed sorted types)
             type_ptr, node_perm = build.regroup_types(ntype, t)
@@ -132,9 +154,20 @@ class Graph:
         self.rel_ptr = rel_ptr.to(idx)
         self.node_type_ptr = type_ptr.to(idx)
         self.csr_in = CSR(*(a.to(idx) for a in (self.csr_in.ptr, self.csr_in.col, self.csr_in.eid)))
-        self.csr_out = CSR(*(a.to(idx) for a in (self.csr_out.ptr, self.csr_out.col, self.csr_out.eid)))
         self.compact_src = _narrow_compact(self.compact_src, idx)
         self.compact_dst = _narrow_compact(self.compact_dst, idx)
+
+    @property
+    def csr_out(self) -> CSR:
+        """CSR by source, built on first use (the sort by source of the canonical edges)."""
+        if self._csr_out is None:
+            c = build.csr(self.src.long(), self.dst.long(), self.num_nodes)
+            self._csr_out = CSR(*(a.to(self.index_dtype) for a in (c.ptr, c.col, c.eid)))
+        return self._csr_out
+
+    @csr_out.setter
+    def csr_out(self, value: CSR) -> None:
+        self._csr_out = value
 
     @classmethod
     def from_hetero(cls, edge_index_dict: Dict[EdgeTypeName, torch.Tensor],

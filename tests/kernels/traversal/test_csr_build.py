@@ -286,3 +286,28 @@ def test_the_same_csrs_on_cuda_as_on_the_cpu():
         assert torch.equal(cpu.ptr, gpu.ptr.cpu()) and torch.equal(cpu.col, gpu.col.cpu())
         assert torch.equal(cpu.val, gpu.val.cpu())
         assert (cpu.layout.num_short, cpu.layout.num_long) == (gpu.layout.num_short, gpu.layout.num_long)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_compose_after_a_gather_equals_the_general_path(seed):
+    """A gather first (bins known: one entry a row) takes the short path; the same gather
+    without known bins takes the general one: bit for bit the same CSR."""
+    r, c, v = entries(9, 20, 40, seed)
+    outer = from_coo(r, c, v, 9, 20)                        # duplicates merged, rows empty
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, 6, (20,), generator=g)
+    gather = one_per_row(idx, torch.rand(20, generator=g), 6)
+    plain = WeightedCSR(gather.ptr, gather.col, gather.val, gather.rows, gather.cols)
+    fast, general = compose(outer, gather), compose(outer, plain)
+    for a, b in ((fast.ptr, general.ptr), (fast.col, general.col), (fast.val, general.val)):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert_same(fast, old_compose(outer, gather))
+    none = torch.zeros(0, dtype=torch.long)
+    empty = compose(from_coo(none, none, None, 3, 20), gather)
+    assert empty.nnz == 0 and empty.ptr.tolist() == [0, 0, 0, 0]
+
+
+def test_from_groups_rejects_shapes_that_do_not_match():
+    from hector.kernels.traversal.csr import from_groups
+    with pytest.raises(ValueError, match="ptr must be"):
+        from_groups(torch.zeros(3, dtype=torch.long), torch.arange(4), None, 3, 4)

@@ -93,6 +93,22 @@ def from_coo(row: torch.Tensor, col: torch.Tensor, val: Optional[torch.Tensor],
     return _csr(row, col, val, rows, cols)
 
 
+def from_groups(ptr: torch.Tensor, perm: torch.Tensor, val: Optional[torch.Tensor],
+                rows: int, cols: int, bins: Optional[RowBins] = None) -> WeightedCSR:
+    """The scatter of ``cols`` rows into ``rows`` rows given as groups: row ``i`` holds the
+    entries ``(i, perm[p], val[perm[p]])`` for ``p`` in ``ptr[i]:ptr[i + 1]`` (``perm``
+    ascending within each group; ``val`` None = 1).  What :func:`from_coo` of ``(row of each
+    column, arange(cols), val)`` with ``distinct`` gives, without its sort, for a caller
+    that holds the grouping (a graph's CSR, or a sort kept per graph); ``bins``: the row
+    bins of ``ptr`` when known (else found on first use)."""
+    if ptr.shape != (rows + 1,) or perm.shape != (cols,):
+        raise ValueError(f"ptr must be [rows + 1] = [{rows + 1}] and perm [cols] = [{cols}], "
+                         f"got {tuple(ptr.shape)} and {tuple(perm.shape)}")
+    val = (torch.ones(cols, dtype=torch.float32, device=perm.device) if val is None
+           else val.float().index_select(0, perm))
+    return WeightedCSR(ptr, _narrow_cols(perm, cols), val.contiguous(), rows, cols, bins)
+
+
 def one_per_row(col: torch.Tensor, val: Optional[torch.Tensor], cols: int) -> WeightedCSR:
     """The CSR with exactly one entry per row, ``(j, col[j], val[j])`` (a gather): what
     :func:`from_coo` gives for rows ``0..n-1``, without its sort."""
@@ -174,13 +190,14 @@ def compose(outer: WeightedCSR, inner: WeightedCSR) -> WeightedCSR:
                          f"{inner.rows}x{inner.cols} one")
     dev = outer.ptr.device
     k = outer.col.long()
+    if _one_per_row(inner):      # a gather first: each outer entry is one path, through k
+        val = outer.val * inner.val.index_select(0, k)
+        return from_coo(outer.row_ids(), inner.col.long().index_select(0, k), val,
+                        outer.rows, inner.cols)
     first = inner.ptr.index_select(0, k)
     per = inner.ptr.index_select(0, k + 1) - first          # paths through each outer entry
     ends = torch.cumsum(per, 0)
-    if _one_per_row(inner):      # a gather first: one path per outer entry, no read needed
-        n = k.numel()
-    else:
-        n = int(ends[-1]) if ends.numel() else 0            # (one host read: the path count)
+    n = int(ends[-1]) if ends.numel() else 0                # (one host read: the path count)
     which = torch.repeat_interleave(torch.arange(k.numel(), device=dev), per, output_size=n)
     at = (torch.arange(n, device=dev) - (ends - per).index_select(0, which)
           + first.index_select(0, which))                    # entry of inner on each path
