@@ -28,16 +28,15 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..graph import Graph
-from ..graph.build import sort_key, sorted_ptr
 from ..graph.derived import AttentionGraph
-from ..kernels.attention.groups import group_order, merge_groups
+from ..kernels.attention.groups import merge_groups
 from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
                                         edge_attention_triton, make_plan)
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.edgewise.op import edgewise
 from ..kernels.segment_mm.launch import segment_mm_wgrad_op
 from ..kernels.segment_mm.op import segment_mm
-from ..kernels.traversal.csr import WeightedCSR, compose, from_coo, one_per_row, scaled
+from ..kernels.traversal.csr import WeightedCSR, compose, from_groups, one_per_row, scaled
 from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
 from . import ir
 from .ir import (CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_of_bwd, attention_roles,
@@ -155,8 +154,8 @@ def _movement_factor(ix: GraphIndex, move: tuple) -> WeightedCSR:
     val = ix.counts(one, many, end).index_select(0, idx).reciprocal() if how == "mean" else None
     if op == "gather":
         return one_per_row(idx, val, ix.rows[one])
-    rows = torch.arange(ix.rows[many], device=idx.device)
-    return from_coo(idx, rows, val, ix.rows[one], ix.rows[many], distinct=True)
+    ptr, perm = ix.grouped(one, many, end)
+    return from_groups(ptr, perm, val, ix.rows[one], ix.rows[many])
 
 
 def movement_csr(ix: GraphIndex, movements: tuple, coef: float = 1.0) -> WeightedCSR:
@@ -232,9 +231,7 @@ def edgewise_array(ix: GraphIndex, key: tuple) -> torch.Tensor:
         return _slice_chunks(ix, key[2], key[3])[0 if key[0] == "csr_ptr" else 1]
     memo = ("edgewise_csr",) + key[1:]
     if memo not in ix.memo:
-        one, many, end = key[1:]
-        ordered, perm = torch.sort(sort_key(ix.move(one, many, end), ix.rows[one]), stable=True)
-        ix.memo[memo] = (sorted_ptr(ordered, ix.rows[one]), perm)
+        ix.memo[memo] = ix.grouped(*key[1:])
     return ix.memo[memo][0 if key[0] == "csr_ptr" else 1]
 
 
@@ -327,7 +324,8 @@ def _derived_graph(ix: GraphIndex, src_kind: str):
 
     def build():
         rows = max(ix.rows[src_kind], g.num_nodes)
-        return AttentionGraph(_source_rows(ix, src_kind), g.dst.long(), rows)
+        return AttentionGraph(_source_rows(ix, src_kind), g.dst.long(), rows,
+                              dst_order=g.csr_in.eid)
     return g.derived("attention_sources_" + src_kind, build)
 
 
@@ -407,16 +405,8 @@ def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
                                    a_dst=_fit(a_dst, rows), scale=step.body.attr("scale"),
                                    negative_slope=step.body.attr("slope"), spec=spec,
                                    plan=plan, return_lse=True)
-    node, ptr, order = _group_merge_order(ix)
-    return merge_groups(ptr, order, node, o[:groups], lse[:groups])
-
-
-def _group_merge_order(ix: GraphIndex):
-    """(group node ids, ptr, order) of :func:`merge_groups` on this graph, made once."""
-    if "group_merge" not in ix.memo:
-        node = ix.move(NODE, CDST, "dst")
-        ix.memo["group_merge"] = (node,) + group_order(node, ix.graph.num_nodes)
-    return ix.memo["group_merge"]
+    ptr, order = ix.grouped(NODE, CDST, "dst")
+    return merge_groups(ptr, order, ix.move(NODE, CDST, "dst"), o[:groups], lse[:groups])
 
 
 def _step_ir(step, key: str, build):

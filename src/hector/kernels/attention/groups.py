@@ -9,8 +9,9 @@ for split rows:
     lse_v = log sum_g exp(l_g),    out_v = sum_g exp(l_g - lse_v) o_g
 
 ``hector::attention_merge_groups`` does that in one pass over group-sized rows (one program per
-node, reading its groups through ``order[ptr[v]:ptr[v+1]]``).  Its autograd (only reached when torch autograd records
-the forward; the IR autodiff differentiates the whole attention as one operator) is, with
+node, reading its groups through ``order[ptr[v]:ptr[v+1]]``).  Its autograd (only reached when
+torch autograd records the forward; the IR autodiff differentiates the whole attention as one
+operator) is, with
 ``w_g = exp(l_g - lse_v)``: ``do_g = w_g dout_v`` and
 ``dl_g = w_g (<dout_v, o_g - out_v> + dlse_v)``.
 """
@@ -20,7 +21,6 @@ from typing import Tuple
 
 import torch
 
-from ...graph.build import sorted_ptr
 from .. import registry
 from .spec import next_pow2
 
@@ -32,14 +32,9 @@ def merge_groups(ptr: torch.Tensor, order: torch.Tensor, node: torch.Tensor, o: 
                  lse: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out ``[N, H, D]``, lse ``[N, H]`` fp32) of the nodes from their groups' (``o [G, H,
     D]``, ``lse [G, H]``).  ``node [G]``: each group's node; ``order``: the groups sorted by
-    node, node ``v``'s at ``order[ptr[v]:ptr[v+1]]`` (:func:`group_order`)."""
+    node, node ``v``'s at ``order[ptr[v]:ptr[v+1]]`` (on the compiler's side
+    ``GraphIndex.grouped(NODE, CDST, "dst")``)."""
     return merge_groups_op(ptr, order, node, o.contiguous(), lse.contiguous().float())
-
-
-def group_order(node: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(ptr ``[n + 1]``, order ``[G]``) of :func:`merge_groups` for groups of nodes ``node``."""
-    order = torch.sort(node, stable=True).indices
-    return sorted_ptr(node.index_select(0, order), n), order
 
 
 @torch.library.custom_op("hector::attention_merge_groups", mutates_args=())
