@@ -189,7 +189,7 @@ def test_edge_score_program_matches_torch_score(monkeypatch):
     from hector.compiler.steps_torch import GraphIndex, attention_score
     from hector.compiler.plan import Step
     from hector.compiler.steps_triton import _edge_score
-    g = _graph()
+    g = _graph().to(device_for("triton"))
     ix = GraphIndex.of(g)
     x = ir.input_("x", 4, heads=2)
     a_src = ir.gather(ir.input_("s", 1, heads=2), ir.CSRC, "src")
@@ -202,7 +202,7 @@ def test_edge_score_program_matches_torch_score(monkeypatch):
                a_src: torch.randn(ix.rows[ir.CSRC], 2, 1, generator=gen),
                a_dst: torch.randn(ix.rows[ir.CDST], 2, 1, generator=gen),
                p: torch.randn(3, 2, 1, generator=gen)}
-    inputs = [tensors[a] for a in body.args]
+    inputs = [tensors[a].to(g.device) for a in body.args]
     want = attention_score(body, inputs, ix)
     step = Step("score", "attention", body, tuple(body.args), body)
     roles = ir.attention_roles(body, tuple(zip(body.args, inputs)))
@@ -265,7 +265,7 @@ def test_weight_slice_sums_in_chunks_match_torch(monkeypatch, chunk):
     from hector.compiler.plan import Step
     from hector.compiler.steps_torch import GraphIndex, eval_body
     monkeypatch.setattr(steps_triton, "SLICE_CHUNK", chunk)
-    g = _graph()
+    g = _graph().to(device_for("triton"))
     ix = GraphIndex.of(g)
     ix.memo.pop(("edgewise_slices", ir.EDGE, "relation"), None)
     e = ir.Value("saved", (), ir.EDGE, (2, 3))
@@ -273,7 +273,7 @@ def test_weight_slice_sums_in_chunks_match_torch(monkeypatch, chunk):
     body = ir.wsum(arg(0, e), p)
     step = Step("wsum", "traversal", body, (e,), body, traversal_spec(body))
     assert step.spec.kernel == "edgewise"
-    dy = torch.randn(EDGES, 2, 3, generator=torch.Generator().manual_seed(8))
+    dy = torch.randn(EDGES, 2, 3, generator=torch.Generator().manual_seed(8)).to(g.device)
     got = steps_triton.run_edgewise(step, [dy], ix)
     want = eval_body(body, [dy], ix)
     assert got.shape == want.shape == (3, 2, 1)

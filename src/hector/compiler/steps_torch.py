@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-from ..graph.build import counts_of, counts_to_ptr, sort_key, sorted_ptr
+from ..graph.build import counts_of, counts_to_ptr, sort_key, sorted_ptr, take_rows
 from ..kernels.traversal.schedule import PendingBins, RowBins
 from ..kernels.traversal.reference import edge_softmax_torch
 from .ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, attention_roles, toposort
@@ -208,7 +208,7 @@ def _operand(t: torch.Tensor, v: Value, rows_kind: str, ix: GraphIndex) -> torch
     shape = (1,) + tuple(v.shape) if len(v.shape) == 2 else (1, 1, v.shape[0])
     per_slice = per_slice.reshape((per_slice.shape[0],) + shape[1:])
     idx = _slice_index(ix, v, rows_kind)
-    return per_slice if idx is None else per_slice.index_select(0, idx)
+    return per_slice if idx is None else take_rows(per_slice, idx)
 
 
 def gelu_grad(x: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..graph import Graph
+from ..graph.build import take_rows
 from ..graph.derived import AttentionGraph
 from ..kernels.attention.groups import merge_groups
 from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
@@ -544,7 +545,7 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
         # node's output gradient, output and log-sum-exp (group-sized copies), so the kernels'
         # alpha and delta are the node's; d a_dst comes out per group.
         node = ix.move(NODE, CDST, "dst")
-        grad, out, lse = (t.index_select(0, node) for t in (grad, out, lse))
+        grad, out, lse = (take_rows(t, node) for t in (grad, out, lse))
     terms = _attention_terms(step, roles, ix)
     spec, plan = attention_launch(step, ix)
     g = attention_graph(step.spec[1], ix)
