@@ -11,7 +11,7 @@ from hector.compiler.steps_torch import GraphIndex
 from hector.compiler.steps_triton import _reversed_chain, movement_csr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
-from helpers import host_reads, random_relational  # noqa: E402
+from helpers import random_relational  # noqa: E402
 
 #: RGCN's forward aggregation chain (gather to edges by source, mean per (dst, relation)),
 #: and one whose factors both weigh by 1 / count.
@@ -91,39 +91,3 @@ def test_scatter_from_groups_equals_from_coo(move, g):
         for a, b in ((got.ptr, want.ptr), (got.col, want.col), (got.val, want.val)):
             assert a.dtype == b.dtype and torch.equal(a, b)
         assert (got.rows, got.cols) == (want.rows, want.cols)
-
-
-def same_bins(a, b):
-    for field in ("num_short", "num_long", "short_max", "long_mean"):
-        assert getattr(a, field) == getattr(b, field), field
-    for field in ("short", "long", "chunk_start", "chunk_end", "chunk_of"):
-        x, y = getattr(a, field), getattr(b, field)
-        assert (x is None) == (y is None), field
-        if x is not None:
-            assert x.dtype == y.dtype and torch.equal(x, y), field
-
-
-@pytest.mark.parametrize("g", range(4))
-def test_group_bins_of_every_grouping_in_one_read(g, monkeypatch):
-    from hector.kernels.traversal import schedule
-    # Rows over 2 entries long, cut into chunks of 4: long rows and hubs on these small graphs.
-    monkeypatch.setattr(schedule.PendingBins.of, "__defaults__", (2, 4))
-    ix = GraphIndex(graphs()[g])
-    with host_reads() as seen:
-        ix.prepare_bins(MOVES)
-        bins = [ix.group_bins(*m) for m in MOVES]
-    assert len(seen) == (1 if ix.graph.num_nodes else 0)
-    for move, b in zip(MOVES, bins):
-        ptr = ix.group_ptr(*move)
-        assert torch.equal(ptr, ix.grouped(*move)[0])
-        same_bins(b, schedule.row_bins(ptr, 2, 4))
-    with host_reads() as seen:
-        ix.prepare_bins(MOVES)
-        again = [ix.group_bins(*m) for m in MOVES]
-    assert seen == [] and all(a is b for a, b in zip(again, bins))
-    # Unprepared: one read of its own.
-    fresh = GraphIndex(graphs()[g])
-    with host_reads() as seen:
-        alone = fresh.group_bins(*MOVES[2])
-    assert len(seen) == (1 if fresh.rows["compact_dst"] else 0)     # (no rows: no read)
-    same_bins(alone, bins[2])

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 from ..graph.build import counts_of, counts_to_ptr, sort_key, sorted_ptr, take_rows
-from ..kernels.traversal.schedule import PendingBins, RowBins
 from ..kernels.traversal.reference import edge_softmax_torch
 from .ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, attention_roles, toposort
 
@@ -31,8 +30,6 @@ class GraphIndex:
         self._counts: Dict[tuple, torch.Tensor] = {}
         self._groups: Dict[tuple, tuple] = {}
         self._group_ptr: Dict[tuple, torch.Tensor] = {}
-        self._group_bins: Dict[tuple, RowBins] = {}
-        self._bin_facts: Dict[tuple, tuple] = {}
         # The four segment pointers as Python ints, read by the Graph build with its other
         # sizes (one device read per graph; a mini-batch block pays none here).
         self.ptr = {kind: g.host_ptr[kind] for kind in (EDGE, CSRC, CDST, NODE)}
@@ -107,35 +104,6 @@ class GraphIndex:
                 ptr = counts_to_ptr(counts_of(self.move(one, many, end), self.rows[one]))
             self._group_ptr[key] = ptr
         return self._group_ptr[key]
-
-    def prepare_bins(self, keys) -> None:
-        """Read the row-bin facts of the groupings ``keys`` (each ``(one, many, end)``) not
-        known yet, all in ONE host read: a scatter's CSR has its grouping's rows, so a plan
-        that prepares all its scatters' groupings at once pays one device sync instead of one
-        per scatter launched (RGAT on mag: 4 per block).  The bins themselves (row lists, a
-        sort) are made by :meth:`group_bins`, for the groupings actually asked for."""
-        todo = [k for k in dict.fromkeys(keys)
-                if k not in self._group_bins and k not in self._bin_facts]
-        if not todo:
-            return
-        pending = [PendingBins.of(self.group_ptr(*k)) for k in todo]
-        facts = [p.facts for p in pending if p.facts is not None]
-        values = torch.cat(facts).tolist() if facts else []
-        for k, p in zip(todo, pending):
-            n = 0 if p.facts is None else p.facts.numel()
-            self._bin_facts[k] = (p, values[:n])
-            values = values[n:]
-
-    def group_bins(self, one: str, many: str, end: str) -> RowBins:
-        """The traversal row bins (:func:`~hector.kernels.traversal.schedule.row_bins`) of a
-        grouping's pointers: from facts :meth:`prepare_bins` read, else with a read of its own."""
-        key = (one, many, end)
-        if key not in self._group_bins:
-            if key not in self._bin_facts:
-                self.prepare_bins([key])
-            pending, facts = self._bin_facts.pop(key)
-            self._group_bins[key] = pending.finish(facts)
-        return self._group_bins[key]
 
     def counts(self, one: str, many: str, end: str) -> torch.Tensor:
         """How many ``many`` rows map to each ``one`` row (at least 1: a mean of nothing is 0)."""

@@ -377,7 +377,7 @@ def attention_launch(step, ix: GraphIndex) -> Tuple[AttentionSpec, AttentionPlan
     return spec, ix.memo[key]
 
 
-def _attention_by_dst_relation(step, roles, ix: GraphIndex, backend: str):
+def _attention_by_dst_relation(step, roles, ix: GraphIndex):
     """(out, log-sum-exp ``[N, H]``) of an attention whose destination term depends on the
     relation, without per-edge messages.
 
@@ -498,7 +498,7 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
     rows: AttentionRows = step.spec[1]
     roles = attention_roles(body, tuple(zip(body.args, inputs)))
     if rows.graph == "groups":
-        return _attention_by_dst_relation(step, roles, ix, backend)
+        return _attention_by_dst_relation(step, roles, ix)
     scale, slope = body.attr("scale"), body.attr("slope")
     terms = _attention_terms(step, roles, ix)
     spec, plan = attention_launch(step, ix)

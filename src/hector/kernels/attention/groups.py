@@ -11,8 +11,7 @@ for split rows:
 ``hector::attention_merge_groups`` does that in one pass over group-sized rows (one program per
 node, reading its groups through ``order[ptr[v]:ptr[v+1]]``).  Its autograd (only reached when
 torch autograd records the forward; the IR autodiff differentiates the whole attention as one
-operator) is, with
-``w_g = exp(l_g - lse_v)``: ``do_g = w_g dout_v`` and
+operator) is, with ``w_g = exp(l_g - lse_v)``: ``do_g = w_g dout_v`` and
 ``dl_g = w_g (<dout_v, o_g - out_v> + dlse_v)``.
 """
 from __future__ import annotations

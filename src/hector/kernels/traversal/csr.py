@@ -94,19 +94,18 @@ def from_coo(row: torch.Tensor, col: torch.Tensor, val: Optional[torch.Tensor],
 
 
 def from_groups(ptr: torch.Tensor, perm: torch.Tensor, val: Optional[torch.Tensor],
-                rows: int, cols: int, bins: Optional[RowBins] = None) -> WeightedCSR:
+                rows: int, cols: int) -> WeightedCSR:
     """The scatter of ``cols`` rows into ``rows`` rows given as groups: row ``i`` holds the
     entries ``(i, perm[p], val[perm[p]])`` for ``p`` in ``ptr[i]:ptr[i + 1]`` (``perm``
     ascending within each group; ``val`` None = 1).  What :func:`from_coo` of ``(row of each
     column, arange(cols), val)`` with ``distinct`` gives, without its sort, for a caller
-    that holds the grouping (a graph's CSR, or a sort kept per graph); ``bins``: the row
-    bins of ``ptr`` when known (else found on first use)."""
+    that holds the grouping (a graph's CSR, or a sort kept per graph)."""
     if ptr.shape != (rows + 1,) or perm.shape != (cols,):
         raise ValueError(f"ptr must be [rows + 1] = [{rows + 1}] and perm [cols] = [{cols}], "
                          f"got {tuple(ptr.shape)} and {tuple(perm.shape)}")
     val = (torch.ones(cols, dtype=torch.float32, device=perm.device) if val is None
            else val.float().index_select(0, perm))
-    return WeightedCSR(ptr, _narrow_cols(perm, cols), val.contiguous(), rows, cols, bins)
+    return WeightedCSR(ptr, _narrow_cols(perm, cols), val.contiguous(), rows, cols)
 
 
 def one_per_row(col: torch.Tensor, val: Optional[torch.Tensor], cols: int) -> WeightedCSR:
