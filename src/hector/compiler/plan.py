@@ -17,7 +17,7 @@ lowering (``lower``) produces and the executor (``execute``) runs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 from .ir import Value
@@ -168,6 +168,26 @@ class Plan:
     steps: Tuple[Step, ...]
     outputs: Tuple[Value, ...]
     leaves: Tuple[Value, ...]
+    #: Per step, the values no later step reads and the plan does not return: the runner
+    #: drops them after that step (unless its caller keeps them: a forward's saved values),
+    #: so a plan's peak memory is its largest live set, not the sum of every intermediate
+    #: (HGT's backward on mag: 33 steps, ten node-sized and several compact-sized
+    #: temporaries).  Computed here, not on first use: torch.compile traces the runner and
+    #: cannot write a memo onto a frozen dataclass.
+    last_uses: Tuple[Tuple[Value, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        last = {}
+        for i, step in enumerate(self.steps):
+            for v in (*step.inputs, step.output, step.extra):
+                if v is not None:
+                    last[v] = i          # a value nothing reads goes right after its step
+        drops = [[] for _ in self.steps]
+        returned = set(self.outputs)
+        for v, i in last.items():
+            if v not in returned:
+                drops[i].append(v)
+        object.__setattr__(self, "last_uses", tuple(tuple(d) for d in drops))
 
     def describe(self) -> str:
         lines = []

@@ -28,7 +28,6 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..graph import Graph
-from ..graph.build import take_rows
 from ..graph.derived import AttentionGraph
 from ..kernels.attention.groups import merge_groups
 from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
@@ -540,20 +539,27 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     n_roles = len(att.args)
     roles = attention_roles(att, tuple(zip(att.args, inputs[:n_roles])))
     grad, out, lse = inputs[n_roles:n_roles + 3]
-    if step.spec[1].graph == "groups":
-        # Each (dst, relation) group is a destination row of the group graph: it reads its
-        # node's output gradient, output and log-sum-exp (group-sized copies), so the kernels'
-        # alpha and delta are the node's; d a_dst comes out per group.
-        node = ix.move(NODE, CDST, "dst")
-        grad, out, lse = (take_rows(t, node) for t in (grad, out, lse))
     terms = _attention_terms(step, roles, ix)
     spec, plan = attention_launch(step, ix)
     g = attention_graph(step.spec[1], ix)
     n, needs = g.num_nodes, body.attr("needs")
+    dst_map = None
+    if step.spec[1].graph == "groups":
+        # Each (dst, relation) group is a destination row of the group graph: the kernels
+        # read its node's output gradient, output and log-sum-exp in place, through the
+        # group -> node map, so alpha and delta are the node's; d a_dst comes out per group.
+        # The op graph's rows past the groups (it has max(groups, sources) rows) hold no
+        # edges: they point at node 0, read and never used.
+        key = ("group_map", n)
+        if key not in ix.memo:
+            ix.memo[key] = _fit(ix.move(NODE, CDST, "dst"), n)
+        dst_map = ix.memo[key]
+    else:
+        grad, out, lse = (_fit(t, n) for t in (grad, out, lse))
     grads = edge_attention_grads_triton(
-        g, spec, plan, [r in needs for r in _OP_ROLES], _fit(grad, n),
-        *(_fit(t, n) for t in terms), _fit(out, n), _fit(lse, n), att.attr("scale"),
-        att.attr("slope"))
+        g, spec, plan, [r in needs for r in _OP_ROLES], grad,
+        *(_fit(t, n) for t in terms), out, lse, att.attr("scale"), att.attr("slope"),
+        dst_map=dst_map)
     result = {}
     for role, d in zip(_OP_ROLES, grads):
         if role in needs:

@@ -237,11 +237,14 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
 
 
 def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
-                       needs: tuple, dout, v, q, k, a_src, a_dst, out, lse, dlse=None):
+                       needs: tuple, dout, v, q, k, a_src, a_dst, out, lse, dlse=None,
+                       dst_map=None):
     """(dv, dq, dk, d a_src, d a_dst), None where ``needs`` (same order) is False.
     ``dlse``: the gradient of the log-sum-exp output, if it has one.  Since ``d lse_v / d
     s_e = alpha_e``, it joins ``ds_e = alpha_e (<dout_v, v_u> - delta_v)`` as ``delta_v -
-    dlse_v``: the kernels run unchanged."""
+    dlse_v``: the kernels run unchanged.  ``dst_map``: destination row -> row of ``dout``,
+    ``out``, ``lse`` (and ``dlse``), which then have their own row count (RGAT's groups read
+    their node's rows in place); None: the graph's rows themselves."""
     need_v, need_q, need_k, need_src, need_dst = needs
     n, heads, dim_v = v.shape
     dim_k = spec.dim_qk
@@ -251,8 +254,9 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
                  ((v, need_v), (q, need_q), (k, need_k), (a_src, need_src), (a_dst, need_dst))]
         return tuple(empty)
     dq = dk = dv = da_src = da_dst = None
-    delta = torch.empty(n, heads, dtype=torch.float32, device=v.device)
-    rows_total = n * heads
+    n_out = dout.shape[0]             # n, or with dst_map the rows it points into
+    delta = torch.empty(n_out, heads, dtype=torch.float32, device=v.device)
+    rows_total = n_out * heads
     registry.kernel("row_dot")[(-(-rows_total // 16),)](
         dout, out, delta, rows_total, dim_v, BLOCK_R=16, BLOCK_D=min(next_pow2(dim_v), 128))
     if dlse is not None:
@@ -264,7 +268,8 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         # written) per row; k, v, a_src per edge through the column ids.
         sched = plan.dst
         csr, row_ids, n_rows = _rows_of(graph, graph.csr_in, sched)
-        tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse), dout, lse, delta)
+        tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse), dout, lse, delta,
+                   _or(dst_map, lse))
         dq = _rows_out(sched, (n, heads, dim_k), dtype=q.dtype, device=v.device) if need_q else None
         da_dst = _rows_out(sched, (n, heads), dtype=a_dst.dtype, device=v.device) if need_dst else None
         grid, rows, nchunks = _traversal(graph, csr, sched, heads)
@@ -274,7 +279,8 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
                 _or(da_dst, lse), dq_part, dd_part, *_scalars(params, lse), graph.num_edges,
                 heads, dim_k, dim_v, sched.chunk)
         _launch_traversal("attention_bwd_dst", dict(score_params(spec, sched.strategy),
-                                                    need_dq=need_q, need_ddst=need_dst),
+                                                    need_dq=need_q, need_ddst=need_dst,
+                                                    has_map=dst_map is not None),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
                           v.device)
         for flag, part, grad in ((need_q, dq_part, dq), (need_dst, dd_part, da_dst)):
@@ -286,7 +292,8 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         # q, a_dst, dout, lse, delta per edge through the column ids (destinations).
         sched = plan.src
         csr, row_ids, n_rows = _rows_of(graph, graph.csr_out, sched)
-        tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse), dout, lse, delta)
+        tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse), dout, lse, delta,
+                   _or(dst_map, lse))
         new = dict(device=v.device)
         dk = _rows_out(sched, (n, heads, dim_k), dtype=k.dtype, **new) if need_k else None
         dv = _rows_out(sched, (n, heads, dim_v), dtype=v.dtype, **new) if need_v else None
@@ -300,7 +307,8 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
                 graph.num_edges, heads, dim_k, dim_v, sched.chunk)
         _launch_traversal("attention_bwd_src", dict(score_params(spec, sched.strategy),
                                                     need_dk=need_k, need_dv=need_v,
-                                                    need_dsrc=need_src),
+                                                    need_dsrc=need_src,
+                                                    has_map=dst_map is not None),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
                           v.device)
         for flag, part, grad in ((need_k, dk_part, dk), (need_v, dv_part, dv),
@@ -466,21 +474,23 @@ def edge_attention_backward_op(
         out: torch.Tensor, lse: torch.Tensor, scale: float, negative_slope: Optional[float],
         dropout: float, seed: int, strategy: str, launch: int,
         needs: List[bool], seed_tensor: Optional[torch.Tensor] = None,
-        dlse: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+        dlse: Optional[torch.Tensor] = None,
+        dst_map: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """[dv, dq, dk, d a_src, d a_dst]; a gradient not asked for is an empty tensor (a
-    schema output cannot be None).  ``dlse``: the log-sum-exp output's gradient, if any."""
+    schema output cannot be None).  ``dlse``: the log-sum-exp output's gradient, if any;
+    ``dst_map``: see :func:`attention_backward`."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
                               launch)
     grads = attention_backward(g, spec, plan, (scale, negative_slope, dropout,
                                                _seed_of(seed, seed_tensor)),
                                tuple(needs), dout, v, q, k, a_src, a_dst, out, lse,
-                               None if dlse is None else dlse.float())
+                               None if dlse is None else dlse.float(), dst_map)
     return [gr if gr is not None else v.new_empty(0) for gr in grads]
 
 
 @edge_attention_backward_op.register_fake
 def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropout, seed,
-      strategy, launch, needs, seed_tensor=None, dlse=None):
+      strategy, launch, needs, seed_tensor=None, dlse=None, dst_map=None):
     return [torch.empty_like(t) if need and t is not None else v.new_empty(0)
             for t, need in zip((v, q, k, a_src, a_dst), needs)]
 
@@ -510,16 +520,19 @@ edge_attention_op.register_autograd(_autograd_backward, setup_context=_setup_con
 
 def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan, needs,
                                 dout, v, q, k, a_src, a_dst, out, lse, scale: float,
-                                negative_slope: Optional[float]) -> List[torch.Tensor]:
+                                negative_slope: Optional[float],
+                                dst_map: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """The fused backward as the ``hector::edge_attention_backward`` op, called directly by
     the compiler's backward plan (whose IR autodiff differentiated the attention as one
     operator): ``[dv, dq, dk, d a_src, d a_dst]`` for ``needs`` (same order), an empty tensor
-    where not asked for.  ``out``, ``lse``: the forward's (``return_lse`` below); no dropout."""
+    where not asked for.  ``out``, ``lse``: the forward's (``return_lse`` below); no dropout.
+    ``dst_map``: see :func:`attention_backward`."""
     tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
     return edge_attention_backward_op(graph_handle(graph), dout.contiguous(), *tensors,
                                       out.contiguous(), lse.contiguous(), float(scale),
                                       negative_slope, 0.0, 0, "auto",
-                                      launch_handle(graph, spec, plan), list(needs))
+                                      launch_handle(graph, spec, plan), list(needs),
+                                      dst_map=dst_map)
 
 
 def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0,
