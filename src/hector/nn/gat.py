@@ -75,8 +75,8 @@ class GATConv(nn.Module):
         graph = resolve_graph(x, edge_index, loops)
         H, C = self.heads, self.out_channels
         z = self.lin(x).view(-1, H, C)
-        out = edge_attention(graph, z, a_src=(z * self.att_src).sum(-1),
-                             a_dst=(z * self.att_dst).sum(-1), negative_slope=self.negative_slope,
+        a_src, a_dst = self._scores(x)
+        out = edge_attention(graph, z, a_src=a_src, a_dst=a_dst, negative_slope=self.negative_slope,
                              dropout=self.dropout, training=self.training, strategy=self.strategy,
                              backend=self.backend)
         out = take_rows(out, rows)      # a block's destination rows only
@@ -84,6 +84,17 @@ class GATConv(nn.Module):
         if self.res is not None:
             out = out + self.res(take_rows(x, rows))
         return out + self.bias if self.bias is not None else out
+
+    def _scores(self, x):
+        """(a_src, a_dst) ``[N, H]``: ``a^T (Theta x) = x^T (Theta^T a)``, so one ``[N, F] x
+        [F, 2H]`` product with a weight-sized matrix replaces two elementwise products and
+        reductions over the ``[N, H, C]`` projection (on a 169k-node graph those took a
+        quarter of the layer's GPU time)."""
+        H, C = self.heads, self.out_channels
+        att = torch.stack([self.att_src[0], self.att_dst[0]], 1)          # [H, 2, C]
+        m = torch.bmm(att, self.lin.weight.view(H, C, -1))                 # [H, 2, F]
+        a = (x @ m.view(2 * H, -1).t()).view(-1, H, 2)
+        return a.unbind(-1)          # (its backward: one stack of the two gradients)
 
     def attention_spec(self, dtype=torch.float32, features=None):
         """What this layer asks of the fused attention op (for ``hector.explain``)."""
