@@ -58,6 +58,8 @@ class GATConv(nn.Module):
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
         self.res = nn.Linear(in_channels, total, bias=False) if residual else None
         self.bias = nn.Parameter(torch.empty(total)) if bias else None
+        # (a constant: the heads' block structure in _scores; not a parameter, not saved)
+        self.register_buffer("_eye", torch.eye(heads), persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -75,7 +77,7 @@ class GATConv(nn.Module):
         graph = resolve_graph(x, edge_index, loops)
         H, C = self.heads, self.out_channels
         z = self.lin(x).view(-1, H, C)
-        a_src, a_dst = self._scores(x)
+        a_src, a_dst = self._scores(z)
         out = edge_attention(graph, z, a_src=a_src, a_dst=a_dst, negative_slope=self.negative_slope,
                              dropout=self.dropout, training=self.training, strategy=self.strategy,
                              backend=self.backend)
@@ -85,16 +87,20 @@ class GATConv(nn.Module):
             out = out + self.res(take_rows(x, rows))
         return out + self.bias if self.bias is not None else out
 
-    def _scores(self, x):
-        """(a_src, a_dst) ``[N, H]``: ``a^T (Theta x) = x^T (Theta^T a)``, so one ``[N, F] x
-        [F, 2H]`` product with a weight-sized matrix replaces two elementwise products and
-        reductions over the ``[N, H, C]`` projection (on a 169k-node graph those took a
-        quarter of the layer's GPU time)."""
+    def _scores(self, z):
+        """(a_src, a_dst) ``[N, H]``: ``<z_h, a_h>`` for both vectors as one ``[N, H*C] x
+        [H*C, 2H]`` product with a block-diagonal matrix (rows ``h*C .. h*C+C-1`` hold head
+        ``h``'s two vectors): the products of ``(z * a).sum(-1)``, summed in one GEMM that
+        reads ``z`` once, instead of two elementwise products and reductions over ``[N, H,
+        C]`` (a quarter of the layer's GPU time on a 169k-node graph).  The gradient reaches
+        ``x`` through ``z`` as in PyG's layer (folding ``a`` into the projection instead,
+        ``x (Theta^T a)``, moved the input gradient by 8e-4 relative to PyG's on github-musae
+        with 4 heads; why so much was not traced)."""
         H, C = self.heads, self.out_channels
-        att = torch.stack([self.att_src[0], self.att_dst[0]], 1)          # [H, 2, C]
-        m = torch.bmm(att, self.lin.weight.view(H, C, -1))                 # [H, 2, F]
-        a = (x @ m.view(2 * H, -1).t()).view(-1, H, 2)
-        return a.unbind(-1)          # (its backward: one stack of the two gradients)
+        att = torch.stack([self.att_src[0], self.att_dst[0]], 2)             # [H, C, 2]
+        blocks = (att.unsqueeze(-1) * self._eye[:, None, None, :]).reshape(H * C, 2 * H)
+        a = (z.reshape(-1, H * C) @ blocks).view(-1, 2, H)
+        return a.unbind(1)           # (its backward: one stack of the two gradients)
 
     def attention_spec(self, dtype=torch.float32, features=None):
         """What this layer asks of the fused attention op (for ``hector.explain``)."""
