@@ -370,6 +370,13 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                     notes.append(f"{base['case']}: PyG compile skipped ({W.graph.num_relations} "
                                  f"relations > {COMPILE_MAX_RELATIONS}: torch.compile unrolls "
                                  "PyG's per-relation loop and takes minutes)")
+                if compile_here:
+                    # Dynamo caches compiled code per code object (PyG's forward), shared by
+                    # every case's module: past its recompile limit it silently runs eager
+                    # (seen on the H200: PyG compile timed as eager from the third dataset of
+                    # a run on).  Each case compiles from a clean cache.
+                    import torch._dynamo as dynamo     # (only when PyG is compiled)
+                    dynamo.reset()
                 ref, peers = suites.peers(case.layer, W, case.features, case.heads, backend,
                                           with_pyg=not cfg.no_pyg, compile_pyg=compile_here,
                                           capture=bool(cfg.capture))
