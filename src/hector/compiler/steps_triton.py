@@ -528,6 +528,24 @@ def _attention_terms(step, roles, ix: GraphIndex):
 _OP_ROLES = ("v", "q", "k", "a_src", "a_dst")   # the op's gradient order
 
 
+def _dst_map(step, ix: GraphIndex, n: int, rows: int) -> Optional[torch.Tensor]:
+    """Where the backward kernels read each destination row's output gradient, output and
+    log-sum-exp (node-sized tensors, ``rows`` rows) on an op graph of ``n`` rows, or None
+    when they line up.  A (dst, relation) group reads its node's rows, so alpha and delta are
+    the node's (d a_dst still comes out per group); a derived graph's rows past the nodes
+    (it has max(nodes, compact rows) rows) hold no in-edges.  Rows past the groups or nodes
+    point at row 0: read, never used.  Instead of padded copies of the three tensors (HGT on
+    biokg: half of its training peak)."""
+    groups = step.spec[1].graph == "groups"
+    if not groups and rows == n:
+        return None
+    key = ("dst_map", groups, n, rows)
+    if key not in ix.memo:
+        to = ix.move(NODE, CDST, "dst") if groups else torch.arange(rows, device=ix.graph.device)
+        ix.memo[key] = _fit(to, n)
+    return ix.memo[key]
+
+
 def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
     """An attention backward step (``attention_bwd``): role -> gradient on the role's rows.
     Triton: the fused backward kernels on the forward's graph, spec and schedules, reading
@@ -543,23 +561,10 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     spec, plan = attention_launch(step, ix)
     g = attention_graph(step.spec[1], ix)
     n, needs = g.num_nodes, body.attr("needs")
-    dst_map = None
-    if step.spec[1].graph == "groups":
-        # Each (dst, relation) group is a destination row of the group graph: the kernels
-        # read its node's output gradient, output and log-sum-exp in place, through the
-        # group -> node map, so alpha and delta are the node's; d a_dst comes out per group.
-        # The op graph's rows past the groups (it has max(groups, sources) rows) hold no
-        # edges: they point at node 0, read and never used.
-        key = ("group_map", n)
-        if key not in ix.memo:
-            ix.memo[key] = _fit(ix.move(NODE, CDST, "dst"), n)
-        dst_map = ix.memo[key]
-    else:
-        grad, out, lse = (_fit(t, n) for t in (grad, out, lse))
     grads = edge_attention_grads_triton(
         g, spec, plan, [r in needs for r in _OP_ROLES], grad,
         *(_fit(t, n) for t in terms), out, lse, att.attr("scale"), att.attr("slope"),
-        dst_map=dst_map)
+        dst_map=_dst_map(step, ix, n, grad.shape[0]))
     result = {}
     for role, d in zip(_OP_ROLES, grads):
         if role in needs:
