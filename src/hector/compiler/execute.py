@@ -58,9 +58,10 @@ def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str)
 
 
 def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
-             backend: str, keep: Sequence[Value] = ()) -> Dict[Value, torch.Tensor]:
-    """The plan's values by IR value: its outputs and ``keep`` (a forward's values saved for
-    the backward); every other value is dropped after the last step that reads it."""
+             backend: str, releases=None) -> Dict[Value, torch.Tensor]:
+    """The plan's values by IR value that survive it: each value in ``releases[i]``
+    (default ``plan.last_uses``; a forward that records for its backward keeps the saved
+    values: ``CompiledPlan.forward_releases``) is dropped after step ``i``."""
     env = dict(leaves)
     for leaf in plan.leaves:
         if leaf not in env:
@@ -69,15 +70,14 @@ def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
                                        device=ix.graph.device)
             else:
                 raise ValueError(f"plan leaf {leaf.op}({dict(leaf.attrs)}) has no value")
-    for step, dead in zip(plan.steps, plan.last_uses):
+    for step, dead in zip(plan.steps, plan.last_uses if releases is None else releases):
         if step.output not in leaves:    # else a weight root the caller evaluated already
             out = run_step(step, [env[i] for i in step.inputs], ix, backend)
             if step.extra is not None:
                 out, env[step.extra] = out
             env[step.output] = out
         for v in dead:
-            if v not in keep:
-                env.pop(v, None)
+            env.pop(v, None)
     return env
 
 
@@ -95,7 +95,7 @@ class PlanFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, compiled, ix, backend, leaves: Tuple[Value, ...], *tensors):
         env = run_plan(compiled.forward_plan, ix, dict(zip(leaves, tensors)), backend,
-                       keep=compiled.saved_values)
+                       releases=compiled.forward_releases)
         outs = tuple(env[o] for o in compiled.forward_plan.outputs)
         if torch.compiler.is_compiling():
             # torch 2.11's aot_autograd returned zero gradients for every input when an

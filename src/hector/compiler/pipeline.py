@@ -96,6 +96,9 @@ class BackwardStage:
     grad_leaves: Tuple[Value, ...]           # ``grad_output`` leaves, one per forward output
     grad_targets: Tuple[Value, ...]          # forward leaf whose gradient each output is
     log: Tuple[PassRecord, ...]
+    #: the forward plan's ``releases`` keeping ``saved_values`` (what the forward drops
+    #: when it records for this backward)
+    forward_releases: Tuple[Tuple[Value, ...], ...]
 
     def fits(self, stats: GraphStats) -> bool:
         return _fits(self.questions, stats)
@@ -130,6 +133,8 @@ class CompiledPlan:
     saved_leaves = property(lambda self: self.backward.saved_leaves if self.backward else ())
     grad_leaves = property(lambda self: self.backward.grad_leaves if self.backward else ())
     grad_targets = property(lambda self: self.backward.grad_targets if self.backward else ())
+    forward_releases = property(lambda self: self.backward.forward_releases if self.backward
+                                else self.forward_plan.last_uses)
 
     @property
     def log(self) -> List[PassRecord]:
@@ -212,7 +217,8 @@ def _backward_stage(stage: ForwardStage, stats: GraphStats) -> BackwardStage:
                      compact_on=opts["compact"], log=log, prefix="backward/")
     b_out = _run("backward/fuse", fusion.run, b_out, stats, opts["fuse"], log)
     return BackwardStage(_questions(log), lower(b_out, stage.dtype), bwd.saved_values,
-                         bwd.saved_leaves, bwd.grad_leaves, bwd.targets, tuple(log))
+                         bwd.saved_leaves, bwd.grad_leaves, bwd.targets, tuple(log),
+                         stage.forward_plan.releases(bwd.saved_values))
 
 
 def _autodiff_input(stage: ForwardStage):

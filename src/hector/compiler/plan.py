@@ -169,25 +169,30 @@ class Plan:
     outputs: Tuple[Value, ...]
     leaves: Tuple[Value, ...]
     #: Per step, the values no later step reads and the plan does not return: the runner
-    #: drops them after that step (unless its caller keeps them: a forward's saved values),
-    #: so a plan's peak memory is its largest live set, not the sum of every intermediate
-    #: (HGT's backward on mag: 33 steps, ten node-sized and several compact-sized
-    #: temporaries).  Computed here, not on first use: torch.compile traces the runner and
-    #: cannot write a memo onto a frozen dataclass.
+    #: drops them after that step, so a plan's peak memory is its largest live set, not the
+    #: sum of every intermediate (HGT's backward on mag: 33 steps, ten node-sized and several
+    #: compact-sized temporaries).  Computed here, not on first use: torch.compile traces the
+    #: runner and cannot write a memo onto a frozen dataclass.
     last_uses: Tuple[Tuple[Value, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        object.__setattr__(self, "last_uses", self.releases())
+
+    def releases(self, keep: Tuple[Value, ...] = ()) -> Tuple[Tuple[Value, ...], ...]:
+        """Per step, the values to drop after it: those no later step reads, except the
+        plan's outputs and ``keep`` (a forward's values saved for its backward: the compiler
+        computes that list once per backward stage, not per call)."""
         last = {}
         for i, step in enumerate(self.steps):
             for v in (*step.inputs, step.output, step.extra):
                 if v is not None:
                     last[v] = i          # a value nothing reads goes right after its step
         drops = [[] for _ in self.steps]
-        returned = set(self.outputs)
+        kept = set(self.outputs).union(keep)
         for v, i in last.items():
-            if v not in returned:
+            if v not in kept:
                 drops[i].append(v)
-        object.__setattr__(self, "last_uses", tuple(tuple(d) for d in drops))
+        return tuple(tuple(d) for d in drops)
 
     def describe(self) -> str:
         lines = []
