@@ -26,6 +26,10 @@ _WARP_TILE = 512
 #: edges) chunks of 512-1024 edges ran the forward and both backward traversals in 14.4-14.5 ms
 #: (fp32) and 12.2 ms (bf16); 8192 took 18.8 and 19.1 ms.
 MAX_CHUNK = 1024
+#: Smallest edge-parallel chunk: below it the per-chunk row search, partial writes and combine
+#: pass outweigh the extra programs (64-edge chunks measured 5-35% slower than 128 on
+#: github-musae and amazon-computers, H200).
+MIN_CHUNK = 128
 
 
 def next_pow2(n: int) -> int:
@@ -103,8 +107,9 @@ def default_schedule(spec: AttentionSpec, strategy: str, num_edges: int, mean_de
     64-wide contiguous gather instead of eight 8-wide ones); wide heads get a grid axis.  The
     edge tile follows the mean degree (a tile much longer than the typical row is mostly masked
     lanes), capped so that one warp holds it; wider rows get more warps.  ``num_programs`` is
-    how many programs the device keeps in flight; edge-parallel chunks are sized so that each
-    gets about two, but hold at most ``MAX_CHUNK`` edges (measured; see there).
+    how many one-warp programs the device keeps in flight; edge-parallel chunks are sized so
+    that each gets about one (rounded down to a power of two), within ``MIN_CHUNK`` and
+    ``MAX_CHUNK`` edges (measured; see there).
     """
     block_dk = next_pow2(max(spec.dim_qk, 1))
     block_dv = next_pow2(max(spec.dim_v, 1))
@@ -114,8 +119,9 @@ def default_schedule(spec: AttentionSpec, strategy: str, num_edges: int, mean_de
     if block_e is None:
         block_e = min(max(next_pow2(max(int(mean_degree), 1)), 4), max(4, _EDGE_TILE // row))
     if chunk is None:
-        chunk = next_pow2(max(num_edges // max(2 * num_programs, 1), 1))
-        chunk = min(max(chunk, 4 * block_e, 256), MAX_CHUNK)
+        per_program = max(num_edges // max(num_programs, 1), 1)
+        chunk = next_pow2(per_program + 1) // 2          # the power of two at or below
+        chunk = min(max(chunk, 4 * block_e, MIN_CHUNK), MAX_CHUNK)
     num_warps = min(max(next_pow2(block_e * row) // _WARP_TILE, 1), 8)
     return Schedule(strategy=strategy, block_e=block_e, block_h=block_h, block_dk=block_dk,
                     block_dv=block_dv, chunk=chunk if strategy == "edge" else 0,
