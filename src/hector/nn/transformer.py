@@ -10,6 +10,7 @@ from torch import nn
 from .. import checks as C
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
+from ._bias import linear
 from ._common import (as_one_graph, check_backend, check_input, check_strategy,
                       load_from_pyg, no_edge_features, resolve_graph, take_rows)
 
@@ -68,16 +69,16 @@ class TransformerConv(nn.Module):
         check_input(self, x, width=self.in_channels)
         graph = resolve_graph(x, edge_index, add_self_loops=False)
         H, C = self.heads, self.out_channels
-        q = self.lin_query(x).view(-1, H, C)
-        k = self.lin_key(x).view(-1, H, C)
-        v = self.lin_value(x).view(-1, H, C)
+        q = linear(x, self.lin_query).view(-1, H, C)
+        k = linear(x, self.lin_key).view(-1, H, C)
+        v = linear(x, self.lin_value).view(-1, H, C)
         out = edge_attention(graph, v, q=q, k=k, scale=1.0 / math.sqrt(C), dropout=self.dropout,
                              training=self.training, strategy=self.strategy,
                              backend=self.backend)
         out = take_rows(out, rows)      # a block's destination rows only
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.lin_skip is not None:
-            x_r = self.lin_skip(take_rows(x, rows))
+            x_r = linear(take_rows(x, rows), self.lin_skip)
             if self.lin_beta is not None:
                 b = torch.sigmoid(self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)))
                 out = b * x_r + (1 - b) * out
