@@ -101,6 +101,8 @@ KERNELS: Mapping[str, Entry] = MappingProxyType({
     "combine_sum": Entry("attention_combine.py.j2", "combine_sum_kernel", {}),
     "merge_groups": Entry("attention_combine.py.j2", "merge_groups_kernel", {}),
     "row_dot": Entry("row_dot.py.j2", "row_dot_kernel", {}),
+    "cosine_qk": Entry("cosine.py.j2", "cosine_qk_kernel", {}),
+    "cosine_qk_bwd": Entry("cosine.py.j2", "cosine_qk_bwd_kernel", {}),
     "traversal_csr": Entry("traversal_csr.py.j2", "traversal_csr_kernel", _TRAVERSAL),
     "traversal_csr_rows": Entry("traversal_csr.py.j2", "traversal_csr_rows_kernel",
                                 dict(_TRAVERSAL, by_position=_BOOL)),

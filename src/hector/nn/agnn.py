@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import choose_backend
+from ..kernels.attention.cosine import cosine_qk
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
 from ._common import (as_one_graph, check_backend, check_input, check_strategy, load_from_pyg,
@@ -47,10 +49,14 @@ class AGNNConv(nn.Module):
                                                      add_self_loops=self.add_self_loops)
         check_input(self, x)
         graph = resolve_graph(x, edge_index, loops)
-        x_norm = F.normalize(x, p=2.0, dim=-1).unsqueeze(1)
-        out = edge_attention(graph, x.unsqueeze(1), q=x_norm * self.beta.to(x.dtype), k=x_norm,
-                             strategy=self.strategy,
-                             backend=self.backend)
+        beta = self.beta.to(x.dtype)
+        if choose_backend(self.backend, x, "x") == "triton":
+            q, k = cosine_qk(x, beta)          # one kernel each way instead of ~12 torch ops
+        else:
+            k = F.normalize(x, p=2.0, dim=-1)
+            q = k * beta
+        out = edge_attention(graph, x.unsqueeze(1), q=q.unsqueeze(1), k=k.unsqueeze(1),
+                             strategy=self.strategy, backend=self.backend)
         return take_rows(out.squeeze(1), rows)
 
     def attention_spec(self, dtype=torch.float32, features=None):
