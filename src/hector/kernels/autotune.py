@@ -29,6 +29,7 @@ import torch
 
 from ..device import interpreting
 from .registry import cache_dir
+from .sizes import next_pow2
 
 FILE_NAME = "autotune.json"
 
@@ -46,7 +47,7 @@ def enabled(device: torch.device) -> bool:
 
 def bucket(*sizes: int) -> Tuple[int, ...]:
     """Sizes rounded up to powers of two: shapes in one bucket share a tuning result."""
-    return tuple(1 if s <= 1 else 1 << (int(s) - 1).bit_length() for s in sizes)
+    return tuple(next_pow2(s) for s in sizes)
 
 
 def config_dict(config) -> dict:

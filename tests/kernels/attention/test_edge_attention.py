@@ -14,7 +14,7 @@ from hector import Graph
 from hector.kernels.attention.reference import dropout_keep
 from hector.kernels.attention.op import edge_attention
 from hector.kernels.attention.spec import AttentionSpec, Schedule
-from hector.kernels.attention.spec import next_pow2
+from hector.kernels.sizes import next_pow2
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TRITON_OK = DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -22,7 +22,7 @@ import torch
 
 from ...device import triton_available
 from .. import registry
-from .spec import next_pow2
+from ..sizes import next_pow2
 
 #: ``F.normalize``'s default floor on the norm.
 EPS = 1e-12

@@ -21,7 +21,7 @@ from typing import Tuple
 import torch
 
 from .. import registry
-from .spec import next_pow2
+from ..sizes import next_pow2
 
 #: Largest head block x feature block one merge program holds.
 _MAX_TILE = 8192

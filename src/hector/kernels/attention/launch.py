@@ -22,7 +22,8 @@ from .. import autotune
 from .. import registry
 from ..handles import HandleTable
 from .reference import dropout_threshold
-from .spec import AttentionSpec, Schedule, default_schedule, next_pow2, tune_configs
+from ..sizes import next_pow2
+from .spec import AttentionSpec, Schedule, default_schedule, tune_configs
 
 #: Programs in flight per SM assumed by the strategy rule's fair share.
 PROGRAMS_PER_SM = 4

@@ -9,6 +9,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..sizes import next_pow2
+
 STRATEGIES = ("node", "edge")
 
 #: Heads share a program while one node's slice of them, BLOCK_H * BLOCK_D, stays this small.
@@ -30,10 +32,6 @@ MAX_CHUNK = 1024
 #: pass outweigh the extra programs (64-edge chunks measured 5-35% slower than 128 on
 #: github-musae and amazon-computers, H200).
 MIN_CHUNK = 128
-
-
-def next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from typing import Dict, List, Sequence
 import torch
 
 from .. import registry
-from .spec import EdgewiseSpec, next_pow2
+from ..sizes import next_pow2
+from .spec import EdgewiseSpec
 
 #: Elements of one [BLOCK_E, BH, BD] tile a map program holds per value.
 TILE_ELEMENTS = 2048

@@ -107,10 +107,6 @@ class EdgewiseSpec:
                 + [f"arr{j}" for j in range(self.num_arrays)] + ["out", "n_rows"])
 
 
-def next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 _UNARY_CODE = {
     "neg": "-{x}", "exp": "tl.exp({x})", "sigmoid": "tl.sigmoid({x})",
     "tanh": "2.0 * tl.sigmoid(2.0 * {x}) - 1.0", "gelu": "_gelu({x})",

@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..attention.spec import next_pow2
+from ..sizes import next_pow2
 
 #: fp32 dot modes accepted by ``tl.dot(input_precision=...)`` in Triton 3.6 (the H200 box) and
 #: 3.9 (CI) alike; "ieee" is the one that matches torch's fp32 matmul to 1e-5.

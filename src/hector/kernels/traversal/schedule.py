@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from ..attention.spec import next_pow2
+from ..sizes import next_pow2
 
 #: Rows with at most this many entries go to the multi-row kernel.
 SHORT_MAX = 8
