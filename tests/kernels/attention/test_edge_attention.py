@@ -185,6 +185,23 @@ def test_triton_fp32(terms, heads, strategy):
 
 
 @needs_triton
+def test_edge_parallel_writes_every_row_when_none_is_skipped(monkeypatch):
+    """On a graph whose rows all have edges (self loops) the edge-parallel outputs are not
+    zero-filled (``launch._rows_out``): poisoned with NaN instead, every row and gradient
+    must still come out finite and equal to the torch backend's."""
+    from hector.graph.transforms import with_self_loops
+    from hector.kernels.attention import launch
+    seen = []
+
+    def poisoned(skips, shape, **kw):
+        seen.append(skips)
+        return torch.zeros(shape, **kw) if skips else torch.full(shape, float("nan"), **kw)
+    monkeypatch.setattr(launch, "_rows_out", poisoned)
+    run_triton_vs_torch("all", 3, "edge", graph=with_self_loops(make_graph()))
+    assert seen and not any(seen)     # every output took the unfilled path
+
+
+@needs_triton
 @pytest.mark.parametrize("strategy", ["node", "edge"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_triton_half(dtype, strategy):
