@@ -53,6 +53,23 @@ def test_edge_attention_ops_pass_opcheck():
                           test_utils=("test_schema", "test_faketensor"))
 
 
+def test_edge_attention_op_with_a_bias_epilogue_passes_opcheck():
+    dev = _device()
+    g = torch.Generator().manual_seed(3)
+    ei = torch.tensor([[0, 1, 2, 3, 1, 4], [1, 2, 0, 1, 1, 2]])
+    graph = Graph(ei, num_nodes=6).to(dev)
+    handle = attention_launch.graph_handle(graph)
+    v = torch.randn(6, 2, 3, generator=g).to(dev).requires_grad_()
+    a_src = torch.randn(6, 2, generator=g).to(dev).requires_grad_()
+    a_dst = torch.randn(6, 2, generator=g).to(dev).requires_grad_()
+    bias = torch.randn(2, 3, generator=g).to(dev).requires_grad_()
+    args = (handle, v, None, None, a_src, a_dst, 1.0, 0.2, 0.0, 0, "auto", 0, None, bias)
+    torch.library.opcheck(attention_launch.edge_attention_op, args)
+    out, _ = attention_launch.edge_attention_op(*args)
+    # node 5 has no incoming edge: its row is the bias alone
+    torch.testing.assert_close(out[5], bias.detach())
+
+
 def test_edge_attention_op_rejects_a_freed_graph_handle():
     v = torch.randn(3, 1, 2)
     with pytest.raises(RuntimeError, match="graph handle"):

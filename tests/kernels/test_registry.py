@@ -10,7 +10,7 @@ from hector.kernels import registry
 
 GEMM = dict(has_gather=True, has_scatter=False, dot_fp32=False, input_precision="ieee")
 SCORE = dict(has_qk=True, has_src=False, has_dst=True, has_leaky=True, has_dropout=False,
-             edge_parallel=False)
+             edge_parallel=False, has_bias=False)
 TRITON_OK = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 needs_triton = pytest.mark.skipif(not TRITON_OK, reason="no CUDA and TRITON_INTERPRET unset")
 
@@ -84,12 +84,12 @@ def test_unknown_kernel_and_bad_parameters_are_named(cache):
 
 
 def test_cache_hit_neither_renders_nor_writes(cache):
-    path = registry.materialise("attention_combine")
+    path = registry.materialise("attention_combine", has_bias=False)
     stamp = path.stat().st_mtime_ns
     text = path.read_text()
     registry.clear_memo()
     renders, writes = registry.stats["renders"], registry.stats["writes"]
-    assert registry.materialise("attention_combine") == path
+    assert registry.materialise("attention_combine", has_bias=False) == path
     assert (registry.stats["renders"], registry.stats["writes"]) == (renders, writes)
     assert path.stat().st_mtime_ns == stamp and path.read_text() == text
     assert [p.name for p in cache.iterdir()] == [path.name]   # no temp file left behind
@@ -97,7 +97,7 @@ def test_cache_hit_neither_renders_nor_writes(cache):
 
 @pytest.mark.parametrize("damage", ["truncated", "broken body"])
 def test_corrupt_cache_file_is_regenerated(cache, damage):
-    path = registry.materialise("row_dot")
+    path = registry.materialise("row_dot", has_bias=False)
     good = path.read_text()
     if damage == "truncated":          # a partial write: the trailer line is missing
         path.write_text(good[: len(good) // 2])
@@ -105,9 +105,9 @@ def test_corrupt_cache_file_is_regenerated(cache, damage):
         path.write_text("def row_dot_kernel(:\n" + good.splitlines(keepends=True)[-1])
     registry.clear_memo()
     if damage == "truncated":
-        assert registry.materialise("row_dot") == path and path.read_text() == good
+        assert registry.materialise("row_dot", has_bias=False) == path and path.read_text() == good
     if TRITON_OK:
-        fn = registry.kernel("row_dot")
+        fn = registry.kernel("row_dot", has_bias=False)
         assert fn.fn.__name__ == "row_dot_kernel" and path.read_text() == good
 
 
@@ -124,11 +124,11 @@ def test_unwritable_cache_dir_falls_back_to_a_temp_dir(tmp_path, monkeypatch, ca
 
 @needs_triton
 def test_kernel_loads_from_cache_file_and_runs(cache):
-    fn = registry.kernel("row_dot")
-    assert registry.kernel("row_dot") is fn      # memoised in-process
-    assert fn.fn.__code__.co_filename == str(registry.cache_path("row_dot"))
+    fn = registry.kernel("row_dot", has_bias=False)
+    assert registry.kernel("row_dot", has_bias=False) is fn      # memoised in-process
+    assert fn.fn.__code__.co_filename == str(registry.cache_path("row_dot", has_bias=False))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     a, b = torch.randn(5, 7, device=device), torch.randn(5, 7, device=device)
     out = torch.empty(5, device=device)
-    fn[(1,)](a, b, out, 5, 7, BLOCK_R=8, BLOCK_D=8)
+    fn[(1,)](a, b, out, out, 5, 7, 1, BLOCK_R=8, BLOCK_D=8)    # (no bias: any pointer)
     torch.testing.assert_close(out, (a * b).sum(1))

@@ -210,7 +210,9 @@ class _Kernels:
         """``groups``: destination rows are (dst, relation) groups reading their node's
         gradient rows through a map (``has_map``)."""
         params = score_params(spec, sched.strategy)
-        if name == "attention_bwd_dst":
+        if name == "attention_fwd":
+            params.update(has_bias=False)        # the compiler's attention has no epilogue
+        elif name == "attention_bwd_dst":
             params.update(need_dq=spec.has_qk, need_ddst=spec.has_dst, has_map=groups)
         elif name == "attention_bwd_src":
             params.update(need_dk=spec.has_qk, need_dv=True, need_dsrc=spec.has_src,

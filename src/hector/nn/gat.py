@@ -78,14 +78,17 @@ class GATConv(nn.Module):
         H, C = self.heads, self.out_channels
         z = self.lin(x).view(-1, H, C)
         a_src, a_dst = self._scores(z)
+        # With concatenated heads the output bias is added by the attention kernels as they
+        # store each row (no broadcast pass over [N, H*C]); averaged heads add it after.
+        fold = self.bias is not None and self.concat
         out = edge_attention(graph, z, a_src=a_src, a_dst=a_dst, negative_slope=self.negative_slope,
                              dropout=self.dropout, training=self.training, strategy=self.strategy,
-                             backend=self.backend)
+                             backend=self.backend, bias=self.bias if fold else None)
         out = take_rows(out, rows)      # a block's destination rows only
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.res is not None:
             out = out + self.res(take_rows(x, rows))
-        return out + self.bias if self.bias is not None else out
+        return out + self.bias if self.bias is not None and not fold else out
 
     def _scores(self, z):
         """(a_src, a_dst) ``[N, H]``: ``<z_h, a_h>`` for both vectors as one ``[N, H*C] x

@@ -49,13 +49,17 @@ def make_graph(num_nodes=24, num_random=120, super_degree=40, seed=0, device=DEV
     return Graph(ei, num_nodes=num_nodes).to(device)
 
 
-def make_inputs(graph, heads, terms, dim_k=5, dim_v=6, dtype=torch.float32, seed=1):
+def make_inputs(graph, heads, terms, dim_k=5, dim_v=6, dtype=torch.float32, seed=1,
+                bias=False):
+    """The term set's tensors (and with ``bias`` an output bias ``[H, Dv]``), all requiring
+    gradients."""
     gen = torch.Generator().manual_seed(seed)
     n = graph.num_nodes
     shapes = dict(v=(n, heads, dim_v), q=(n, heads, dim_k), k=(n, heads, dim_k),
-                  a_src=(n, heads), a_dst=(n, heads))
+                  a_src=(n, heads), a_dst=(n, heads), bias=(heads, dim_v))
+    names = TERMS[terms][0] + (("bias",) if bias else ())
     return {name: torch.randn(shapes[name], generator=gen).to(DEVICE, dtype).requires_grad_()
-            for name in TERMS[terms][0]}
+            for name in names}
 
 
 def naive(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0, negative_slope=None,
@@ -160,9 +164,9 @@ def edge_schedule(heads, dim_k=5, dim_v=6, chunk=13):
 
 
 def run_triton_vs_torch(terms, heads, strategy, dtype=torch.float32, rel=1e-4, dropout=0.0,
-                        graph=None):
+                        graph=None, bias=False):
     g = graph if graph is not None else make_graph()
-    x = make_inputs(g, heads, terms, dtype=dtype)
+    x = make_inputs(g, heads, terms, dtype=dtype, bias=bias)
     kw = dict(TERMS[terms][1], dropout=dropout, training=dropout > 0, seed=11)
     sched = edge_schedule(heads) if strategy == "edge" else None
     ref = outputs_and_grads(lambda **t: edge_attention(g, **t, **kw, backend="torch"), x)
@@ -185,7 +189,37 @@ def test_triton_fp32(terms, heads, strategy):
 
 
 @needs_triton
-def test_edge_parallel_writes_every_row_when_none_is_skipped(monkeypatch):
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+@pytest.mark.parametrize("heads,terms", [(1, "gat"), (3, "all")])
+def test_triton_bias_epilogue(terms, heads, strategy):
+    """An output bias added by the kernels (forward and combine epilogues; the backward's
+    delta subtracts it again): output and every gradient, the bias's included, equal the
+    torch backend's ``out + bias``; rows without edges get the bias alone."""
+    run_triton_vs_torch(terms, heads, strategy, bias=True)
+
+
+@needs_triton
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+def test_triton_bias_epilogue_half(strategy):
+    run_triton_vs_torch("all", 3, strategy, dtype=torch.bfloat16, rel=2e-2, bias=True)
+
+
+def test_bias_is_checked_against_v():
+    g = make_graph(device=torch.device("cpu"))
+    v = torch.randn(g.num_nodes, 2, 3)
+    with pytest.raises(ValueError, match=r"bias must have shape \[heads, Dv\] = \[2, 3\]"):
+        edge_attention(g, v, bias=torch.zeros(3))
+    with pytest.raises(TypeError, match="bias has dtype"):
+        edge_attention(g, v, bias=torch.zeros(2, 3, dtype=torch.float64))
+    with pytest.raises(TypeError, match="bias must be a tensor"):
+        edge_attention(g, v, bias=[0.0] * 6)
+    flat = edge_attention(g, v, bias=torch.ones(6), backend="torch")
+    torch.testing.assert_close(flat, edge_attention(g, v, backend="torch") + 1)
+
+
+@needs_triton
+@pytest.mark.parametrize("bias", [False, True])
+def test_edge_parallel_writes_every_row_when_none_is_skipped(monkeypatch, bias):
     """On a graph whose rows all have edges (self loops) the edge-parallel outputs are not
     zero-filled (``launch._rows_out``): poisoned with NaN instead, every row and gradient
     must still come out finite and equal to the torch backend's."""
@@ -197,7 +231,7 @@ def test_edge_parallel_writes_every_row_when_none_is_skipped(monkeypatch):
         seen.append(skips)
         return torch.zeros(shape, **kw) if skips else torch.full(shape, float("nan"), **kw)
     monkeypatch.setattr(launch, "_rows_out", poisoned)
-    run_triton_vs_torch("all", 3, "edge", graph=with_self_loops(make_graph()))
+    run_triton_vs_torch("all", 3, "edge", graph=with_self_loops(make_graph()), bias=bias)
     assert seen and not any(seen)     # every output took the unfilled path
 
 

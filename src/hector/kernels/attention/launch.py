@@ -21,8 +21,9 @@ from ...graph.structures import CSR
 from .. import autotune
 from .. import registry
 from ..handles import HandleTable
-from .reference import dropout_threshold
+from ..reduce import column_sum
 from ..sizes import next_pow2
+from .reference import dropout_threshold
 from .spec import AttentionSpec, Schedule, default_schedule, tune_configs
 
 #: Programs in flight per SM assumed by the strategy rule's fair share.
@@ -220,13 +221,17 @@ def _combine_sum(csr, sched, rows, row_ids, nchunks, part, out):
 
 
 def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
-                      v, q, k, a_src, a_dst):
-    """(out, lse): the forward traversal (and the combine pass of an edge-parallel one)."""
+                      v, q, k, a_src, a_dst, bias=None):
+    """(out, lse): the forward traversal (and the combine pass of an edge-parallel one).
+    ``bias`` ``[H, Dv]`` (or None): added to every output row by the kernels' epilogue."""
     n, heads, dim_v = v.shape
     sched = plan.dst
     csr, row_ids, n_rows = _rows_of(graph, graph.csr_in, sched)
     skips = csr is not graph.csr_in            # edgeless rows left out (edge-parallel)
-    out = _rows_out(skips, (n, heads, dim_v), dtype=v.dtype, device=v.device)
+    if skips and bias is not None:             # the rows the kernels skip hold the bias alone
+        out = bias.reshape(1, heads, dim_v).expand(n, heads, dim_v).contiguous()
+    else:
+        out = _rows_out(skips, (n, heads, dim_v), dtype=v.dtype, device=v.device)
     lse = _rows_out(skips, (n, heads), dtype=torch.float32, device=v.device)
     grid, rows, nchunks = _traversal(graph, csr, sched, heads)
     if sched.strategy == "edge":
@@ -236,27 +241,32 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
     else:
         m_part = l_part = acc_part = lse
     if n > 0:
+        has_bias = bias is not None
         args = (csr.ptr, csr.col, csr.eid, rows, row_ids, _or(q, v), _or(k, v), v,
-                _or(a_src, lse), _or(a_dst, lse), out, lse, m_part, l_part, acc_part,
-                *_scalars(params, lse), graph.num_edges, heads, spec.dim_qk, dim_v, sched.chunk)
-        _launch_traversal("attention_fwd", score_params(spec, sched.strategy), plan, sched,
-                          grid, args, _shape(n_rows, graph.num_edges, spec), v.device)
+                _or(a_src, lse), _or(a_dst, lse), _or(bias, lse), out, lse, m_part, l_part,
+                acc_part, *_scalars(params, lse), graph.num_edges, heads, spec.dim_qk, dim_v,
+                sched.chunk)
+        _launch_traversal("attention_fwd", dict(score_params(spec, sched.strategy),
+                                                has_bias=has_bias),
+                          plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
+                          v.device)
         if nchunks > 1:
-            registry.kernel("attention_combine")[(nchunks - 1, grid[1])](
-                csr.ptr, rows, row_ids, m_part, l_part, acc_part, out, lse, heads, dim_v,
-                sched.chunk, BLOCK_H=sched.block_h, BLOCK_DV=sched.block_dv)
+            registry.kernel("attention_combine", has_bias=has_bias)[(nchunks - 1, grid[1])](
+                csr.ptr, rows, row_ids, m_part, l_part, acc_part, _or(bias, lse), out, lse,
+                heads, dim_v, sched.chunk, BLOCK_H=sched.block_h, BLOCK_DV=sched.block_dv)
     return out, lse
 
 
 def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
                        needs: tuple, dout, v, q, k, a_src, a_dst, out, lse, dlse=None,
-                       dst_map=None):
+                       dst_map=None, bias=None):
     """(dv, dq, dk, d a_src, d a_dst), None where ``needs`` (same order) is False.
     ``dlse``: the gradient of the log-sum-exp output, if it has one.  Since ``d lse_v / d
     s_e = alpha_e``, it joins ``ds_e = alpha_e (<dout_v, v_u> - delta_v)`` as ``delta_v -
     dlse_v``: the kernels run unchanged.  ``dst_map``: destination row -> row of ``dout``,
     ``out``, ``lse`` (and ``dlse``), which then have their own row count (RGAT's groups read
-    their node's rows in place); None: the graph's rows themselves."""
+    their node's rows in place); None: the graph's rows themselves.  ``bias``: the forward's
+    epilogue bias, which ``out`` includes (subtracted where delta reads ``out``)."""
     need_v, need_q, need_k, need_src, need_dst = needs
     n, heads, dim_v = v.shape
     dim_k = spec.dim_qk
@@ -269,8 +279,9 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
     n_out = dout.shape[0]             # n, or with dst_map the rows it points into
     delta = torch.empty(n_out, heads, dtype=torch.float32, device=v.device)
     rows_total = n_out * heads
-    registry.kernel("row_dot")[(-(-rows_total // 16),)](
-        dout, out, delta, rows_total, dim_v, BLOCK_R=16, BLOCK_D=min(next_pow2(dim_v), 128))
+    registry.kernel("row_dot", has_bias=bias is not None)[(-(-rows_total // 16),)](
+        dout, out, _or(bias, delta), delta, rows_total, dim_v, heads, BLOCK_R=16,
+        BLOCK_D=min(next_pow2(dim_v), 128))
     if dlse is not None:
         delta -= dlse
     fp32 = dict(dtype=torch.float32, device=v.device)
@@ -338,17 +349,20 @@ class EdgeAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
-                v, q, k, a_src, a_dst):
-        out, lse = attention_forward(graph, spec, plan, params, v, q, k, a_src, a_dst)
+                v, q, k, a_src, a_dst, bias=None):
+        out, lse = attention_forward(graph, spec, plan, params, v, q, k, a_src, a_dst, bias)
         ctx.graph, ctx.spec, ctx.plan, ctx.params = graph, spec, plan, params
-        ctx.save_for_backward(v, q, k, a_src, a_dst, out, lse)
+        ctx.save_for_backward(v, q, k, a_src, a_dst, out, lse, bias)
         return out
 
     @staticmethod
     def backward(ctx, dout):
+        *saved, bias = ctx.saved_tensors
+        dout = dout.contiguous()
         grads = attention_backward(ctx.graph, ctx.spec, ctx.plan, ctx.params,
-                                   tuple(ctx.needs_input_grad[4:9]), dout, *ctx.saved_tensors)
-        return (None, None, None, None, *grads)
+                                   tuple(ctx.needs_input_grad[4:9]), dout, *saved, bias=bias)
+        dbias = bias_grad(dout, bias) if ctx.needs_input_grad[9] else None
+        return (None, None, None, None, *grads, dbias)
 
 
 
@@ -462,13 +476,15 @@ def edge_attention_op(graph: int, v: torch.Tensor, q: Optional[torch.Tensor],
                       k: Optional[torch.Tensor], a_src: Optional[torch.Tensor],
                       a_dst: Optional[torch.Tensor], scale: float,
                       negative_slope: Optional[float], dropout: float, seed: int,
-                      strategy: str, launch: int, seed_tensor: Optional[torch.Tensor] = None
-                      ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(out ``[N, H, Dv]``, lse ``[N, H]`` fp32, kept for the backward)."""
+                      strategy: str, launch: int, seed_tensor: Optional[torch.Tensor] = None,
+                      bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out ``[N, H, Dv]``, lse ``[N, H]`` fp32, kept for the backward); ``bias`` ``[H, Dv]``:
+    added to every output row by the kernels' epilogue."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
                               launch)
     return attention_forward(g, spec, plan, (scale, negative_slope, dropout,
-                                             _seed_of(seed, seed_tensor)), v, q, k, a_src, a_dst)
+                                             _seed_of(seed, seed_tensor)), v, q, k, a_src, a_dst,
+                             bias)
 
 
 def _seed_of(seed: int, seed_tensor: Optional[torch.Tensor]):
@@ -477,7 +493,7 @@ def _seed_of(seed: int, seed_tensor: Optional[torch.Tensor]):
 
 @edge_attention_op.register_fake
 def _(graph, v, q, k, a_src, a_dst, scale, negative_slope, dropout, seed, strategy, launch,
-      seed_tensor=None):
+      seed_tensor=None, bias=None):
     return torch.empty_like(v), v.new_empty(v.shape[:2], dtype=torch.float32)
 
 
@@ -489,44 +505,57 @@ def edge_attention_backward_op(
         dropout: float, seed: int, strategy: str, launch: int,
         needs: List[bool], seed_tensor: Optional[torch.Tensor] = None,
         dlse: Optional[torch.Tensor] = None,
-        dst_map: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+        dst_map: Optional[torch.Tensor] = None,
+        bias: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """[dv, dq, dk, d a_src, d a_dst]; a gradient not asked for is an empty tensor (a
     schema output cannot be None).  ``dlse``: the log-sum-exp output's gradient, if any;
-    ``dst_map``: see :func:`attention_backward`."""
+    ``dst_map``, ``bias``: see :func:`attention_backward` (the bias's own gradient is a
+    column sum of ``dout``, taken by the autograd formula)."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
                               launch)
     grads = attention_backward(g, spec, plan, (scale, negative_slope, dropout,
                                                _seed_of(seed, seed_tensor)),
                                tuple(needs), dout, v, q, k, a_src, a_dst, out, lse,
-                               None if dlse is None else dlse.float(), dst_map)
+                               None if dlse is None else dlse.float(), dst_map, bias)
     return [gr if gr is not None else v.new_empty(0) for gr in grads]
 
 
 @edge_attention_backward_op.register_fake
 def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropout, seed,
-      strategy, launch, needs, seed_tensor=None, dlse=None, dst_map=None):
+      strategy, launch, needs, seed_tensor=None, dlse=None, dst_map=None, bias=None):
     return [torch.empty_like(t) if need and t is not None else v.new_empty(0)
             for t, need in zip((v, q, k, a_src, a_dst), needs)]
 
 
 def _setup_context(ctx, inputs, output):
     graph, v, q, k, a_src, a_dst, *rest = inputs
-    # rest: scale, slope, dropout, seed, strategy, launch and the optional seed_tensor.
-    scalars, seed_t = rest[:6], (rest[6] if len(rest) > 6 else None)
+    # rest: scale, slope, dropout, seed, strategy, launch, then the optional seed_tensor
+    # and bias.
+    scalars = rest[:6]
+    seed_t = rest[6] if len(rest) > 6 else None
+    bias = rest[7] if len(rest) > 7 else None
     ctx.graph, ctx.scalars = graph, scalars
     # The seed tensor is saved too: the backward redraws the forward's mask from it.
-    ctx.save_for_backward(v, q, k, a_src, a_dst, *output, seed_t)
+    ctx.save_for_backward(v, q, k, a_src, a_dst, *output, seed_t, bias)
 
 
 def _autograd_backward(ctx, dout, dlse):
     needs = list(ctx.needs_input_grad[1:6])
-    *saved, seed_t = ctx.saved_tensors
+    *saved, seed_t, bias = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(saved[-2])
     grads = edge_attention_backward_op(ctx.graph, dout, *saved, *ctx.scalars, needs, seed_t,
-                                       dlse)
+                                       dlse, bias=bias)
+    need_bias = len(ctx.needs_input_grad) > 13 and ctx.needs_input_grad[13]
     return (None, *[g if need else None for g, need in zip(grads, needs)],
-            None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None,
+            bias_grad(dout, bias) if need_bias else None)
+
+
+def bias_grad(dout: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The epilogue bias's gradient: ``dout`` summed over its rows, as a GEMV against a ones
+    vector (a column reduction ran far below bandwidth on the H200: ``nn._bias``)."""
+    return column_sum(dout.reshape(dout.shape[0], -1)).reshape(bias.shape).to(bias.dtype)
 
 
 edge_attention_op.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -553,15 +582,17 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
                           negative_slope=None, dropout=0.0, seed=None, strategy="auto",
                           schedule: Optional[Schedule] = None, *,
                           spec: Optional[AttentionSpec] = None,
-                          plan: Optional[AttentionPlan] = None, return_lse: bool = False):
+                          plan: Optional[AttentionPlan] = None, return_lse: bool = False,
+                          bias: Optional[torch.Tensor] = None):
     """The Triton path of :func:`hector.kernels.attention.op.edge_attention` (inputs already
     validated): the ``hector::edge_attention`` custom op, or with a pinned ``schedule`` the
     ``autograd.Function``.  ``spec`` / ``plan``: decided by the caller (the compiler) and
     launched as given (the op receives them by handle); otherwise derived from the tensors
     and planned here (inside the op, memoised per graph).  ``return_lse``: (out, the
     per-destination log-sum-exp ``[N, H]`` fp32) for a caller that runs the backward itself
-    (not with a pinned ``schedule``)."""
+    (not with a pinned ``schedule``).  ``bias``: ``[H, Dv]``, added by the epilogue."""
     tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
+    bias = bias.contiguous() if bias is not None else None
     if schedule is None:
         if plan is not None and spec is None:
             spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
@@ -571,7 +602,7 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
             graph, spec, plan if plan is not None else _memo_plan(graph, spec, strategy))
         seed_t = seed_tensor(seed, v.device) if dropout > 0 else None
         out = edge_attention_op(graph_handle(graph), *tensors, float(scale), negative_slope,
-                                float(dropout), 0, strategy, launch, seed_t)
+                                float(dropout), 0, strategy, launch, seed_t, bias)
         return out if return_lse else out[0]
     if return_lse:
         raise ValueError("return_lse needs the custom op's path (no pinned schedule)")
@@ -580,4 +611,4 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
     if plan is None:
         plan = make_plan(graph, spec, strategy, schedule)
     return EdgeAttentionFunction.apply(graph, spec, plan, (scale, negative_slope, dropout, seed),
-                                       *tensors)
+                                       *tensors, bias)

@@ -25,7 +25,8 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
                    negative_slope: Optional[float] = None, dropout: float = 0.0,
                    training: bool = False, seed=None, strategy: str = "auto",
                    backend: str = "auto", schedule=None, spec: Optional[AttentionSpec] = None,
-                   plan: Optional[AttentionPlan] = None) -> torch.Tensor:
+                   plan: Optional[AttentionPlan] = None,
+                   bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     r"""Fused graph attention (score, edge softmax, aggregation) over the incoming edges of
     every node; one op behind GAT, AGNN, TransformerConv and relational attention.
 
@@ -64,12 +65,16 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
             them already (the compiler's lowering and its per-graph cache): the Triton path
             launches these objects instead of deriving its own.  ``spec`` must describe the
             given tensors; ``plan`` excludes ``schedule`` and must have been made for ``graph``.
+        bias: ``[H, Dv]`` (or ``[H * Dv]``) added to every output row, a node without
+            incoming edges included (a layer's output bias: the Triton kernels add it as they
+            store the row instead of a separate pass over the output).
     Returns:
-        ``[N, H, Dv]`` in ``v.dtype`` (accumulated in float32).
+        ``[N, H, Dv]`` in ``v.dtype`` (accumulated in float32), plus ``bias`` if given.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
     _check_inputs(graph, v, q, k, a_src, a_dst)
+    bias = _check_bias(bias, v)
     scale, negative_slope, dropout = _check_scalars(scale, negative_slope, dropout, training, seed)
     _check_seed(seed, v)
     if strategy not in STRATEGIES:
@@ -80,9 +85,27 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
     if p > 0 and seed is None:
         seed = draw_seed(v.device)
     if backend == "torch":
-        return edge_attention_torch(graph, v, q, k, a_src, a_dst, scale, negative_slope, p, seed)
+        out = edge_attention_torch(graph, v, q, k, a_src, a_dst, scale, negative_slope, p, seed)
+        return out if bias is None else out + bias
     return edge_attention_triton(graph, v, q, k, a_src, a_dst, scale, negative_slope, p, seed,
-                                 strategy, schedule, spec=spec, plan=plan)
+                                 strategy, schedule, spec=spec, plan=plan, bias=bias)
+
+
+def _check_bias(bias: Optional[torch.Tensor], v: torch.Tensor) -> Optional[torch.Tensor]:
+    """``bias`` as ``[H, Dv]``, after checking its shape, dtype and device against ``v``."""
+    if bias is None:
+        return None
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias must be a tensor, got {type(bias).__name__}")
+    heads, dim_v = v.shape[1], v.shape[2]
+    if tuple(bias.shape) not in ((heads, dim_v), (heads * dim_v,)):
+        raise ValueError(f"bias must have shape [heads, Dv] = [{heads}, {dim_v}] or "
+                         f"[{heads * dim_v}], got {tuple(bias.shape)}")
+    if bias.dtype != v.dtype:
+        raise TypeError(f"bias has dtype {bias.dtype} but v has {v.dtype}")
+    if bias.device != v.device:
+        raise ValueError(f"bias is on {bias.device} but v is on {v.device}")
+    return bias.reshape(heads, dim_v)
 
 
 def _check_decided(spec, plan, schedule, v, q, a_src, a_dst, negative_slope, p) -> None:
