@@ -4,55 +4,73 @@ against the earlier broadcast add after the attention; median of 7 x 200 replays
 
     python scripts/gat_bias_ab.py [DATA_ROOT]     # DATA_ROOT holds cora/ (default .gpu/data)
 """
-import statistics, sys, torch
-from hector.bench import suites
-import hector.nn.gat as gatmod
+import statistics
+import sys
 
-def old_forward(self, x, edge_index, edge_attr=None):
-    # the pre-change path: attention without bias, then a broadcast add
-    b = self.bias
-    self.bias = None
+import torch
+
+import hector.nn.gat as gat
+from hector.bench import runner, suites
+
+EPILOGUE = gat.GATConv.forward
+
+
+def add_after(self, x, edge_index, edge_attr=None):
+    """The forward before the change: the attention without a bias, then a broadcast add."""
+    bias, self.bias = self.bias, None
     try:
-        out = NEW(self, x, edge_index, edge_attr)
+        out = EPILOGUE(self, x, edge_index, edge_attr)
     finally:
-        self.bias = b
-    return out + b
-NEW = gatmod.GATConv.forward
+        self.bias = bias
+    return out + bias
 
-def timed(fn, reps=200):
-    ts = []
+
+def per_call_us(fn, reps=200):
+    times = []
     for _ in range(7):
-        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-        s.record()
-        for _ in range(reps): fn()
-        e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e) / reps)
-    return statistics.median(ts)
+        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return statistics.median(times)
 
-dev = torch.device("cuda")
-data = sys.argv[1] if len(sys.argv) > 1 else ".gpu/data"
-for name, root, f, h in (("cora", f"{data}/cora", 128, 1), ("cora", f"{data}/cora", 64, 4),
-                         ("synthetic:pubmed", None, 128, 1), ("synthetic:arxiv", None, 128, 1)):
-    W = suites.Workload(name, dev, root=root)
-    x = W.x(f); xg = x.clone().requires_grad_()
-    ref = suites.pyg_layer("gat", W, f, h)
-    m = suites.hector_layer("gat", ref, "triton").to(dev)
-    g = W.homogeneous_graph()
-    res = {}
-    for label, fwd in (("epilogue", NEW), ("add", old_forward), ("epilogue2", NEW), ("add2", old_forward)):
-        gatmod.GATConv.forward = fwd
+
+def main():
+    dev = torch.device("cuda")
+    data = sys.argv[1] if len(sys.argv) > 1 else ".gpu/data"
+    cases = (("cora", f"{data}/cora", 128, 1), ("cora", f"{data}/cora", 64, 4),
+             ("synthetic:pubmed", None, 128, 1), ("synthetic:arxiv", None, 128, 1))
+    for name, root, f, h in cases:
+        W = suites.Workload(name, dev, root=root)
+        x = W.x(f)
+        xg = x.clone().requires_grad_()
+        module = suites.hector_layer("gat", suites.pyg_layer("gat", W, f, h), "triton").to(dev)
+        graph = W.homogeneous_graph()
+
         def infer():
-            with torch.no_grad(): m(x, g)
+            with torch.no_grad():
+                module(x, graph)
+
         def step():
-            m.zero_grad(set_to_none=True); xg.grad = None
-            m(xg, g).sum().backward()
-        side = torch.cuda.Stream(); side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3): infer(); step()
-        torch.cuda.current_stream().wait_stream(side)
-        gi, gs = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(gi): infer()
-        m.zero_grad(set_to_none=True); xg.grad = None
-        with torch.cuda.graph(gs): step()
-        res[label] = (timed(gi.replay), timed(gs.replay))
-    gatmod.GATConv.forward = NEW
-    print(f"{name} {f}x{h}: " + "  ".join(f"{k} {a*1e3:.1f}/{b*1e3:.1f} us" for k, (a, b) in res.items()), flush=True)
+            module.zero_grad(set_to_none=True)
+            xg.grad = None
+            module(xg, graph).sum().backward()
+        res = {}
+        # each forward twice, interleaved: a configuration should agree with itself
+        for label, forward in (("epilogue", EPILOGUE), ("add", add_after),
+                               ("epilogue2", EPILOGUE), ("add2", add_after)):
+            gat.GATConv.forward = forward
+            try:
+                replays = runner.captured(infer, step, module, xg)
+            finally:
+                gat.GATConv.forward = EPILOGUE
+            res[label] = tuple(per_call_us(r) for r in replays)
+        print(f"{name} {f}x{h}: " + "  ".join(f"{k} {a:.1f}/{b:.1f} us"
+                                               for k, (a, b) in res.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
