@@ -4,7 +4,7 @@
                                      [--models rgcn,rgat,hgt] [--fanout 25,20]
                                      [--batch-size 1024] [--batches 10] [--threads N] [--pyg]
                                      [--count-syncs] [--stub-kernels] [--cpu-clock]
-                                     [--cprofile N] [--epoch-prefetch K]
+                                     [--cprofile N] [--torch-profile N] [--epoch-prefetch K]
 
 For each batch of ``NeighborLoader`` on a synthetic profile (features of width ``--hidden``
 drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HGTConv):
@@ -26,6 +26,9 @@ drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HG
 
 ``--cprofile N``: each batch's first forward + backward run once more on fresh blocks under
 cProfile (after the timings, which it does not touch), the top N functions printed to stderr.
+
+``--torch-profile N``: torch.profiler tables (top N by self CPU time) of the last batch's first
+forward + backward on fresh blocks and of the same step repeated, to stderr.
 
 ``--epoch-prefetch K``: instead of the above, wall time of whole epochs (``--batches``
 batches: sampling, block builds and forward + backward, torch backend) with
@@ -159,6 +162,22 @@ def _per_type_edges(block, graph):
     return out
 
 
+def torch_profile(kind, model, graph, batch, x, device, top):
+    """torch.profiler tables (stderr) of a new batch's first step and of the step repeated
+    on the same blocks: which host ops and waits a new graph adds (see ``--torch-profile``)."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    batch.blocks = [rebuild(b) for b in batch.blocks]
+    for what in ("first step (new blocks)", "repeated step (cached)"):
+        sync(device)
+        with profile(activities=acts) as prof:
+            step(kind, model, graph, batch, x)
+            sync(device)
+        print(f"--- {kind}: torch.profiler, {what}", file=sys.stderr)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top),
+              file=sys.stderr)
+
+
 def epoch_prefetch(args, graph, x, seeds, fanouts, device):
     """Wall time per epoch with and without ``prefetch`` (see ``--epoch-prefetch``)."""
     print("| model | batches | prefetch | epoch ms (3 runs) | median |")
@@ -202,6 +221,9 @@ def main():
     p.add_argument("--cprofile", type=int, default=0, metavar="N",
                    help="cProfile each batch's first step once more on fresh blocks (apart "
                         "from the timings) and print its top N functions to stderr")
+    p.add_argument("--torch-profile", type=int, default=0, metavar="N",
+                   help="torch.profiler of one new batch's first step and of its repeat "
+                        "(host ops and device kernels), top N rows by self CPU time, stderr")
     p.add_argument("--cpu-clock", action="store_true",
                    help="CPU only: time by this process's CPU time, not wall time (steadier "
                         "on a machine shared with other jobs)")
@@ -283,6 +305,8 @@ def main():
         print(f"| {kind} | {int(med[0]):,} | " + " | ".join(f"{1e3 * v:.1f}" for v in med[1:6])
               + f" | {(med[2] + med[3]) / med[5]:.2f} | {1e3 * med[6]:.1f} |"
               + "".join(f" {v:.0f} |" for v in med[7:]))
+        if args.torch_profile:
+            torch_profile(kind, model, graph, batch, x, device, args.torch_profile)
         if args.cprofile:
             stats = pstats.Stats(profile, stream=sys.stderr)
             print(f"--- {kind}: cProfile of the first forward+backward of {len(rows)} new "

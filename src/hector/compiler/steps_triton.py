@@ -33,6 +33,7 @@ from ..kernels.attention.groups import merge_groups
 from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
                                         edge_attention_triton, make_plan)
 from ..kernels.attention.spec import AttentionSpec
+from ..kernels.eager import call
 from ..kernels.edgewise.op import edgewise
 from ..kernels.segment_mm.launch import segment_mm_wgrad_op
 from ..kernels.segment_mm.op import segment_mm
@@ -140,7 +141,7 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     K, N = xin.shape[1], dyin.shape[1]
     S = len(bounds) - 1
     # A custom op (hector::segment_mm_wgrad), so that torch.compile does not trace the launch.
-    dw = segment_mm_wgrad_op(xin.contiguous(), dyin.contiguous(), perm, perm, list(bounds))
+    dw = call(segment_mm_wgrad_op, xin.contiguous(), dyin.contiguous(), perm, perm, list(bounds))
     if headwise:   # [(head, slice), K, N] -> [slice, head, K, N]
         dw = dw.view(H, S // H, K, N).transpose(0, 1).contiguous()
     return dw[0] if v.per is None else dw

@@ -35,6 +35,7 @@ FILE_NAME = "autotune.json"
 
 _lock = threading.RLock()
 _chosen: Dict[tuple, int] = {}          # fast key -> index of the chosen config
+_picks: Dict[tuple, object] = {}        # a launch path's own key -> its pick (see memo)
 _files: Dict[Path, dict] = {}           # autotune.json contents per cache folder, as loaded
 
 
@@ -163,8 +164,21 @@ def recorded(spec_hash: str) -> Dict[str, dict]:
     return {k: v for k, v in data.items() if f"/{spec_hash[:24]}/" in k}
 
 
+def memo(key: tuple, pick: Callable[[], object]):
+    """``pick()`` (a :func:`choose` call and what goes with it), kept under ``key`` until
+    :func:`clear_memo`: a launch path whose key is cheaper than building the config list and
+    spec hash that :func:`choose` needs looks its pick up here first.  ``key`` must hold
+    everything the pick depends on, shape bucket and device included, so the memo stays
+    bounded by the buckets met."""
+    hit = _picks.get(key)
+    if hit is None:
+        hit = _picks[key] = pick()
+    return hit
+
+
 def clear_memo() -> None:
     """Forget choices and loaded files held in memory (tests; the JSON file stays)."""
     with _lock:
         _chosen.clear()
         _files.clear()
+        _picks.clear()

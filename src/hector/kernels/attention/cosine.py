@@ -22,6 +22,7 @@ import torch
 
 from ...device import triton_available
 from .. import registry
+from ..eager import call
 from ..sizes import next_pow2
 
 #: ``F.normalize``'s default floor on the norm.
@@ -38,7 +39,7 @@ def cosine_qk(x: torch.Tensor, beta: torch.Tensor) -> Tuple[torch.Tensor, torch.
     if beta.numel() != 1 or beta.dtype != x.dtype or beta.device != x.device:
         raise ValueError(f"beta must be one element of x's dtype and device ({x.dtype}, "
                          f"{x.device}), got {tuple(beta.shape)} {beta.dtype} {beta.device}")
-    q, k, _ = cosine_qk_op(x.contiguous(), beta.reshape(1))
+    q, k, _ = call(cosine_qk_op, x.contiguous(), beta.reshape(1))
     # Features that need no gradient (a first layer's inputs): k then needs none either, so
     # the attention backward skips its source-side kernel (dk), the costliest of the three.
     return q, (k if x.requires_grad else k.detach())
@@ -121,7 +122,7 @@ def _backward(ctx, dq, dk, _dnorm):
         return None, torch.dot(dq.reshape(-1), k.reshape(-1)).reshape(1).to(beta.dtype)
     dq = torch.zeros_like(x) if dq is None else dq.contiguous()
     dk = torch.zeros_like(x) if dk is None else dk.contiguous()
-    dx, dbeta = cosine_qk_backward_op(dq, dk, x, norm, beta)
+    dx, dbeta = call(cosine_qk_backward_op, dq, dk, x, norm, beta)
     return dx, dbeta
 
 

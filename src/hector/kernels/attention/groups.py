@@ -21,6 +21,7 @@ from typing import Tuple
 import torch
 
 from .. import registry
+from ..eager import call
 from ..sizes import next_pow2
 
 #: Largest head block x feature block one merge program holds.
@@ -33,7 +34,7 @@ def merge_groups(ptr: torch.Tensor, order: torch.Tensor, node: torch.Tensor, o: 
     D]``, ``lse [G, H]``).  ``node [G]``: each group's node; ``order``: the groups sorted by
     node, node ``v``'s at ``order[ptr[v]:ptr[v+1]]`` (on the compiler's side
     ``GraphIndex.grouped(NODE, CDST, "dst")``)."""
-    return merge_groups_op(ptr, order, node, o.contiguous(), lse.contiguous().float())
+    return call(merge_groups_op, ptr, order, node, o.contiguous(), lse.contiguous().float())
 
 
 @torch.library.custom_op("hector::attention_merge_groups", mutates_args=())

@@ -10,6 +10,7 @@ into ``lse``, so it is not stored separately.
 from __future__ import annotations
 
 import itertools
+import os
 import weakref
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -20,6 +21,7 @@ from ...device import DEFAULT_NUM_SMS, num_sms
 from ...graph.structures import CSR
 from .. import autotune
 from .. import registry
+from ..eager import call
 from ..handles import HandleTable
 from ..reduce import column_sum
 from ..sizes import next_pow2
@@ -197,9 +199,15 @@ def _launch_traversal(name: str, params: dict, plan: AttentionPlan, sched: Sched
 
     def run(s: Schedule):
         kernel[grid](*args, **_tiles(s))
-    if plan.tune:
-        sched = autotune.choose(name, registry.spec_hash(name, **params),
-                                autotune.bucket(*shape), tune_configs(sched), run, device)
+    if plan.tune and autotune.enabled(device):
+        # Looked up by this key first: the config list and spec hash cost more host time
+        # than the launch, on every call of a step that is not captured.
+        bucket = autotune.bucket(*shape)
+        sched = autotune.memo(
+            ("attention", name, tuple(sorted(params.items())), sched, bucket, str(device),
+             os.environ.get("HECTOR_CACHE_DIR")),
+            lambda: autotune.choose(name, registry.spec_hash(name, **params), bucket,
+                                    tune_configs(sched), run, device))
     run(sched)
 
 
@@ -544,7 +552,7 @@ def _autograd_backward(ctx, dout, dlse):
     *saved, seed_t, bias = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(saved[-2])
-    grads = edge_attention_backward_op(ctx.graph, dout, *saved, *ctx.scalars, needs, seed_t,
+    grads = call(edge_attention_backward_op, ctx.graph, dout, *saved, *ctx.scalars, needs, seed_t,
                                        dlse, bias=bias)
     need_bias = len(ctx.needs_input_grad) > 13 and ctx.needs_input_grad[13]
     return (None, *[g if need else None for g, need in zip(grads, needs)],
@@ -571,7 +579,7 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
     where not asked for.  ``out``, ``lse``: the forward's (``return_lse`` below); no dropout.
     ``dst_map``: see :func:`attention_backward`."""
     tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
-    return edge_attention_backward_op(graph_handle(graph), dout.contiguous(), *tensors,
+    return call(edge_attention_backward_op, graph_handle(graph), dout.contiguous(), *tensors,
                                       out.contiguous(), lse.contiguous(), float(scale),
                                       negative_slope, 0.0, 0, "auto",
                                       launch_handle(graph, spec, plan), list(needs),
@@ -601,7 +609,7 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
         launch = 0 if plan is None and spec is None else launch_handle(
             graph, spec, plan if plan is not None else _memo_plan(graph, spec, strategy))
         seed_t = seed_tensor(seed, v.device) if dropout > 0 else None
-        out = edge_attention_op(graph_handle(graph), *tensors, float(scale), negative_slope,
+        out = call(edge_attention_op, graph_handle(graph), *tensors, float(scale), negative_slope,
                                 float(dropout), 0, strategy, launch, seed_t, bias)
         return out if return_lse else out[0]
     if return_lse:

@@ -7,6 +7,7 @@ import torch
 
 from ...checks import check_tensor
 from ...device import choose_backend
+from ..eager import call
 from .launch import edgewise_op, spec_handle
 from .reference import edgewise_torch
 from .spec import EdgewiseSpec
@@ -40,4 +41,4 @@ def edgewise(spec: EdgewiseSpec, inputs: Sequence[torch.Tensor], arrays: Sequenc
         raise ValueError(f"out_rows must be a non-negative int, got {out_rows!r}")
     if choose_backend(backend, inputs[0], "inputs[0]") == "torch":
         return edgewise_torch(spec, inputs, arrays, out_rows, dtype)
-    return edgewise_op(spec_handle(spec), inputs, arrays, out_rows, dtype)
+    return call(edgewise_op, spec_handle(spec), inputs, arrays, out_rows, dtype)

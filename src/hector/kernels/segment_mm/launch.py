@@ -25,6 +25,7 @@ Nothing per row of the weight is ever built: each program reads ``W[segment]`` i
 from __future__ import annotations
 
 import functools
+import os
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -32,6 +33,7 @@ import torch
 from ...device import interpreting, num_sms
 from .. import autotune
 from .. import registry
+from ..eager import call
 from .spec import GemmSchedule, GemmSpec, default_schedule, tune_configs
 
 #: Weight-gradient programs aimed for per SM (long row runs, so a handful are enough).
@@ -164,11 +166,15 @@ def pick_schedule(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...
     the interpreter or with ``HECTOR_AUTOTUNE=0`` that is the heuristic, untimed."""
     if isinstance(choice, GemmSchedule):
         return choice
-    m = bounds[-1]
-    configs = tune_configs(spec, interpreting=interpreting())
-    return autotune.choose("segment_mm", registry.spec_hash("segment_mm", **gemm_params(spec)),
-                           autotune.bucket(m, spec.K, spec.N, len(bounds) - 1), configs, run,
-                           device)
+    shape = autotune.bucket(bounds[-1], spec.K, spec.N, len(bounds) - 1)
+    # Looked up by this key first: the config list and spec hash cost more host time than
+    # the launch itself, on every call of a step that is not captured.
+    return autotune.memo(
+        ("segment_mm", spec, shape, str(device), autotune.enabled(device), interpreting(),
+         os.environ.get("HECTOR_CACHE_DIR")),
+        lambda: autotune.choose(
+            "segment_mm", registry.spec_hash("segment_mm", **gemm_params(spec)), shape,
+            tune_configs(spec, interpreting=interpreting()), run, device))
 
 
 def _forward(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
@@ -281,8 +287,8 @@ def _setup_context(ctx, inputs, output):
 def _autograd_backward(ctx, dout):
     x, weight, gather, scatter = ctx.saved_tensors
     need_x, need_w = ctx.needs_input_grad[:2]
-    dx, dw = segment_mm_backward_op(dout, x, weight, gather, scatter, ctx.bounds,
-                                    ctx.transpose_weight, need_x, need_w)
+    dx, dw = call(segment_mm_backward_op, dout, x, weight, gather, scatter, ctx.bounds,
+                  ctx.transpose_weight, need_x, need_w)
     return (dx if need_x else None, dw if need_w else None, None, None, None, None, None)
 
 
@@ -325,4 +331,4 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[in
     if isinstance(schedule, GemmSchedule):
         spec = GemmSpec.of(x, gather, scatter, transpose_weight, n)
         return SegmentMMFunction.apply(spec, schedule, bounds, rows, x, weight, gather, scatter)
-    return segment_mm_op(x, weight, gather, scatter, list(bounds), rows, transpose_weight)
+    return call(segment_mm_op, x, weight, gather, scatter, list(bounds), rows, transpose_weight)

@@ -14,11 +14,14 @@ eager.
 """
 from __future__ import annotations
 
+import functools
+import os
 from typing import List, Optional, Sequence
 
 import torch
 
 from .. import autotune, registry
+from ..eager import call
 from ..attention.launch import _graph, graph_handle
 from ..handles import HandleTable
 from .csr import WeightedCSR
@@ -39,23 +42,30 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _run(name: str, params: dict, count: int, width: int, args: tuple, t: Tiles, tune: bool,
+def _run(name: str, params: tuple, count: int, width: int, args: tuple, t: Tiles, tune: bool,
          mean: float, device: torch.device) -> None:
-    """Launch traversal kernel ``name`` over ``count`` rows (``traversal_csr_rows``: BLOCK_R
-    to a program) with tiles ``t``, or with the autotuner's pick around them (on CUDA, once per
-    shape bucket; trials only store, so every run leaves the same values)."""
-    kern = registry.kernel(name, **params)
+    """Launch traversal kernel ``name`` (``params``: its spec as sorted items) over ``count``
+    rows (``traversal_csr_rows``: BLOCK_R to a program) with tiles ``t``, or with the
+    autotuner's pick around them (on CUDA, once per shape bucket; trials only store, so every
+    run leaves the same values).  Every call of a new mini-batch's step comes here, so the
+    steady path is one memo lookup: no config list, spec hash or kernel lookup."""
     multi = name.endswith("_rows")
 
-    def run(c: Tiles):
+    def run(kern, c: Tiles):
         grid = (_cdiv(count, c.block_r) if multi else count, _cdiv(width, c.block_f))
         block = dict(BLOCK_R=c.block_r) if multi else dict(BLOCK_E=c.block_e)
         kern[grid](*args, width, BLOCK_F=c.block_f, num_warps=c.num_warps, **block)
-    if tune:
-        t = autotune.choose(name, registry.spec_hash(name, **params),
-                            autotune.bucket(count, width, max(1, int(mean))),
-                            tile_configs(t, multi), run, device)
-    run(t)
+    tune = tune and autotune.enabled(device)
+    shape = autotune.bucket(count, width, max(1, int(mean))) if tune else None
+
+    def pick():
+        kern = registry.kernel(name, **dict(params))
+        if not tune:
+            return kern, t
+        return kern, autotune.choose(name, registry.spec_hash(name, **dict(params)), shape,
+                                     tile_configs(t, multi), lambda c: run(kern, c), device)
+    run(*autotune.memo(("traversal", name, params, t, shape, str(device),
+                        os.environ.get("HECTOR_CACHE_DIR")), pick))
 
 
 def launch(m: WeightedCSR, x: torch.Tensor, addends: Sequence[torch.Tensor],
@@ -69,7 +79,7 @@ def launch(m: WeightedCSR, x: torch.Tensor, addends: Sequence[torch.Tensor],
         return out
     bins = m.layout
     t = tiles or pick_tiles(bins, width)
-    spec = TraversalKernelSpec(num_addends=len(addends), has_bias=bias is not None).params()
+    spec = _spec(len(addends), bias is not None)
     epilogue = []
     for a, c in zip(addends, coefs):
         epilogue += [a.contiguous(), float(c)]
@@ -79,18 +89,29 @@ def launch(m: WeightedCSR, x: torch.Tensor, addends: Sequence[torch.Tensor],
     starts, ends = m.ptr[:-1], m.ptr[1:]
     if bins.num_short:
         rows = bins.short
-        _run("traversal_csr_rows", dict(spec, row_list=rows is not None, by_position=False),
+        _run("traversal_csr_rows", _with(spec, row_list=rows is not None, by_position=False),
              bins.num_short, args=(rows if rows is not None else m.ptr, bins.num_short, starts,
                                    ends, m.col, m.val, x, out, *epilogue),
              mean=bins.short_max, **go)
     if bins.num_long and bins.chunk_start is None:
         rows = bins.long
-        _run("traversal_csr", dict(spec, row_list=rows is not None), bins.num_long,
+        _run("traversal_csr", _with(spec, row_list=rows is not None), bins.num_long,
              args=(rows if rows is not None else m.ptr, bins.num_long, starts, ends, m.col,
                    m.val, x, out, *epilogue), mean=bins.long_mean, **go)
     elif bins.num_long:
         _hub_rows(m, bins, spec, x, out, epilogue, go)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _spec(num_addends: int, has_bias: bool) -> tuple:
+    """The traversal kernel's spec parameters as sorted items (hashable; a few variants)."""
+    return tuple(sorted(TraversalKernelSpec(num_addends=num_addends,
+                                            has_bias=has_bias).params().items()))
+
+
+def _with(spec: tuple, **more) -> tuple:
+    return tuple(sorted(dict(spec, **more).items()))
 
 
 def _hub_rows(m: WeightedCSR, bins: RowBins, spec: dict, x: torch.Tensor, out: torch.Tensor,
@@ -101,13 +122,12 @@ def _hub_rows(m: WeightedCSR, bins: RowBins, spec: dict, x: torch.Tensor, out: t
     chunk)."""
     n = bins.num_chunks
     partial = torch.empty((n, go["width"]), dtype=torch.float32, device=x.device)
-    plain = TraversalKernelSpec().params()
-    _run("traversal_csr", dict(plain, row_list=False), n,
+    _run("traversal_csr", _with(_spec(0, False), row_list=False), n,
          args=(m.ptr, n, bins.chunk_start, bins.chunk_end, m.col, m.val, x, partial, partial),
          mean=CHUNK, **go)
     ids, ones = _chunk_entries(bins, x.device)
     rows = bins.long
-    _run("traversal_csr_rows", dict(spec, row_list=rows is not None, by_position=True),
+    _run("traversal_csr_rows", _with(spec, row_list=rows is not None, by_position=True),
          bins.num_long, args=(rows if rows is not None else m.ptr, bins.num_long,
                               bins.chunk_of[:-1], bins.chunk_of[1:], ids, ones, partial, out,
                               *epilogue), mean=n / bins.num_long, **go)
@@ -201,7 +221,7 @@ def _traverse_setup(ctx, inputs, output):
 def _traverse_backward(ctx, dy):
     # needs_input_grad mirrors the inputs: a list of bools for the addends.
     need_x, need_a, need_b = (ctx.needs_input_grad[i] for i in (1, 2, 4))
-    dx = traverse_op(csr_handle(transposed(_csr(ctx.csr))), dy, [], [], None) \
+    dx = call(traverse_op, csr_handle(transposed(_csr(ctx.csr))), dy, [], [], None) \
         if need_x else None
     da = [c * dy if need else None for c, need in zip(ctx.coefs, need_a)]
     db = None
@@ -244,7 +264,7 @@ def _softmax_setup(ctx, inputs, output):
 
 def _softmax_backward(ctx, grad):
     s, alpha = ctx.saved_tensors
-    return None, edge_softmax_backward_op(ctx.graph, s, alpha, grad, ctx.slope), None
+    return None, call(edge_softmax_backward_op, ctx.graph, s, alpha, grad, ctx.slope), None
 
 
 edge_softmax_op.register_autograd(_softmax_backward, setup_context=_softmax_setup)
@@ -253,9 +273,9 @@ edge_softmax_op.register_autograd(_softmax_backward, setup_context=_softmax_setu
 def traverse_triton(m: WeightedCSR, x: torch.Tensor, addends: Sequence[torch.Tensor],
                     coefs: Sequence[float], bias: Optional[torch.Tensor]) -> torch.Tensor:
     """The Triton path of :func:`~.op.traverse` (inputs validated): the custom op."""
-    return traverse_op(csr_handle(m), x, list(addends), [float(c) for c in coefs], bias)
+    return call(traverse_op, csr_handle(m), x, list(addends), [float(c) for c in coefs], bias)
 
 
 def edge_softmax_triton(graph, s: torch.Tensor, slope: Optional[float]) -> torch.Tensor:
     """The Triton path of :func:`~.op.edge_softmax` (inputs validated): the custom op."""
-    return edge_softmax_op(graph_handle(graph), s, None if slope is None else float(slope))
+    return call(edge_softmax_op, graph_handle(graph), s, None if slope is None else float(slope))
