@@ -21,7 +21,9 @@ drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HG
 * pyg compute (with ``--pyg``): PyG's namesake layers, whose parameters ours take over
   (``from_pyg``), on the same blocks: forward + backward after a warm-up on the batch;
 * syncs (with ``--count-syncs``, CUDA only): synchronizing CUDA calls (host reads of device
-  tensors) of build and of first, counted by ``torch.cuda.set_sync_debug_mode`` on a second
+  tensors) of build and of first, and the Triton compilations of first (a kernel variant not
+  met before: compiled, or loaded from Triton's disk cache); the syncs are counted by
+  ``torch.cuda.set_sync_debug_mode`` on a second
   build of the batch's blocks (so the timings above are not slowed by the counting).
 
 ``--cprofile N``: each batch's first forward + backward run once more on fresh blocks under
@@ -88,6 +90,26 @@ def count_syncs(fn):
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return out, sum("synchroniz" in str(w.message) for w in caught)
+
+
+#: Triton compilations so far (``JITFunction._do_compile`` calls: a kernel variant met for the
+#: first time in this process, compiled or loaded from Triton's disk cache).
+COMPILES = [0]
+
+
+def count_triton_compiles():
+    """Count Triton compilations in ``COMPILES`` (a new batch's integer arguments may meet a
+    specialisation, such as divisibility by 16, that no earlier batch had)."""
+    from triton.runtime.jit import JITFunction
+    real = getattr(JITFunction, "_do_compile", None)
+    if real is None:          # another Triton: not counted
+        COMPILES[0] = float("nan")
+        return
+
+    def counted(self, *args, **kwargs):
+        COMPILES[0] += 1
+        return real(self, *args, **kwargs)
+    JITFunction._do_compile = counted
 
 
 def stub_triton_kernels():
@@ -258,9 +280,11 @@ def main():
         import torch_geometric.nn as pyg
     if args.count_syncs and device.type != "cuda":
         raise SystemExit("--count-syncs needs --device cuda")
+    if args.count_syncs:
+        count_triton_compiles()
     head = ("model", "edges/batch", "sample", "build", "plan", "(of it compile)", "compute",
             "(build+plan)/compute", "pyg compute") + (
-        ("syncs build", "syncs first") if args.count_syncs else ())
+        ("syncs build", "syncs first", "Triton compiles first") if args.count_syncs else ())
     print("| " + " | ".join(head) + " |  (ms per batch, medians)")
     print("|" + "---|" * len(head))
     for kind in args.models.split(","):
@@ -277,7 +301,9 @@ def main():
             batch.blocks = blocks
             t_compile, _ = clock(lambda: [conv.program.compiled_for(b, x.dtype)
                                           for conv, b in zip(model, blocks)], device)
+            compiles = COMPILES[0]
             t_first, _ = clock(lambda: step(kind, model, graph, batch, x), device)
+            compiles = COMPILES[0] - compiles
             t_compute, _ = clock(lambda: step(kind, model, graph, batch, x), device)
             t_pyg = float("nan")
             if refs is not None:
@@ -289,7 +315,7 @@ def main():
                 again, n_build = count_syncs(lambda: [rebuild(b) for b in blocks])
                 batch.blocks = again
                 _, n_first = count_syncs(lambda: step(kind, model, graph, batch, x))
-                syncs = (n_build, n_first)
+                syncs = (n_build, n_first, compiles)
             if args.cprofile and i:    # fresh blocks again, profiled apart from the timings
                 again = [rebuild(b) for b in blocks]
                 batch.blocks = again
@@ -304,7 +330,9 @@ def main():
         med = [statistics.median(c) for c in zip(*rows)]
         print(f"| {kind} | {int(med[0]):,} | " + " | ".join(f"{1e3 * v:.1f}" for v in med[1:6])
               + f" | {(med[2] + med[3]) / med[5]:.2f} | {1e3 * med[6]:.1f} |"
-              + "".join(f" {v:.0f} |" for v in med[7:]))
+              + "".join(f" {v:.0f} |" for v in med[7:9])
+              + ("" if len(med) < 10 else   # compiles: the total, and batches with any
+                 f" {sum(r[9] for r in rows)} in {sum(r[9] > 0 for r in rows)} batches |"))
         if args.torch_profile:
             torch_profile(kind, model, graph, batch, x, device, args.torch_profile)
         if args.cprofile:

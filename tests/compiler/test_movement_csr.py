@@ -8,7 +8,8 @@ import torch
 
 from hector import Graph
 from hector.compiler.steps_torch import GraphIndex
-from hector.compiler.steps_triton import _reversed_chain, movement_csr
+from hector.compiler.steps_triton import _movement_factor, _reversed_chain, movement_csr
+from hector.kernels.traversal.csr import compose
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
 from helpers import random_relational  # noqa: E402
@@ -26,7 +27,7 @@ def graph(seed):
 
 def dense(m):
     d = torch.zeros(m.rows, m.cols, dtype=torch.float64)
-    d[m.row_ids(), m.col.long()] = m.val.double()
+    d.index_put_((m.row_ids(), m.col.long()), m.val.double(), accumulate=True)
     return d
 
 
@@ -91,3 +92,31 @@ def test_scatter_from_groups_equals_from_coo(move, g):
         for a, b in ((got.ptr, want.ptr), (got.col, want.col), (got.val, want.val)):
             assert a.dtype == b.dtype and torch.equal(a, b)
         assert (got.rows, got.cols) == (want.rows, want.cols)
+
+
+def _composed(ix, chain):
+    """The chain as the product of its factors (every path, repeats merged)."""
+    m = None
+    for move in chain:
+        f = _movement_factor(ix, move)
+        m = f if m is None else compose(f, m)
+    return m
+
+
+@pytest.mark.parametrize("g", range(4))
+@pytest.mark.parametrize("chain", CHAINS + [tuple(_reversed_chain(c)) for c in CHAINS],
+                         ids=["rgcn", "two-means", "rgcn-back", "two-means-back"])
+def test_gather_then_scatter_is_one_entry_per_moved_row(chain, g):
+    """Built from the scatter's grouping (no composition): the same matrix as the product of
+    the factors, with one entry per edge (parallel edges apart, adding up to the merged
+    entry), each row's entries in edge order."""
+    graph_ = graphs()[g]
+    ix = GraphIndex(graph_)
+    got = movement_csr(ix, chain)
+    want = _composed(GraphIndex(graph_), chain)
+    assert (got.rows, got.cols) == (want.rows, want.cols)
+    assert got.nnz == graph_.num_edges and got.col.dtype == torch.int32
+    torch.testing.assert_close(dense(got), dense(want), rtol=1e-6, atol=1e-7)
+    ptr, perm = ix.grouped(*chain[1][1:4])
+    assert torch.equal(got.ptr, ptr)
+    assert torch.equal(got.col.long(), ix.move(*chain[0][1:4]).index_select(0, perm))

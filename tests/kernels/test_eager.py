@@ -90,3 +90,14 @@ def test_compiled_code_calls_the_op():
     out = torch.compile(fn, backend="eager", fullgraph=True)(args[1])
     assert seen == [False]                            # traced once, as the op
     assert torch.equal(out, traverse_op(*args))
+
+
+def test_parameters_are_plain_tensors_to_the_fast_path():
+    x, w, *rest = _segment_args()
+    w = torch.nn.Parameter(w)
+    with torch.no_grad():       # a layer's weight inside the compiled plans' own autograd
+        assert direct((x, w, *rest))
+        assert torch.equal(call(segment_mm_op, x, w, *rest), segment_mm_op(x, w, *rest))
+    assert not direct((x, w, *rest))                # grad mode: the op records the gradient
+    call(segment_mm_op, x, w, *rest).sum().backward()
+    assert w.grad is not None and w.grad.abs().sum() > 0

@@ -37,7 +37,8 @@ from ..kernels.eager import call
 from ..kernels.edgewise.op import edgewise
 from ..kernels.segment_mm.launch import segment_mm_wgrad_op
 from ..kernels.segment_mm.op import segment_mm
-from ..kernels.traversal.csr import WeightedCSR, compose, from_groups, one_per_row, scaled
+from ..kernels.traversal.csr import (WeightedCSR, compose, from_groups, narrow_cols,
+                                      one_per_row, scaled)
 from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
 from . import ir
 from .ir import (CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_of_bwd, attention_roles,
@@ -147,16 +148,47 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     return dw[0] if v.per is None else dw
 
 
+def _movement_weight(ix: GraphIndex, move: tuple) -> Optional[torch.Tensor]:
+    """``[many]`` weight of each moved row: ``1 / count`` of its ``one`` row for a mean,
+    None (1) otherwise."""
+    _, one, many, end, how = move
+    if how != "mean":
+        return None
+    return ix.counts(one, many, end).index_select(0, ix.move(one, many, end)).reciprocal()
+
+
 def _movement_factor(ix: GraphIndex, move: tuple) -> WeightedCSR:
     """One gather (``[many, one]``, an entry per ``many`` row) or scatter (``[one, many]``) as
     a weighted CSR; a mean weighs each entry by ``1 / count`` of its ``one`` row."""
     op, one, many, end, how = move
-    idx = ix.move(one, many, end)
-    val = ix.counts(one, many, end).index_select(0, idx).reciprocal() if how == "mean" else None
+    idx, val = ix.move(one, many, end), _movement_weight(ix, move)
     if op == "gather":
         return one_per_row(idx, val, ix.rows[one])
     ptr, perm = ix.grouped(one, many, end)
     return from_groups(ptr, perm, val, ix.rows[one], ix.rows[many])
+
+
+def _through_rows(ix: GraphIndex, movements: tuple) -> Optional[WeightedCSR]:
+    """A gather onto ``many`` rows then a scatter off them (RGCN's source rows onto edges,
+    then a mean per (destination, relation); its backward's reverse): one entry per ``many``
+    row, in the scatter's grouping, which the graph holds (by destination: its CSR; by
+    compact destination row: canonical order) or sorts once.  No composition: that sorted
+    every entry by (row, column) and merged repeats (a parallel edge's entry stays apart here
+    and adds the same term), four times the index work of a new mini-batch's plan.  None for
+    another chain."""
+    if len(movements) != 2:
+        return None
+    (op1, one1, many1, end1, _), (op2, one2, many2, end2, _) = movements
+    if (op1, op2) != ("gather", "scatter") or many1 != many2:
+        return None
+    ptr, perm = ix.grouped(one2, many2, end2)
+    col = ix.move(one1, many1, end1).index_select(0, perm)
+    w1, w2 = (_movement_weight(ix, m) for m in movements)
+    val = w1 if w2 is None else w2 if w1 is None else w1 * w2
+    val = (torch.ones(perm.numel(), dtype=torch.float32, device=perm.device) if val is None
+           else val.index_select(0, perm))
+    return WeightedCSR(ptr, narrow_cols(col, ix.rows[one1]), val.contiguous(), ix.rows[one2],
+                       ix.rows[one1])
 
 
 def movement_csr(ix: GraphIndex, movements: tuple, coef: float = 1.0) -> WeightedCSR:
@@ -173,8 +205,8 @@ def movement_csr(ix: GraphIndex, movements: tuple, coef: float = 1.0) -> Weighte
         if mirror is not None:
             ix.memo[key] = mirror.transpose()
         else:
-            m = None
-            for move in movements:
+            m = _through_rows(ix, movements)
+            for move in movements if m is None else ():
                 f = _movement_factor(ix, move)
                 m = f if m is None else compose(f, m)
             ix.memo[key] = scaled(m, coef) if coef != 1.0 else m

@@ -9,7 +9,7 @@ per training step, none of them captured).
 
 :func:`call` runs the op's own Python body directly when that is the same thing: nothing is
 being traced or compiled, no dispatch mode or functorch transform is active, every tensor is
-a plain ``torch.Tensor``, and no gradient would be recorded (grad mode off, or no input
+a plain ``torch.Tensor`` or parameter, and no gradient would be recorded (grad mode off, or no input
 requires grad: inside the compiled plans' own autograd function, in a backward, in
 inference).  Otherwise it calls the op as before.  The kernels launched are the same either
 way, so results are bitwise equal (a test checks it).
@@ -19,6 +19,9 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+#: Tensor types whose calls need no dispatcher (a Parameter is a plain tensor that autograd
+#: treats as a leaf; subclasses with their own dispatch, fake and functional tensors are not).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 _TRANSFORMS = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
@@ -30,7 +33,7 @@ def _plain(args, grad: bool) -> bool:
             if not _plain(a, grad):
                 return False
         elif isinstance(a, torch.Tensor):
-            if type(a) is not torch.Tensor or (grad and a.requires_grad):
+            if type(a) not in _PLAIN or (grad and a.requires_grad):
                 return False
     return True
 

@@ -105,7 +105,7 @@ def from_groups(ptr: torch.Tensor, perm: torch.Tensor, val: Optional[torch.Tenso
                          f"got {tuple(ptr.shape)} and {tuple(perm.shape)}")
     val = (torch.ones(cols, dtype=torch.float32, device=perm.device) if val is None
            else val.float().index_select(0, perm))
-    return WeightedCSR(ptr, _narrow_cols(perm, cols), val.contiguous(), rows, cols)
+    return WeightedCSR(ptr, narrow_cols(perm, cols), val.contiguous(), rows, cols)
 
 
 def one_per_row(col: torch.Tensor, val: Optional[torch.Tensor], cols: int) -> WeightedCSR:
@@ -116,7 +116,7 @@ def one_per_row(col: torch.Tensor, val: Optional[torch.Tensor], cols: int) -> We
     val = torch.ones(n, dtype=torch.float32, device=col.device) if val is None else val.float()
     # Every row is short, of one entry: the bins are known without reading the device.
     bins = RowBins(n, 0, None, None, min(n, 1), 0.0)
-    return WeightedCSR(ptr, _narrow_cols(col, cols), val.contiguous(), n, cols, bins)
+    return WeightedCSR(ptr, narrow_cols(col, cols), val.contiguous(), n, cols, bins)
 
 
 def _sort_by_row_col(row: torch.Tensor, col: torch.Tensor, rows: int,
@@ -161,7 +161,7 @@ def _merged(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor, rows: int,
             more = val.index_select(0, (starts + k).clamp_(max=last))
             total = torch.where(counts > k, total + more, total)
         row, col, val = row.index_select(0, starts), col.index_select(0, starts), total
-    return WeightedCSR(ptr, _narrow_cols(col, cols), val.contiguous(), rows, cols,
+    return WeightedCSR(ptr, narrow_cols(col, cols), val.contiguous(), rows, cols,
                        bins.finish(values[2:]))
 
 
@@ -171,10 +171,10 @@ def _csr(row: torch.Tensor, col: torch.Tensor, val: torch.Tensor, rows: int,
     read) are found on first use (:attr:`WeightedCSR.layout`): a factor that is only composed
     into a longer chain is never launched, so never pays that read."""
     ptr = sorted_ptr(row, rows)
-    return WeightedCSR(ptr, _narrow_cols(col, cols), val.contiguous(), rows, cols)
+    return WeightedCSR(ptr, narrow_cols(col, cols), val.contiguous(), rows, cols)
 
 
-def _narrow_cols(col: torch.Tensor, cols: int) -> torch.Tensor:
+def narrow_cols(col: torch.Tensor, cols: int) -> torch.Tensor:
     """Column ids as the kernels read them: int32 when they fit."""
     return col.to(torch.int32 if cols < 2 ** 31 else torch.int64).contiguous()
 
