@@ -2,19 +2,25 @@
 
     python scripts/host_path_ab.py [--device cuda] [--profile mag] [--models rgcn,rgat,hgt]
                                    [--batches 12] [--hidden 64]
+    python scripts/host_path_ab.py --attention [--profile cora] [--models gat,agnn,transformer]
 
 Per-batch timings on the GPU box drift by +-30% between runs of one script (the sampling and
 block-build columns of ``batch_overhead.py``, whose code did not change, move as much), so two
 trees timed one after the other cannot show a 20% change.  Here both variants run in one
 process, batch by batch, in alternating order, on fresh copies of the same blocks:
 
-* ``before``: every custom op dispatched (``hector.kernels.eager.direct`` answers False) and
+* ``before``: every custom op dispatched (``hector.kernels.eager.direct`` answers False,
+  ``_recorded`` None) and
   a gather-then-scatter movement CSR composed from its factors (``_through_rows`` declines);
 * ``after``: the code as it is.
 
 For each batch and variant: ``first`` = forward + backward on fresh blocks (index arrays,
 movement CSRs, bins built), ``compute`` = the same step again (everything cached); ``plan`` =
 first - compute.  Prints medians (ms) per model and variant, and after / before.
+
+``--attention``: the attention layers (one layer, F=128, one head) on a whole synthetic graph
+(default cora), eager forward + backward timed per variant, interleaved: their op calls record
+gradients, so "after" runs each op's autograd formula around its body without the dispatcher.
 """
 import argparse
 import statistics
@@ -31,13 +37,45 @@ from hector.datasets import synthetic  # noqa: E402
 from hector.kernels import eager  # noqa: E402
 from hector.loader import NeighborLoader  # noqa: E402
 
-REAL = {"direct": eager.direct, "through": steps_triton._through_rows}
+REAL = {"direct": eager.direct, "recorded": eager._recorded,
+        "through": steps_triton._through_rows}
 
 
 def use(variant: str) -> None:
     before = variant == "before"
     eager.direct = (lambda *a, **k: False) if before else REAL["direct"]
+    eager._recorded = (lambda *a, **k: None) if before else REAL["recorded"]
     steps_triton._through_rows = (lambda *a, **k: None) if before else REAL["through"]
+
+
+def attention_ab(args, device):
+    from hector.nn import AGNNConv, GATConv, TransformerConv
+    from batch_overhead import sync
+    import time
+    data = synthetic.load(args.profile, device=device, scale=args.scale or 1.0)
+    g, F = data.graph, 128
+    x = torch.randn(g.num_nodes, F, device=device, requires_grad=True)
+    print(f"device={device} profile={args.profile} nodes={g.num_nodes:,} edges={g.num_edges:,} "
+          f"(eager forward + backward, ms, medians of {args.batches})")
+    print("| layer | before | after | after / before |")
+    print("|---|---|---|---|")
+    make = {"gat": lambda: GATConv(F, F), "agnn": lambda: AGNNConv(),
+            "transformer": lambda: TransformerConv(F, F)}
+    for kind in args.models.split(","):
+        layer = make[kind]().to(device)
+        times = {"before": [], "after": []}
+        for i in range(args.batches + 2):
+            for variant in (("before", "after") if i % 2 else ("after", "before")):
+                use(variant)
+                sync(device)
+                t0 = time.perf_counter()
+                layer(x, g).square().mean().backward()
+                sync(device)
+                if i > 1:
+                    times[variant].append(time.perf_counter() - t0)
+        use("after")
+        b, a = (1e3 * statistics.median(times[v]) for v in ("before", "after"))
+        print(f"| {kind} | {b:.3f} | {a:.3f} | {a / b:.2f} |")
 
 
 def main():
@@ -48,8 +86,16 @@ def main():
     p.add_argument("--models", default="rgcn,rgat,hgt")
     p.add_argument("--batches", type=int, default=12)
     p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--attention", action="store_true",
+                   help="the attention layers on a whole graph (--profile cora by default)")
     args = p.parse_args()
     device = torch.device(args.device)
+    if args.attention:
+        if args.profile == "mag":
+            args.profile = "cora"
+        if args.models == "rgcn,rgat,hgt":
+            args.models = "gat,agnn,transformer"
+        return attention_ab(args, device)
     scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.05)
     data = synthetic.load(args.profile, device=device, scale=scale)
     graph = data.graph

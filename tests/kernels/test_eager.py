@@ -101,3 +101,29 @@ def test_parameters_are_plain_tensors_to_the_fast_path():
     assert not direct((x, w, *rest))                # grad mode: the op records the gradient
     call(segment_mm_op, x, w, *rest).sum().backward()
     assert w.grad is not None and w.grad.abs().sum() > 0
+
+
+def test_recorded_gradients_use_the_ops_formula_around_its_body():
+    """Grad mode with inputs requiring grad: the op's registered autograd formula runs around
+    its body without the dispatcher (keywords placed as the schema orders them); values and
+    gradients equal the dispatched op's bitwise."""
+    x, w, gather, scatter, bounds, rows, transpose = _segment_args()
+    x.requires_grad_()
+    w = torch.nn.Parameter(w)
+    out = call(segment_mm_op, x, w, gather, scatter, bounds, num_out_rows=rows,
+               transpose_weight=transpose)
+    assert type(out.grad_fn).__name__ == "Eager_hector_segment_mmBackward"
+    ref = segment_mm_op(x, w, gather, scatter, bounds, rows, transpose)
+    assert "Eager" not in type(ref.grad_fn).__name__
+    g = randn(*out.shape)
+    got, want = (torch.autograd.grad(o, (x, w), g) for o in (out, ref))
+    assert torch.equal(out, ref) and all(map(torch.equal, got, want))
+
+
+def test_tensor_list_ops_keep_the_dispatched_autograd():
+    """``hector::traverse`` takes its addends as a tensor list, whose gradients an
+    ``autograd.Function`` cannot return: dispatched."""
+    m = _csr(5)
+    x = randn(30, 16, requires_grad=True)
+    out = call(traverse_op, csr_handle(m), x, [], [], None)
+    assert "Eager" not in type(out.grad_fn).__name__
