@@ -552,8 +552,8 @@ def _autograd_backward(ctx, dout, dlse):
     *saved, seed_t, bias = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(saved[-2])
-    grads = call(edge_attention_backward_op, ctx.graph, dout, *saved, *ctx.scalars, needs, seed_t,
-                                       dlse, bias=bias)
+    grads = call(edge_attention_backward_op, ctx.graph, dout, *saved, *ctx.scalars, needs,
+                 seed_t, dlse, bias=bias)
     need_bias = len(ctx.needs_input_grad) > 13 and ctx.needs_input_grad[13]
     return (None, *[g if need else None for g, need in zip(grads, needs)],
             None, None, None, None, None, None, None,
@@ -580,10 +580,8 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
     ``dst_map``: see :func:`attention_backward`."""
     tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
     return call(edge_attention_backward_op, graph_handle(graph), dout.contiguous(), *tensors,
-                                      out.contiguous(), lse.contiguous(), float(scale),
-                                      negative_slope, 0.0, 0, "auto",
-                                      launch_handle(graph, spec, plan), list(needs),
-                                      dst_map=dst_map)
+                out.contiguous(), lse.contiguous(), float(scale), negative_slope, 0.0, 0,
+                "auto", launch_handle(graph, spec, plan), list(needs), dst_map=dst_map)
 
 
 def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0,
@@ -609,8 +607,8 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
         launch = 0 if plan is None and spec is None else launch_handle(
             graph, spec, plan if plan is not None else _memo_plan(graph, spec, strategy))
         seed_t = seed_tensor(seed, v.device) if dropout > 0 else None
-        out = call(edge_attention_op, graph_handle(graph), *tensors, float(scale), negative_slope,
-                                float(dropout), 0, strategy, launch, seed_t, bias)
+        out = call(edge_attention_op, graph_handle(graph), *tensors, float(scale),
+                   negative_slope, float(dropout), 0, strategy, launch, seed_t, bias)
         return out if return_lse else out[0]
     if return_lse:
         raise ValueError("return_lse needs the custom op's path (no pinned schedule)")

@@ -114,7 +114,7 @@ def _with(spec: tuple, **more) -> tuple:
     return tuple(sorted(dict(spec, **more).items()))
 
 
-def _hub_rows(m: WeightedCSR, bins: RowBins, spec: dict, x: torch.Tensor, out: torch.Tensor,
+def _hub_rows(m: WeightedCSR, bins: RowBins, spec: tuple, x: torch.Tensor, out: torch.Tensor,
               epilogue: list, go: dict):
     """Long rows with some hub: each chunk of ``CHUNK`` entries summed into an fp32 partial
     row (row kernel, no epilogue), then each long row's partials summed in chunk order with
