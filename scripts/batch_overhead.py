@@ -16,7 +16,8 @@ drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HG
   answers otherwise), forward and backward;
 * first: forward + backward on the new blocks (graph indices, derived graphs, schedules
   built; autotune on CUDA);
-* compute: forward + backward again on the same blocks (everything cached);
+* compute: forward + backward again on the same blocks (everything cached), the input
+  features' gather by ``n_id`` included ("feature gather": that gather alone);
 * plan = compile + first - compute: what a new graph shape costs a batch beyond its compute;
 * pyg compute (with ``--pyg``): PyG's namesake layers, whose parameters ours take over
   (``from_pyg``), on the same blocks: forward + backward after a warm-up on the batch;
@@ -283,7 +284,7 @@ def main():
     if args.count_syncs:
         count_triton_compiles()
     head = ("model", "edges/batch", "sample", "build", "plan", "(of it compile)", "compute",
-            "(build+plan)/compute", "pyg compute") + (
+            "(of it feature gather)", "(build+plan)/compute", "pyg compute") + (
         ("syncs build", "syncs first", "Triton compiles first") if args.count_syncs else ())
     print("| " + " | ".join(head) + " |  (ms per batch, medians)")
     print("|" + "---|" * len(head))
@@ -305,6 +306,7 @@ def main():
             t_first, _ = clock(lambda: step(kind, model, graph, batch, x), device)
             compiles = COMPILES[0] - compiles
             t_compute, _ = clock(lambda: step(kind, model, graph, batch, x), device)
+            t_gather, _ = clock(lambda: x.index_select(0, batch.n_id), device)
             t_pyg = float("nan")
             if refs is not None:
                 step(kind, refs, graph, batch, x, pyg_layers=True)     # warm-up
@@ -325,14 +327,14 @@ def main():
                 profile.disable()
             if i:                                  # batch 0 warms up (first compiles)
                 rows.append((sum(b.num_edges for b in blocks), t_sample, t_build,
-                             t_compile + t_first - t_compute, t_compile, t_compute, t_pyg)
-                            + syncs)
+                             t_compile + t_first - t_compute, t_compile, t_compute, t_gather,
+                             t_pyg) + syncs)
         med = [statistics.median(c) for c in zip(*rows)]
-        print(f"| {kind} | {int(med[0]):,} | " + " | ".join(f"{1e3 * v:.1f}" for v in med[1:6])
-              + f" | {(med[2] + med[3]) / med[5]:.2f} | {1e3 * med[6]:.1f} |"
-              + "".join(f" {v:.0f} |" for v in med[7:9])
-              + ("" if len(med) < 10 else   # compiles: the total, and batches with any
-                 f" {sum(r[9] for r in rows)} in {sum(r[9] > 0 for r in rows)} batches |"))
+        print(f"| {kind} | {int(med[0]):,} | " + " | ".join(f"{1e3 * v:.1f}" for v in med[1:7])
+              + f" | {(med[2] + med[3]) / med[5]:.2f} | {1e3 * med[7]:.1f} |"
+              + "".join(f" {v:.0f} |" for v in med[8:10])
+              + ("" if len(med) < 11 else   # compiles: the total, and batches with any
+                 f" {sum(r[10] for r in rows)} in {sum(r[10] > 0 for r in rows)} batches |"))
         if args.torch_profile:
             torch_profile(kind, model, graph, batch, x, device, args.torch_profile)
         if args.cprofile:
