@@ -1,7 +1,8 @@
-"""The attention backward kernels' ``dst_map``: destination rows that read their output
-gradient, output and log-sum-exp at ``dst_map[row]`` of smaller tensors (RGAT's (dst,
-relation) groups reading their node's rows in place) give exactly the gradients of the same
-kernels run on those rows gathered into row-aligned copies, on both schedules and with the
+"""The attention backward kernels' ``dst_map``: destination rows that read their query,
+output gradient, output and log-sum-exp at ``dst_map[row]`` of smaller tensors (RGAT's (dst,
+relation) groups reading their node's rows in place; HGT's padded derived graph reading its
+unpadded queries) give exactly the gradients of the same kernels run on those rows gathered
+into row-aligned copies (``dq`` per destination row), on both schedules and with the
 super node split over chunks."""
 import os
 import sys
@@ -36,17 +37,18 @@ def test_mapped_rows_equal_gathered_rows(strategy, dtype, tol):
 
     def rand(*shape):
         return torch.randn(*shape, generator=gen).to(DEVICE, dtype)
-    t = dict(v=rand(n, heads, dv), q=rand(n, heads, dk), k=rand(n, heads, dk),
-             a_src=rand(n, heads), a_dst=rand(n, heads))
+    t = dict(v=rand(n, heads, dv), k=rand(n, heads, dk), a_src=rand(n, heads),
+             a_dst=rand(n, heads))
     # m "node" rows; every destination row of the graph points at one of them
     dst_map = torch.randint(0, m, (n,), generator=gen).to(DEVICE)
-    dout, out = rand(m, heads, dv), rand(m, heads, dv)
+    q, dout, out = rand(m, heads, dk), rand(m, heads, dv), rand(m, heads, dv)
     lse = (torch.randn(m, heads, generator=gen) + 3).to(DEVICE)
-    spec = AttentionSpec.of(t["v"], t["q"], t["a_src"], t["a_dst"], 0.1)
+    spec = AttentionSpec.of(t["v"], q, t["a_src"], t["a_dst"], 0.1)
     plan = make_plan(g, spec, strategy,
                      schedule=edge_schedule(heads) if strategy == "edge" else None)
-    want = _grads(g, plan, spec, t, dout[dst_map], out[dst_map], lse[dst_map])
-    got = _grads(g, plan, spec, t, dout, out, lse, dst_map)
+    want = _grads(g, plan, spec, dict(t, q=q[dst_map]), dout[dst_map], out[dst_map],
+                  lse[dst_map])
+    got = _grads(g, plan, spec, dict(t, q=q), dout, out, lse, dst_map)
     for name, a, b in zip(("dv", "dq", "dk", "da_src", "da_dst"), got, want):
         assert a.shape == b.shape and a.dtype == b.dtype, name
         torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol, msg=name)

@@ -271,9 +271,11 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
     """(dv, dq, dk, d a_src, d a_dst), None where ``needs`` (same order) is False.
     ``dlse``: the gradient of the log-sum-exp output, if it has one.  Since ``d lse_v / d
     s_e = alpha_e``, it joins ``ds_e = alpha_e (<dout_v, v_u> - delta_v)`` as ``delta_v -
-    dlse_v``: the kernels run unchanged.  ``dst_map``: destination row -> row of ``dout``,
-    ``out``, ``lse`` (and ``dlse``), which then have their own row count (RGAT's groups read
-    their node's rows in place); None: the graph's rows themselves.  ``bias``: the forward's
+    dlse_v``: the kernels run unchanged.  ``dst_map``: destination row -> row of ``q``,
+    ``dout``, ``out``, ``lse`` (and ``dlse``), which then have their own row count (RGAT's
+    groups read their node's rows in place; HGT's derived graph, padded past the nodes, reads
+    unpadded node rows); None: the graph's rows themselves.  Gradients have the graph's rows
+    (``dq`` too).  ``bias``: the forward's
     epilogue bias, which ``out`` includes (subtracted where delta reads ``out``)."""
     need_v, need_q, need_k, need_src, need_dst = needs
     n, heads, dim_v = v.shape
@@ -531,7 +533,10 @@ def edge_attention_backward_op(
 @edge_attention_backward_op.register_fake
 def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropout, seed,
       strategy, launch, needs, seed_tensor=None, dlse=None, dst_map=None, bias=None):
-    return [torch.empty_like(t) if need and t is not None else v.new_empty(0)
+    # Gradients have the graph's rows (v's), also where q is read through dst_map with its
+    # own (node) row count.
+    return [v.new_empty((v.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype)
+            if need and t is not None else v.new_empty(0)
             for t, need in zip((v, q, k, a_src, a_dst), needs)]
 
 
