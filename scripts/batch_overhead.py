@@ -225,16 +225,28 @@ def epoch_prefetch(args, graph, x, seeds, fanouts, device):
                   + f" | {1e3 * statistics.median(ts):.0f} |")
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def common_arguments(p: argparse.ArgumentParser, batches: int) -> None:
+    """The arguments of the per-batch scripts (this one and ``host_path_ab.py``)."""
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--profile", default="mag")
     p.add_argument("--scale", type=float, default=None)
     p.add_argument("--models", default="rgcn,rgat,hgt")
+    p.add_argument("--batches", type=int, default=batches)
+    p.add_argument("--hidden", type=int, default=64)
+
+
+def load_profile(args, device):
+    """(the synthetic profile's dataset, its scale): ``--scale``, else the whole profile on
+    CUDA and 5% of it on the CPU."""
+    scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.05)
+    return synthetic.load(args.profile, device=device, scale=scale), scale
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common_arguments(p, batches=10)
     p.add_argument("--fanout", default="25,20")
     p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--batches", type=int, default=10)
-    p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--pyg", action="store_true", help="also time PyG's layers on the blocks")
     p.add_argument("--count-syncs", action="store_true",
@@ -263,8 +275,7 @@ def main():
         if device.type != "cpu":
             raise SystemExit("--cpu-clock needs --device cpu (CPU time misses GPU waits)")
         TIMER[0] = time.process_time
-    scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.05)
-    data = synthetic.load(args.profile, device=device, scale=scale)
+    data, scale = load_profile(args, device)
     graph = data.graph
     x = torch.randn(graph.num_nodes, args.hidden, device=device)
     seeds = data.node_type_names[0] if data.node_type_names else None

@@ -30,12 +30,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from batch_overhead import clock, make_model, rebuild, step  # noqa: E402
+from batch_overhead import (clock, common_arguments, load_profile, make_model,  # noqa: E402
+                            rebuild, step)
 
 from hector.compiler import steps_triton  # noqa: E402
 from hector.datasets import synthetic  # noqa: E402
 from hector.kernels import eager  # noqa: E402
 from hector.loader import NeighborLoader  # noqa: E402
+from hector.nn import AGNNConv, GATConv, TransformerConv  # noqa: E402
 
 REAL = {"direct": eager.direct, "recorded": eager._recorded,
         "through": steps_triton._through_rows}
@@ -49,9 +51,6 @@ def use(variant: str) -> None:
 
 
 def attention_ab(args, device):
-    from hector.nn import AGNNConv, GATConv, TransformerConv
-    from batch_overhead import sync
-    import time
     data = synthetic.load(args.profile, device=device, scale=args.scale or 1.0)
     g, F = data.graph, 128
     x = torch.randn(g.num_nodes, F, device=device, requires_grad=True)
@@ -67,12 +66,9 @@ def attention_ab(args, device):
         for i in range(args.batches + 2):
             for variant in (("before", "after") if i % 2 else ("after", "before")):
                 use(variant)
-                sync(device)
-                t0 = time.perf_counter()
-                layer(x, g).square().mean().backward()
-                sync(device)
+                t, _ = clock(lambda: layer(x, g).square().mean().backward(), device)
                 if i > 1:
-                    times[variant].append(time.perf_counter() - t0)
+                    times[variant].append(t)
         use("after")
         b, a = (1e3 * statistics.median(times[v]) for v in ("before", "after"))
         print(f"| {kind} | {b:.3f} | {a:.3f} | {a / b:.2f} |")
@@ -80,12 +76,7 @@ def attention_ab(args, device):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--profile", default="mag")
-    p.add_argument("--scale", type=float, default=None)
-    p.add_argument("--models", default="rgcn,rgat,hgt")
-    p.add_argument("--batches", type=int, default=12)
-    p.add_argument("--hidden", type=int, default=64)
+    common_arguments(p, batches=12)
     p.add_argument("--attention", action="store_true",
                    help="the attention layers on a whole graph (--profile cora by default)")
     args = p.parse_args()
@@ -96,8 +87,7 @@ def main():
         if args.models == "rgcn,rgat,hgt":
             args.models = "gat,agnn,transformer"
         return attention_ab(args, device)
-    scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.05)
-    data = synthetic.load(args.profile, device=device, scale=scale)
+    data, _ = load_profile(args, device)
     graph = data.graph
     x = torch.randn(graph.num_nodes, args.hidden, device=device)
     loader = NeighborLoader(graph, [25, 20], input_nodes=data.node_type_names[0],
