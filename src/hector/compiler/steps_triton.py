@@ -388,6 +388,14 @@ def _fit(t: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:
     return torch.cat([t, t.new_zeros((rows - t.shape[0],) + t.shape[1:])], 0)
 
 
+def _first_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t[:rows]`` of an op output with the op graph's rows, copied out when ``t`` is much
+    longer: the graph has max(nodes, compact rows) rows, and a slice would keep the whole
+    buffer alive as long as the plan keeps the rows it needs (HGT on mag: 3.06M rows for
+    1.94M nodes; its forward output and dq, 272 MiB each, through the whole backward)."""
+    return t[:rows].clone() if 4 * t.shape[0] > 5 * rows else t[:rows]
+
+
 def attention_graph(rows: AttentionRows, ix: GraphIndex) -> Graph:
     """The graph an attention step's op call traverses (see :class:`AttentionRows`)."""
     if rows.graph == "groups":
@@ -539,13 +547,7 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
     out, lse = edge_attention_triton(g, *(_fit(t, n) for t in terms), scale=scale,
                                      negative_slope=slope, spec=spec, plan=plan,
                                      return_lse=True)
-    if 4 * n > 5 * nodes:
-        # The op graph has max(nodes, compact rows) rows but only nodes have in-edges: a
-        # slice would keep the whole [n, H, D] output alive as long as the backward keeps
-        # the node rows (HGT on mag: 3.06M rows for 1.94M nodes, 272 MiB through the whole
-        # backward), so copy the node rows out (0.2 ms there) and let the rest go.
-        return out[:nodes].clone(), lse[:nodes].clone()
-    return out[:nodes], lse[:nodes]
+    return _first_rows(out, nodes), _first_rows(lse, nodes)
 
 
 def _attention_terms(step, roles, ix: GraphIndex):
@@ -601,8 +603,8 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     g = attention_graph(step.spec[1], ix)
     n, needs = g.num_nodes, body.attr("needs")
     dst_map = _dst_map(step, ix, n, grad.shape[0])
-    # q is read through dst_map when there is one: no padded copy of it (HGT on mag: 746 MiB
-    # at the training step's peak).
+    # q is read through dst_map when there is one: no padded copy of it (HGT on mag: 746
+    # MiB, though not at the training step's peak).
     grads = edge_attention_grads_triton(
         g, spec, plan, [r in needs for r in _OP_ROLES], grad,
         *(t if role == "q" and dst_map is not None else _fit(t, n)
@@ -611,11 +613,6 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     result = {}
     for role, d in zip(_OP_ROLES, grads):
         if role in needs:
-            keep = ix.rows[roles[role][0].kind]
-            # A gradient with the op graph's rows, much longer than its role's (HGT's dq:
-            # 3.06M rows for mag's 1.94M nodes): copy the rows out, so that the rest does
-            # not stay alive as long as the backward keeps the slice (as the forward's
-            # output, in run_attention).
-            d = d[:keep].clone() if 4 * d.shape[0] > 5 * keep else d[:keep]
+            d = _first_rows(d, ix.rows[roles[role][0].kind])
             result[role] = d[..., None] if role in ("a_src", "a_dst") else d
     return result
