@@ -105,6 +105,12 @@ def main():
     print("|---:|---:|---|")
     for site, (size, count) in sorted(by_site.items(), key=lambda kv: -kv[1][0])[:args.top]:
         print(f"| {size / 2**20:.0f} | {count} | {site} |")
+    try:      # the plan replay's prediction (hector.compiler.memory; absent in older trees)
+        from hector.compiler.memory import describe_peak
+    except ImportError:
+        return
+    print("\nplan replay (values only, no kernel scratch):")
+    print(describe_peak(layer.program.compiled_for(g), top=args.top))
 
 
 if __name__ == "__main__":

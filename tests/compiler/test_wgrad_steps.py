@@ -99,3 +99,29 @@ def test_slice_sums_of_no_rows_are_zeros(n):
     # a graph without edges: a per-relation bias gradient sums no compact rows
     got = steps_torch.slice_sums(torch.zeros(0, 2, 1), torch.zeros(0, dtype=torch.long), n)
     assert got.shape == (n, 2, 1) and not got.any()
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_hgt_relation_weight_gradients_read_node_rows_in_place(heads):
+    """``k W_r`` and ``v W_r`` read node rows gathered onto (src, relation) rows; their weight
+    gradients read the same node rows through the GEMM's index (no gathered copy, no
+    traversal step that only gathers), and equal the torch backend's (``_check``)."""
+    from hector.compiler.ir import Op
+    dev = device_for("triton")
+    counts, eid, meta = random_hetero()
+    layer = HGTConv.from_pyg(pyg.HGTConv(8, 8, meta, heads=heads), backend="triton")
+    g = layer.graph_of({t: torch.zeros(n, 8, device=dev) for t, n in counts.items()},
+                       {k: v.to(dev) for k, v in eid.items()})
+    steps = _wgrad_steps(layer.program, g)
+    gathered = [s for s in steps if s.body.args[0].op == Op.GATHER]
+    assert len(gathered) == 2
+    assert all(s.inputs[0].kind == "node" and "read in place" in s.note for s in gathered)
+    plan = layer.program.compiled_for(g).backward_plan
+    assert not [s for s in plan.steps if s.template == "traversal"
+                and [b.op for b in _ops(s.body)] == [Op.GATHER]]
+    _check(gathered, g, dev)
+
+
+def _ops(body):
+    from hector.compiler.ir import Op, toposort
+    return [b for b in toposort([body]) if b.op != Op.ARG]

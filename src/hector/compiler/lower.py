@@ -97,7 +97,10 @@ def gemm_spec(body: Value, dtype: torch.dtype):
     if body.op == Op.WGRAD:
         x, dy = body.args
         seg = body.per or "one segment"
-        return None, f"weight gradient dW = sum x^T dy over {x.kind} rows, segments by {seg}"
+        how = (f"; x read in place from {x.args[0].kind} rows by {x.attr('end')}"
+               if x.op == Op.GATHER else "")
+        return None, (f"weight gradient dW = sum x^T dy over {x.kind} rows, segments by "
+                      f"{seg}{how}")
     x, w = body.args
     transpose = w.op == Op.WT
     wshape = w.args[0].shape if transpose else w.shape

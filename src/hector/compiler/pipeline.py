@@ -17,7 +17,11 @@ inference never pays for it):
 
 6. ``autodiff``     -- reverse-mode IR of the optimised (unfused) forward; the forward values
                        the fused forward plan materialises become ``saved`` leaves;
-7. passes 1-4 on the backward IR (logged as ``backward/...``), then ``lower`` again.
+7. passes 1-4 on the backward IR (logged as ``backward/...``), then ``lower`` again;
+8. ``schedule``     -- the backward's steps re-ordered to lower its peak memory (weight
+                       gradients as soon as their inputs exist, so the forward values they
+                       read are freed before the attention backward's peak; see
+                       :mod:`~hector.compiler.schedule`).
 
 Every pass appends a :class:`PassRecord` (IR before and after, decisions with reasons) to
 the entry's log in the order it ran; with ``HECTOR_DEBUG=1`` the verifier checks the IR after
@@ -42,6 +46,7 @@ from .ir import Op, Value, attention_lse, toposort
 from .lower import lower
 from .passes import autodiff, canonicalize, compact, fuse as fusion, reorder
 from .passes.common import Cheaper, Decision, GraphStats
+from . import schedule
 from .plan import Plan
 from .verify import debug_enabled, verify
 
@@ -210,13 +215,13 @@ def compile_backward(entry: CompiledPlan) -> CompiledPlan:
 def _backward_stage(stage: ForwardStage, stats: GraphStats) -> BackwardStage:
     opts, log = stage.options, []
     forward, materialised, fused = _autodiff_input(stage)
-    bwd = autodiff.differentiate(forward)
+    bwd = autodiff.bind_saved(autodiff.differentiate(forward), forward, materialised)
     log.append(PassRecord("autodiff", forward, bwd.outputs, tuple(fused) + bwd.decisions))
-    bwd = autodiff.bind_saved(bwd, forward, materialised)
     b_out = optimize(bwd.outputs, stats, reorder_on=opts["reorder"],
                      compact_on=opts["compact"], log=log, prefix="backward/")
     b_out = _run("backward/fuse", fusion.run, b_out, stats, opts["fuse"], log)
-    return BackwardStage(_questions(log), lower(b_out, stage.dtype), bwd.saved_values,
+    plan = schedule.for_memory(lower(b_out, stage.dtype))
+    return BackwardStage(_questions(log), plan, bwd.saved_values,
                          bwd.saved_leaves, bwd.grad_leaves, bwd.targets, tuple(log),
                          stage.forward_plan.releases(bwd.saved_values))
 

@@ -113,15 +113,21 @@ def _head_major_layout(ix: GraphIndex, rs, rows: int, heads: int, gather):
     return ix.memo[key]
 
 
-def _wgrad_layout(ix: GraphIndex, kind: str, per, rows: int, heads: int):
-    """(segment bounds as a tuple of ints, row index on the device or None) of a weight
-    gradient over ``rows`` rows of ``kind``; with ``heads`` > 0 the rows are head-major
-    ``(h, j)``, read in place from ``[rows * H, .]`` views (see :func:`_head_major_layout`)."""
+def _wgrad_layout(ix: GraphIndex, kind: str, per, rows: int, heads: int, gather=None):
+    """(segment bounds as a tuple of ints, read index of x's rows, read index of dy's rows;
+    indices on the device or None) of a weight gradient over ``rows`` rows of ``kind``.
+    ``gather``: (x's row kind, endpoint) when x holds the rows the gradient's rows are
+    gathered from (read in place).  With ``heads`` > 0 the rows are head-major ``(h, j)``,
+    read from ``[rows * H, .]`` views (see :func:`_head_major_layout`)."""
     seg = "relation" if per == "relation" else "node_type" if per == "node_type" else None
-    rs = RowSegments(rows=kind, segments=seg, per_head=bool(heads), transpose_weight=False)
+    rs = RowSegments(rows=kind, segments=seg, per_head=bool(heads), transpose_weight=False,
+                     gather=gather)
+    index = None if gather is None else ix.move(gather[0], kind, gather[1])
     if heads:
-        return _head_major_layout(ix, rs, rows, heads, None)[:2]
-    return _gemm_layout(ix, rs, rows)
+        return _head_major_layout(ix, rs, rows, heads, index)
+    bounds, perm = _gemm_layout(ix, rs, rows)
+    # (A gather comes only with relation or no segments: then there is no node permutation.)
+    return bounds, perm if index is None else index, perm
 
 
 def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
@@ -129,12 +135,16 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     ``segment_mm_wgrad`` kernel: one launch for all slices (the torch backend loops over
     them in Python, one small matmul per relation).  Same segments as the forward GEMM:
     relation pointers of the rows' kind, node-type pointers with ``node_perm`` as gather and
-    scatter, or one segment; per-head weights make each (head, slice) a segment."""
+    scatter, or one segment; per-head weights make each (head, slice) a segment.  When the
+    step's x is a gather of node rows (fusion folded it), ``x`` holds the node rows and the
+    kernel reads them by index: no gathered copy."""
     v = step.body
     headwise = len(v.shape) == 3
-    rows = x.shape[0]
+    xv = v.args[0]
+    gather = (xv.args[0].kind, xv.attr("end")) if xv.op == Op.GATHER else None
+    rows = dy.shape[0]
     H = x.shape[1] if headwise else 0
-    bounds, perm = _wgrad_layout(ix, v.args[0].kind, v.per, rows, H)
+    bounds, read_x, read_dy = _wgrad_layout(ix, xv.kind, v.per, rows, H, gather)
     if headwise:   # rows (r, h) in place; the head-major order is in the index
         xin, dyin = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
     else:
@@ -142,7 +152,8 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     K, N = xin.shape[1], dyin.shape[1]
     S = len(bounds) - 1
     # A custom op (hector::segment_mm_wgrad), so that torch.compile does not trace the launch.
-    dw = call(segment_mm_wgrad_op, xin.contiguous(), dyin.contiguous(), perm, perm, list(bounds))
+    dw = call(segment_mm_wgrad_op, xin.contiguous(), dyin.contiguous(), read_x, read_dy,
+              list(bounds))
     if headwise:   # [(head, slice), K, N] -> [slice, head, K, N]
         dw = dw.view(H, S // H, K, N).transpose(0, 1).contiguous()
     return dw[0] if v.per is None else dw
@@ -609,7 +620,8 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
         g, spec, plan, [r in needs for r in _OP_ROLES], grad,
         *(t if role == "q" and dst_map is not None else _fit(t, n)
           for role, t in zip(_OP_ROLES, terms)),
-        out, lse, att.attr("scale"), att.attr("slope"), dst_map=dst_map)
+        out, lse, att.attr("scale"), att.attr("slope"), dst_map=dst_map,
+        dq_rows=ix.rows[roles["q"][0].kind] if "q" in needs else 0)
     result = {}
     for role, d in zip(_OP_ROLES, grads):
         if role in needs:

@@ -158,9 +158,11 @@ def differentiate(outputs: Sequence[Value]) -> Backward:
 def bind_saved(bwd: Backward, forward: Sequence[Value], materialised: Dict[Value, Value]) -> Backward:
     """Replace forward values the fused forward plan materialises (``materialised``: unfused
     value -> the plan value holding it; leaves map to themselves) with ``saved`` leaves.  An
-    attention's log-sum-exp is a forward value too (its kernel's second output)."""
+    attention's log-sum-exp is a forward value too (its kernel's second output).  Values
+    :func:`recomputed` picks are rebuilt from the inputs in the backward instead of kept."""
     fwd_set = set(toposort(forward))
     fwd_set.update(k for k in materialised if k.op == Op.ATTENTION_LSE)
+    again = recomputed(bwd.outputs, fwd_set & set(materialised))
     memo: Dict[Value, Value] = {}
     saved_values: List[Value] = []
     saved_leaves: List[Value] = []
@@ -168,17 +170,66 @@ def bind_saved(bwd: Backward, forward: Sequence[Value], materialised: Dict[Value
     def sub(v: Value) -> Value:
         if v in memo:
             return memo[v]
-        if v in fwd_set and v in materialised:
+        rebuilt = v in again or (rebuilding and v.op not in LEAVES and v.kind != WEIGHT)
+        if v in fwd_set and v in materialised and not rebuilt:
             key = len(saved_values)
             saved_values.append(materialised[v])
             leaf = N.saved(v, key)
             saved_leaves.append(leaf)
             memo[v] = leaf
             return leaf
+        if v in again:
+            rebuilding.append(v)     # its row-valued arguments are rebuilt too, not kept
         args = tuple(sub(a) for a in v.args)
+        if v in again:
+            rebuilding.pop()
         memo[v] = v if args == v.args else Value(v.op, args, v.kind, v.shape, v.attrs)
         return memo[v]
 
+    rebuilding: List[Value] = []
     outs = tuple(sub(o) for o in bwd.outputs)
+    decisions = tuple(Decision(NAME, f"{v.op} {v.kind}{list(v.shape)} recomputed in the backward",
+                               True, "read only by weight gradients and one typed linear from "
+                               "the inputs: rebuilt after the attention backward's peak "
+                               "instead of kept from the forward") for v in again)
     return replace(bwd, outputs=outs, saved_values=tuple(saved_values),
-                   saved_leaves=tuple(saved_leaves))
+                   saved_leaves=tuple(saved_leaves), decisions=bwd.decisions + decisions)
+
+
+def recomputed(outputs: Sequence[Value], kept: set) -> List[Value]:
+    """Forward row values (of ``kept``: those the forward plan materialises) the backward
+    ``outputs`` rebuild rather than keep: those read only as a weight gradient's input rows
+    (directly, or gathered: the GEMM reads them in place) and made by at most one typed
+    linear of an input plus elementwise terms with weights (HGT's ``K_tau x + b``): a
+    node-sized GEMM in the backward instead of a node-sized tensor held from the forward
+    through the backward's peak (the weight gradients run after it)."""
+    readers: Dict[Value, List[Tuple[Value, int]]] = {}
+    seen, stack = set(), list(outputs)
+    while stack:            # the backward as it will read: kept values are leaves
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in kept:
+            continue
+        for i, a in enumerate(v.args):
+            readers.setdefault(a, []).append((v, i))
+            stack.append(a)
+
+    def wgrad_input(v: Value) -> bool:
+        rs = readers.get(v, [])
+        return bool(rs) and all(
+            (r.op == Op.WGRAD and i == 0) or (r.op == Op.GATHER and r.kind != EDGE and
+                                             wgrad_input(r)) for r, i in rs)
+    return [v for v in toposort(list(outputs)) if v in kept and v.kind == NODE
+            and v.op not in LEAVES and wgrad_input(v) and _one_linear_from_inputs(v)]
+
+
+def _one_linear_from_inputs(v: Value, linear_seen: bool = False) -> bool:
+    if v.kind == WEIGHT or v.op == Op.INPUT:
+        return True
+    if v.op == Op.LINEAR:
+        return not linear_seen and v.args[0].op == Op.INPUT and v.args[1].kind == WEIGHT
+    if v.op in (Op.ADD, Op.SUB, Op.MUL, Op.RESHAPE):
+        return all(_one_linear_from_inputs(a, linear_seen) for a in v.args)
+    return False

@@ -8,7 +8,10 @@
 2. **kernels**: every typed linear is a segment-GEMM kernel (a ``wT`` weight folds into its
    transpose flag); weight-only expressions form weight kernels; every other operator is
    inlined into its consumer's traversal kernel when it has one consumer that is a traversal,
-   and is materialised otherwise -- each refusal is logged with its reason.
+   and is materialised otherwise -- each refusal is logged with its reason.  An elementwise
+   operator of leaves only (``dout * sigmoid(gate)``: its inputs stay alive anyway) is
+   inlined into every traversal that reads it, recomputed there, and materialised only for
+   the readers that cannot inline it: so no reader late in a plan holds it alive.
 """
 from __future__ import annotations
 
@@ -188,10 +191,17 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
                 decisions.append(Decision(NAME, f"{a.op} into linear", False,
                                           "the segment GEMM reads its input rows from memory"))
             return False
-        if a in is_output or consumers[a] > 1:
+        if a in is_output:
+            return False
+        if consumers[a] > 1 and not _of_leaves(a):
             decisions.append(Decision(NAME, f"{a.op} into {consumer.op}", False,
                                       f"read by {consumers[a]} operators: materialised once"))
             return False
+        if consumers[a] > 1:
+            decisions.append(Decision(NAME, f"{a.op} into {consumer.op}", True,
+                                      f"read by {consumers[a]} operators, elementwise of "
+                                      "leaves: recomputed in each traversal that reads it"))
+            return True
         decisions.append(Decision(NAME, f"{a.op} into {consumer.op}", True,
                                   "single consumer in the same traversal"))
         return True
@@ -199,14 +209,11 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
     def build(v: Value, inputs: List[Value]) -> Value:
         """Body of the kernel rooted at ``v``; external inputs appended to ``inputs``."""
         args = []
-        for a in v.args:
+        for i, a in enumerate(v.args):
             if v.op == Op.LINEAR and a.op == Op.WT and a.kind == WEIGHT:
                 args.append(N.wT(_placeholder(materialise(a.args[0]), inputs)))
-            elif v.op == Op.LINEAR and _gemm_gather(a, v):
-                decisions.append(Decision(NAME, f"gather {a.args[0].kind}->{a.kind} into linear",
-                                          True, "becomes the segment GEMM's gather index"))
-                args.append(Value(a.op, (_placeholder(materialise(a.args[0]), inputs),),
-                                  a.kind, a.shape, a.attrs))
+            elif i == 0 and _gemm_gather(a, v):
+                args.append(gemm_gather(a, v, inputs))
             elif inline_ok(a, v):
                 args.append(build(a, inputs))
             else:
@@ -229,17 +236,36 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
         if v.op in _OPAQUE:
             return _placeholder(v, inputs)
         return Value(v.op, tuple(_weight_body(a, inputs) if a.kind == WEIGHT
-                                 else _placeholder(materialise(a), inputs) for a in v.args),
+                                 else gemm_gather(a, v, inputs) if i == 0 and _gemm_gather(a, v)
+                                 else _placeholder(materialise(a), inputs)
+                                 for i, a in enumerate(v.args)),
                      v.kind, v.shape, v.attrs)
+
+    def gemm_gather(a: Value, gemm: Value, inputs: List[Value]) -> Value:
+        """``a`` (a gather of node rows) kept in the GEMM's body over its node rows."""
+        decisions.append(Decision(NAME, f"gather {a.args[0].kind}->{a.kind} into {gemm.op}",
+                                  True, "becomes the segment GEMM's gather index"))
+        return Value(a.op, (_placeholder(materialise(a.args[0]), inputs),), a.kind, a.shape,
+                     a.attrs)
 
     return [materialise(o) for o in outputs]
 
 
-def _gemm_gather(a: Value, linear: Value) -> bool:
-    """A plain gather from node rows feeding a typed linear is the GEMM's gather index
-    (not with per-node-type weights: those already gather rows through ``node_perm``)."""
+def _gemm_gather(a: Value, gemm: Value) -> bool:
+    """A plain gather from node rows feeding a typed linear's input, or a weight gradient's
+    input rows, is the segment GEMM's gather index: the kernel reads the node rows in place,
+    no gathered copy exists (not with per-node-type weights: those already read rows
+    through ``node_perm``)."""
+    per = gemm.per if gemm.op == Op.WGRAD else gemm.args[1].per if gemm.op == Op.LINEAR else ""
     return (a.op == Op.GATHER and a.args[0].kind == NODE and a.attr("norm") is None
-            and linear.args[1].per != "node_type")
+            and per != "node_type" and gemm.op in (Op.LINEAR, Op.WGRAD))
+
+
+def _of_leaves(v: Value) -> bool:
+    """An elementwise operator whose row inputs are all leaves (inputs, saved values,
+    incoming gradients): recomputing it where it is read costs a multiply, not a tensor."""
+    return (v.op in N.UNARY + N.BINARY and v.op not in (Op.EXP,)
+            and all(a.op in LEAVES or a.kind == WEIGHT for a in v.args))
 
 
 def _placeholder(v: Value, inputs: List[Value]) -> Value:
