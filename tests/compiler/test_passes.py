@@ -55,6 +55,36 @@ def test_reorder_moves_linear_across_aggregation_when_dst_rows_fewer():
     assert kept == before and not dec[0].applied and "600" in dec[0].reason
 
 
+def test_reorder_folds_a_per_head_prior_into_the_key_weight():
+    """HGT's ``<q_dst, x_src W_r> p_r`` -> ``<q_dst, x_src (W_r p_r)>``; not when the keys
+    are read elsewhere too (they would then be computed twice)."""
+    q = N.gather(N.input_("q", 4, heads=2), N.EDGE, "dst")
+    xs = N.gather(N.input_("k", 4, heads=2), N.EDGE, "src")
+    W, p = N.param("W", (2, 4, 4), per="relation"), N.param("p", (2, 1), per="relation")
+    keys = N.linear(xs, W)
+    before = N.binary("mul", N.dot(q, keys), p)
+    (after,), dec = reorder.run((before,), STATS)
+    assert after == N.dot(q, N.linear(xs, N.wscale(W, p)))
+    assert [d.applied for d in dec] == [True]
+    (kept, _), _ = reorder.run((before, N.unary("exp", keys)), STATS)
+    assert kept == before
+    with pytest.raises(ValueError, match="wscale"):
+        N.wscale(W, N.param("p3", (3, 1), per="relation"))
+
+
+def test_hgt_attention_reads_the_keys_the_gemm_wrote():
+    """After the fold the attention has no ``p`` role: no per-row ``k p_r`` anywhere."""
+    m = hcompile(models.hgt, in_dim=8, out_dim=8, heads=2, num_relations=4,
+                 num_node_types=1, backend="torch")
+    ei, et = random_relational(num_nodes=20, num_edges=70, num_relations=4)
+    g = hector.Graph(ei, edge_type=et, num_nodes=20, num_relations=4)
+    m(g, x=torch.randn(20, 8, requires_grad=True)).sum().backward()
+    cp = m.program.compiled_for(g)
+    att = [s for s in cp.forward_plan.steps if s.template == "attention"]
+    assert len(att) == 1 and "p" not in att[0].body.attr("roles")
+    assert not [s for s in cp.backward_plan.steps if s.body.op == "dot"]
+
+
 def test_compact_src_and_dst():
     W = N.param("W", (16, 8), per="relation")
     src_lin = N.linear(N.gather(x_(), N.EDGE, "src"), W)

@@ -52,6 +52,7 @@ class Op:
     # weight operators
     WMUL, WCOMBINE, BLOCKDIAG, WT, WGRAD, WSUM = ("wmul", "wcombine", "blockdiag", "wT",
                                                   "wgrad", "wsum")
+    WSCALE = "wscale"
     # made by fusion
     ATTENTION, KERNEL = "attention", "kernel"
     # the fused attention's backward (made by autodiff of an ``attention`` node)
@@ -62,7 +63,7 @@ class Op:
 UNARY = (Op.NEG, Op.EXP, Op.SIGMOID, Op.TANH, Op.GELU, Op.RELU, Op.LEAKY_RELU, Op.SCALE,
          Op.LEAKY_RELU_GRAD, Op.GELU_GRAD)
 BINARY = (Op.ADD, Op.SUB, Op.MUL)
-WEIGHT_OPS = (Op.PARAM, Op.WMUL, Op.WCOMBINE, Op.BLOCKDIAG, Op.WT)
+WEIGHT_OPS = (Op.PARAM, Op.WMUL, Op.WCOMBINE, Op.BLOCKDIAG, Op.WT, Op.WSCALE)
 #: Values with no computation of their own: passes leave them alone, lowering makes no step.
 LEAVES = (Op.INPUT, Op.PARAM, Op.CONST, Op.SAVED, Op.GRAD_OUTPUT, Op.ARG)
 #: The score terms a fused ``attention`` node can read, in the order its arguments hold them.
@@ -283,6 +284,16 @@ def blockdiag(w: Value) -> Value:
     _need(len(w.shape) == 3, f"blockdiag: weight must be (blocks, k, n), got {w.shape}")
     nb, k, n = w.shape
     return Value(Op.BLOCKDIAG, (w,), WEIGHT, (nb * k, nb * n), _attrs(per=w.per))
+
+
+def wscale(w: Value, s: Value) -> Value:
+    """A per-head weight ``(H, K, N)`` whose head ``h`` matrix is scaled by ``s[h]`` (``s``
+    ``(H, 1)``, sliced like ``w`` or not at all): HGT's relation prior folded into the key
+    weights, ``<q, x W_r> p_r = <q, x (W_r p_r)>``."""
+    _need(len(w.shape) == 3 and s.shape == (w.shape[0], 1),
+          f"wscale: scale {s.shape} does not fit a per-head weight {w.shape}")
+    _need(s.per in (None, w.per), f"wscale: scale sliced by {s.per}, weight by {w.per}")
+    return Value(Op.WSCALE, (w, s), WEIGHT, w.shape, _attrs(per=w.per))
 
 
 def wT(w: Value) -> Value:

@@ -270,6 +270,8 @@ def _eval_elementwise_or_weight(v: Value, a: List[torch.Tensor], ix: GraphIndex)
         return gelu_grad(x)
     if op == Op.WMUL:
         return torch.matmul(a[0], a[1])
+    if op == Op.WSCALE:          # [.., H, K, N] * [.., H, 1] per head
+        return a[0] * a[1][..., None]
     if op == Op.WCOMBINE:
         comp, basis = a
         return (comp @ basis.reshape(basis.shape[0], -1)).reshape((comp.shape[0],) + v.shape)

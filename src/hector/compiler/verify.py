@@ -34,6 +34,8 @@ def _infer(v: Value) -> Value:
         return N.reshape(a[0], v.heads)
     if op == Op.WMUL:
         return N.wmul(*a)
+    if op == Op.WSCALE:
+        return N.wscale(*a)
     if op == Op.WCOMBINE:
         return N.wcombine(*a)
     if op == Op.BLOCKDIAG:

@@ -4,6 +4,11 @@
   ``<x_u W_r, k>`` becomes ``<x_u, W_r k>``: a per-relation ``in x heads`` matrix instead of
   a second product per row.  Applied when it costs no more multiply-adds per row (the inner
   product is still computed when something else reads it, e.g. RGAT's message ``z_u``).
+* **prior into the weight**: ``<a, x W> p -> <a, x (W p)>`` for a per-head weight and a
+  per-head scalar ``p`` sliced like it (HGT's relation prior ``p_r``): the score needs no
+  per-row multiply, and the attention reads its keys as the GEMM wrote them (no ``k p_r``
+  copy of the keys forward or backward; ``p``'s gradient comes from the weight's).  Always
+  applied when the product is read only by that score.
 * **linear across aggregation**: ``aggregate_{(v, r)}(x_u W_r) -> (aggregate_{(v, r)} x_u) W_r``
   -- a per-relation linear commutes with a sum over rows of one relation, so RGCN multiplies
   once per unique (dst, relation) row instead of once per edge or (src, relation) row.
@@ -89,8 +94,29 @@ def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
             return None
         return N.linear(N.scatter(g, v.kind, v.attr("end"), v.attr("reduce")), W, lin.attr("heads"))
 
+    def prior_into_weight(v: Value):
+        w = [a for a in v.args if a.kind == WEIGHT]
+        rest = [a for a in v.args if a.kind != WEIGHT]
+        if v.op != Op.MUL or len(w) != 1 or len(rest) != 1 or rest[0].op != Op.DOT:
+            return None
+        p, score = w[0], rest[0]
+        for i, lin in enumerate(score.args):
+            W = lin.args[1] if lin.op == Op.LINEAR else None
+            if (W is None or W.kind != WEIGHT or len(W.shape) != 3 or W.op == Op.WT
+                    or p.shape != (W.shape[0], 1) or p.per not in (None, W.per)
+                    or uses[lin] != 1):
+                continue
+            decisions.append(Decision(NAME, f"dot(., linear(x, {_wname(W)})) * {_wname(p)} -> "
+                                      f"dot(., linear(x, wscale({_wname(W)}, {_wname(p)})))",
+                                      True, "a per-head scalar of the weight's slices folds "
+                                      "into it: no per-row multiply of the keys"))
+            args = list(score.args)
+            args[i] = N.linear(lin.args[0], N.wscale(W, p), lin.attr("heads"))
+            return N.dot(*args)
+        return None
+
     def rule(v: Value):
-        return weight_first(v) or across_aggregation(v)
+        return weight_first(v) or prior_into_weight(v) or across_aggregation(v)
 
     new = rewrite(outputs, rule)
     if not decisions:
