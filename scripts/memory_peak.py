@@ -57,6 +57,9 @@ def main():
     p.add_argument("--features", type=int, default=64)
     p.add_argument("--heads", type=int, default=1)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--steps", action="store_true",
+                   help="also print the allocator's bytes after each plan step (and the "
+                        "highest within it) beside the plan replay's, step by step")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("memory_peak.py needs CUDA")
@@ -86,8 +89,11 @@ def main():
     torch.cuda.reset_peak_memory_stats()
     start = torch.cuda.memory_allocated()
     torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    per_step = _per_step(start) if args.steps else None
     step()
     torch.cuda.synchronize()
+    if per_step is not None:
+        per_step.stop()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     trace = snap["device_traces"][dev.index or 0]
@@ -110,7 +116,41 @@ def main():
     except ImportError:
         return
     print("\nplan replay (values only, no kernel scratch):")
-    print(describe_peak(layer.program.compiled_for(g), top=args.top))
+    entry = layer.program.compiled_for(g)
+    print(describe_peak(entry, top=args.top))
+    if per_step is not None:
+        from hector.compiler.memory import simulate
+        points, _ = simulate(entry)
+        print("\n| step | allocator after (MiB) | highest within | replay live |")
+        print("|---|---:|---:|---:|")
+        for (name, after, high), pt in zip(per_step.rows, points):
+            print(f"| {pt.phase[:3]} [{pt.index}] {name} | {after / 2**20:.0f} | "
+                  f"{high / 2**20:.0f} | {pt.live / 2**20:.0f} |")
+
+
+def _per_step(start: int):
+    """Wrap the plan runner's step call: the allocator's bytes above ``start`` after each
+    step and the highest during it (a sync per step: for diagnosis only)."""
+    from hector.compiler import execute
+    real = execute.run_step
+
+    class Spy:
+        rows = []
+
+        def __call__(self, step, args, ix, backend):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            out = real(step, args, ix, backend)
+            torch.cuda.synchronize()
+            self.rows.append((step.name, torch.cuda.memory_allocated() - start,
+                              torch.cuda.max_memory_allocated() - start))
+            return out
+
+        def stop(self):
+            execute.run_step = real
+    spy = Spy()
+    execute.run_step = spy
+    return spy
 
 
 if __name__ == "__main__":

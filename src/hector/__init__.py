@@ -1,7 +1,8 @@
 """hector: fast, memory-lean GNN layers on GPUs (the Hector compiler and DF-GNN fusion)."""
+from .compiler.execute import retain_saved
 from .compiler.explain import explain
 from .compiler.program import Program, compile
 from .graph import Graph
 
 from ._version import __version__
-__all__ = ["Graph", "compile", "Program", "explain", "__version__"]
+__all__ = ["Graph", "compile", "Program", "explain", "retain_saved", "__version__"]

@@ -60,7 +60,8 @@ def test_last_uses_name_each_value_once_at_its_last_reader(model, dims):
 @pytest.mark.parametrize("model,dims", MODELS, ids=lambda c: getattr(c, "__name__", ""))
 def test_intermediates_are_released_while_the_plan_runs(model, dims, monkeypatch):
     """Weak references to every step output: when the last step runs, only the values the
-    plan returns, the forward's saved values and values still to be read are alive."""
+    plans return and the values still to be read are alive (the forward's saved values
+    included: the backward drops them after their last reader)."""
     refs, alive_at = [], []            # (weakref, value); per call: (step, values alive)
     real = execute.run_step
 
@@ -79,7 +80,9 @@ def test_intermediates_are_released_while_the_plan_runs(model, dims, monkeypatch
     cp = m.program.compiled_for(g)
     last = cp.backward_plan.steps[-1]
     alive = [vals for step, vals in alive_at if step is last][-1]
-    allowed = (set(cp.backward_plan.outputs) | set(last.inputs) | set(cp.saved_values)
+    # The forward's saved values are freed by the backward too, after their last reader.
+    read_last = {v for v, leaf in zip(cp.saved_values, cp.saved_leaves) if leaf in last.inputs}
+    allowed = (set(cp.backward_plan.outputs) | set(last.inputs) | read_last
                | set(cp.forward_plan.outputs))
     assert alive <= allowed, [v for v in alive if v not in allowed]
     # and most of the backward's intermediates are gone by then
@@ -123,3 +126,22 @@ def test_attention_output_keeps_no_padding_rows(monkeypatch):
     for out, nodes in seen:
         assert out.shape[0] == nodes
         assert out.untyped_storage().nbytes() == out.numel() * out.element_size()
+
+
+@pytest.mark.parametrize("model,dims", MODELS, ids=lambda c: getattr(c, "__name__", ""))
+def test_second_backward_needs_retain_saved(model, dims):
+    """The first backward freed the saved values: a second one through the same forward
+    says how to keep them, and inside ``hector.retain_saved`` it gives the same gradients."""
+    torch.manual_seed(0)
+    g = _graph()
+    m = hcompile(model, num_relations=3, num_node_types=2, backend="torch", **dims)
+    x = torch.randn(20, dims["in_dim"], requires_grad=True)
+    loss = m(g, x=x).square().sum()
+    first, = torch.autograd.grad(loss, [x], retain_graph=True)
+    with pytest.raises(RuntimeError, match="retain_saved"):
+        torch.autograd.grad(loss, [x])
+    with hector.retain_saved():
+        loss = m(g, x=x).square().sum()
+    a, = torch.autograd.grad(loss, [x], retain_graph=True)
+    b, = torch.autograd.grad(loss, [x])
+    assert torch.equal(a, first) and torch.equal(b, first)
