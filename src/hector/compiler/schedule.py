@@ -61,6 +61,8 @@ def for_memory(plan: Plan, keep: Sequence[Value] = ()) -> Plan:
 
 
 def _greedy(plan: Plan, kept) -> List[int]:
+    """Step indices in run order: each time, the ready step with the least net bytes (a
+    ``select`` at once), ties in lowering's order."""
     steps = plan.steps
     made = {}
     for i, s in enumerate(steps):
