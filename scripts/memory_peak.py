@@ -135,7 +135,8 @@ def _per_step(start: int):
     real = execute.run_step
 
     class Spy:
-        rows = []
+        def __init__(self):
+            self.rows = []       # (step name, bytes after it, highest during it)
 
         def __call__(self, step, args, ix, backend):
             torch.cuda.synchronize()

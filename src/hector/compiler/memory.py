@@ -47,6 +47,17 @@ def step_allocs(step: Step, size: Size) -> Dict[Value, int]:
     return out
 
 
+def allocate(held: Dict[Value, int], step: Step, makers: Dict[Value, Step], size: Size) -> None:
+    """Add ``step``'s tensors to ``held`` (value -> bytes alive); a ``select`` step's pick
+    takes its role's bytes over from the backward step (in ``makers``) whose output it
+    views."""
+    held.update(step_allocs(step, size))
+    if step.template == "select" and step.inputs[0] in held:
+        share = role_sizes(makers[step.inputs[0]], size)[step.body.attr("role")]
+        held[step.inputs[0]] -= share
+        held[step.output] = share
+
+
 def role_sizes(step: Step, size: Size) -> Dict[str, int]:
     """An attention backward step's gradients' sizes, by role."""
     roles = step.body.attr("roles")
@@ -71,12 +82,7 @@ def replay(plan: Plan, releases: Sequence[Sequence[Value]], held: Dict[Value, in
     for i, (step, dead) in enumerate(zip(plan.steps, releases)):
         if step.output in held:          # a weight root the caller evaluated already
             continue
-        held.update(step_allocs(step, size))
-        if step.template == "select" and step.inputs[0] in held:
-            # The pick takes its role's bytes over from the backward step's output.
-            share = role_sizes(makers[step.inputs[0]], size)[step.body.attr("role")]
-            held[step.inputs[0]] -= share
-            held[step.output] = share
+        allocate(held, step, makers, size)
         points.append(Point(phase, i, step.name, sum(held.values()), tuple(sorted(
             ((v, b) for v, b in held.items() if b), key=lambda t: -t[1]))))
         for v in dead:

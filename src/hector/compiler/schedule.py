@@ -24,7 +24,7 @@ import math
 from typing import Dict, List, Sequence
 
 from .ir import CDST, CSRC, EDGE, WEIGHT, Value
-from .memory import peak, role_sizes, step_allocs
+from .memory import allocate, peak, step_allocs
 from .plan import Plan
 
 #: Node rows an edge row weighs in the graph-independent size (about the mean degree).
@@ -70,6 +70,7 @@ def _greedy(plan: Plan, kept) -> List[int]:
         if s.extra is not None:
             made[s.extra] = i
     needs = [{made[v] for v in s.inputs if v in made} for s in steps]
+    makers = {s.output: s for s in steps}
     readers: Dict[Value, int] = {}
     for s in steps:
         for v in set(s.inputs):
@@ -93,11 +94,7 @@ def _greedy(plan: Plan, kept) -> List[int]:
         s = steps[i]
         done.add(i)
         order.append(i)
-        size.update(step_allocs(s, proxy_size))
-        if s.template == "select":
-            share = role_sizes(steps[made[s.inputs[0]]], proxy_size)[s.body.attr("role")]
-            size[s.inputs[0]] = size.get(s.inputs[0], 0) - share
-            size[s.output] = share
+        allocate(size, s, makers, proxy_size)
         for v in set(s.inputs):
             readers[v] -= 1
     return order

@@ -30,8 +30,9 @@ import torch
 from ..graph import Graph
 from ..graph.derived import AttentionGraph
 from ..kernels.attention.groups import merge_groups
-from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
-                                        edge_attention_triton, make_plan)
+from ..kernels.attention.launch import (AttentionPlan, copied_out,
+                                        edge_attention_grads_triton, edge_attention_triton,
+                                        make_plan)
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.eager import call
 from ..kernels.edgewise.op import edgewise
@@ -404,7 +405,7 @@ def _first_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     longer: the graph has max(nodes, compact rows) rows, and a slice would keep the whole
     buffer alive as long as the plan keeps the rows it needs (HGT on mag: 3.06M rows for
     1.94M nodes; its forward output and dq, 272 MiB each, through the whole backward)."""
-    return t[:rows].clone() if 4 * t.shape[0] > 5 * rows else t[:rows]
+    return t[:rows].clone() if copied_out(t.shape[0], rows) else t[:rows]
 
 
 def attention_graph(rows: AttentionRows, ix: GraphIndex) -> Graph:

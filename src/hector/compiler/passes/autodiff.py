@@ -225,11 +225,11 @@ def recomputed(outputs: Sequence[Value], kept: set) -> List[Value]:
             and v.op not in LEAVES and wgrad_input(v) and _one_linear_from_inputs(v)]
 
 
-def _one_linear_from_inputs(v: Value, linear_seen: bool = False) -> bool:
+def _one_linear_from_inputs(v: Value) -> bool:
     if v.kind == WEIGHT or v.op == Op.INPUT:
         return True
-    if v.op == Op.LINEAR:
-        return not linear_seen and v.args[0].op == Op.INPUT and v.args[1].kind == WEIGHT
+    if v.op == Op.LINEAR:     # of an input itself: so at most one linear on any path
+        return v.args[0].op == Op.INPUT and v.args[1].kind == WEIGHT
     if v.op in (Op.ADD, Op.SUB, Op.MUL, Op.RESHAPE):
-        return all(_one_linear_from_inputs(a, linear_seen) for a in v.args)
+        return all(_one_linear_from_inputs(a) for a in v.args)
     return False

@@ -95,9 +95,11 @@ def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
         return N.linear(N.scatter(g, v.kind, v.attr("end"), v.attr("reduce")), W, lin.attr("heads"))
 
     def prior_into_weight(v: Value):
+        if v.op != Op.MUL:
+            return None
         w = [a for a in v.args if a.kind == WEIGHT]
         rest = [a for a in v.args if a.kind != WEIGHT]
-        if v.op != Op.MUL or len(w) != 1 or len(rest) != 1 or rest[0].op != Op.DOT:
+        if len(w) != 1 or len(rest) != 1 or rest[0].op != Op.DOT:
             return None
         p, score = w[0], rest[0]
         for i, lin in enumerate(score.args):

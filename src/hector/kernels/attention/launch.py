@@ -168,6 +168,12 @@ def _rows_of(graph, csr, sched: Schedule):
     return csr, ids, (csr.ptr.numel() - 1)
 
 
+def copied_out(rows: int, keep: int) -> bool:
+    """Whether a ``rows``-row buffer of which ``keep`` rows are wanted is worth copying out
+    (much longer: a slice would keep the whole buffer alive as long as the rows)."""
+    return 4 * rows > 5 * keep
+
+
 def _rows_out(skips: bool, shape, **kw) -> torch.Tensor:
     """A row-side output: zeros where the traversal ``skips`` rows (an edge-parallel one over
     a graph with edgeless rows: those stay exactly 0), else uninitialised, since the kernels
@@ -323,7 +329,7 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         for flag, part, grad in ((need_q, dq_part, dq), (need_dst, dd_part, da_dst)):
             if flag:
                 _combine_sum(csr, sched, rows, row_ids, nchunks, part, grad)
-        if need_q and 0 < dq_rows and 4 * n > 5 * dq_rows:
+        if need_q and 0 < dq_rows and copied_out(n, dq_rows):
             args = grad = None          # (they reference the full-height dq)
             dq = dq[:dq_rows].clone()
 
@@ -543,7 +549,7 @@ def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropo
     # Gradients have the graph's rows (v's), also where q is read through dst_map with its
     # own (node) row count; dq its first dq_rows when that copy-out applies.
     n = v.shape[0]
-    rows = [n, dq_rows if 0 < dq_rows and 4 * n > 5 * dq_rows else n, n, n, n]
+    rows = [n, dq_rows if 0 < dq_rows and copied_out(n, dq_rows) else n, n, n, n]
     return [v.new_empty((r,) + tuple(t.shape[1:]), dtype=t.dtype)
             if need and t is not None else v.new_empty(0)
             for t, need, r in zip((v, q, k, a_src, a_dst), needs, rows)]
