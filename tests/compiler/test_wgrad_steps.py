@@ -1,7 +1,8 @@
 """Weight-gradient steps of compiled backward plans on the Triton backend (one
 ``segment_mm_wgrad`` launch per step) against the torch backend's per-slice loop: per relation
 (with empty relations), per node type (non-contiguous types: ``node_perm``), one segment,
-per-head weights and zero rows; and the bias gradients' slice sums against ``index_add``."""
+per-head weights and zero rows; the bias gradients' slice sums against ``index_add``; and the
+per-node-type bias gradients (``wsum`` on the weight-gradient kernel, x a column of ones)."""
 from __future__ import annotations
 
 import sys
@@ -21,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
 from helpers import device_for, random_hetero, random_relational  # noqa: E402
 
 
-def _wgrad_steps(program, graph):
+def _wgrad_steps(program, graph, op="wgrad"):
     plan = program.compiled_for(graph).backward_plan
-    steps = [s for s in plan.steps if s.body.op == "wgrad"]
+    steps = [s for s in plan.steps if s.body.op == op]
     assert steps and all(triton_step(s) for s in steps)
     return steps
 
@@ -125,3 +126,25 @@ def test_hgt_relation_weight_gradients_read_node_rows_in_place(heads):
 def _ops(body):
     from hector.compiler.ir import Op, toposort
     return [b for b in toposort([body]) if b.op != Op.ARG]
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_hgt_node_type_bias_gradients_on_the_wgrad_kernel(heads, contiguous):
+    """HGT's per-node-type biases and skip gate: each gradient one ``segment_mm_wgrad``
+    launch (a GEMM step, not torch's one-hot product), equal to the torch backend's, with
+    node types contiguous or interleaved (read through ``node_perm``), one type empty."""
+    import hector
+    from hector.compiler import models
+    dev = device_for("triton")
+    ei, et = random_relational(num_relations=4)
+    node_type = (torch.arange(24) * 3 // 24 if contiguous else torch.arange(24) % 3)
+    g = Graph(ei.to(dev), edge_type=et.to(dev), num_nodes=24, num_relations=4,
+              node_type=node_type.to(dev), num_node_types=4)      # type 3 has no node
+    assert g.node_types_contiguous == contiguous
+    m = hector.compile(models.hgt, in_dim=8, out_dim=8, heads=heads, num_relations=4,
+                       num_node_types=4, backend="triton")
+    steps = [s for s in _wgrad_steps(m.program, g, op="wsum") if s.body.per == "node_type"]
+    # the k, q, v and output biases and the skip gate
+    assert len(steps) == 5 and all(s.template == "gemm" for s in steps)
+    _check(steps, g, dev)

@@ -8,7 +8,9 @@ import torch
 
 from hector.kernels import registry
 
-GEMM = dict(has_gather=True, has_scatter=False, dot_fp32=False, input_precision="ieee")
+GEMM = dict(has_gather=True, has_scatter=False, dot_fp32=False, input_precision="ieee",
+            accumulate=False)
+WGRAD = {k: v for k, v in GEMM.items() if k != "accumulate"}
 SCORE = dict(has_qk=True, has_src=False, has_dst=True, has_leaky=True, has_dropout=False,
              edge_parallel=False, has_bias=False)
 TRITON_OK = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -38,8 +40,11 @@ def test_every_kernel_renders_valid_python_deterministically(cache):
 
 def test_params_are_rendered_in_not_constexpr_flags(cache):
     plain = registry.source("segment_mm", **GEMM)
-    scattered = registry.source("segment_mm", **dict(GEMM, has_scatter=True))
+    scattered = registry.source("segment_mm", **dict(GEMM, has_scatter=True, accumulate=True))
     assert "tl.atomic_add" in scattered and "tl.atomic_add" not in plain
+    # a permutation: stored through the index, no atomics
+    permuted = registry.source("segment_mm", **dict(GEMM, has_scatter=True))
+    assert "tl.atomic_add" not in permuted and "tl.load(scatter + offs_m" in permuted
     assert "HAS_GATHER" not in plain and "tl.load(gather + offs_m" in plain
     edge = registry.source("attention_fwd", **dict(SCORE, edge_parallel=True))
     assert "m_part + slot" in edge and "m_part + slot" not in registry.source("attention_fwd",
@@ -50,7 +55,7 @@ def test_different_params_give_different_hashes_and_files(cache):
     seen = {}
     for name, params in [("segment_mm", GEMM), ("segment_mm", dict(GEMM, has_gather=False)),
                          ("segment_mm", dict(GEMM, input_precision="tf32")),
-                         ("segment_mm_wgrad", dict(GEMM, atomic=True)),
+                         ("segment_mm_wgrad", dict(WGRAD, atomic=True)),
                          ("attention_fwd", SCORE), ("attention_fwd", dict(SCORE, has_src=True))]:
         digest = registry.spec_hash(name, **params)
         assert digest not in seen, (name, params, seen.get(digest))
@@ -76,9 +81,10 @@ def test_unknown_kernel_and_bad_parameters_are_named(cache):
     with pytest.raises(TypeError, match="no parameter 'has_bias'"):
         registry.source("segment_mm", has_bias=True, **GEMM)
     with pytest.raises(TypeError, match="needs parameter 'has_scatter'"):
-        registry.source("segment_mm", has_gather=True, dot_fp32=False, input_precision="ieee")
+        registry.source("segment_mm", has_gather=True, dot_fp32=False, input_precision="ieee",
+                        accumulate=False)
     with pytest.raises(ValueError, match="'input_precision' must be one of"):
-        registry.source("segment_mm", **dict(GEMM, input_precision="tf32x3"))
+        registry.source("segment_mm", **dict(GEMM, input_precision="bf16x9"))
     with pytest.raises(ValueError, match="'has_gather' must be one of"):
         registry.source("segment_mm", **dict(GEMM, has_gather=1))
 

@@ -26,7 +26,8 @@ import torch
 from .ir import Op, Value, toposort
 from .plan import Plan, Step
 from .steps_torch import GraphIndex, attention_torch_lse, eval_body, eval_op
-from .steps_triton import run_attention, run_attention_bwd, run_gemm, run_traversal, run_wgrad
+from .steps_triton import (run_attention, run_attention_bwd, run_gemm, run_traversal, run_wgrad,
+                           run_wsum)
 
 
 def triton_step(step: Step) -> bool:
@@ -34,7 +35,7 @@ def triton_step(step: Step) -> bool:
     # The traversal kernels are custom ops (hector::traverse, hector::edge_softmax): a compiled
     # plan runs them as eager does.
     return step.template == "attention" or (
-        step.template == "gemm" and step.body.op in (Op.LINEAR, Op.WGRAD)) or (
+        step.template == "gemm" and step.body.op in (Op.LINEAR, Op.WGRAD, Op.WSUM)) or (
         step.template == "traversal" and step.spec.kernel is not None)
 
 
@@ -54,6 +55,8 @@ def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str)
             return run_traversal(step, args, ix)
         if step.body.op == Op.WGRAD:
             return run_wgrad(step, args[0], args[1], ix)
+        if step.body.op == Op.WSUM:
+            return run_wsum(step, args[0], ix)
         x, w = args
         return run_gemm(step, x, w, ix, "triton")
     return eval_body(step.body, args, ix)

@@ -335,6 +335,12 @@ def _wsum(v: Value, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
     else:
         n = len(ix.ptr[kind if v.per == "relation" else NODE]) - 1
         s = slice_sums(dy, idx, n)
+    return fold_slice_sums(v, s)
+
+
+def fold_slice_sums(v: Value, s: torch.Tensor) -> torch.Tensor:
+    """A ``wsum``'s value from the row sums ``s`` (``[slices, h, d]``, or ``[h, d]`` with no
+    slices): summed over heads or features where the weight has one."""
     h, d = (1, v.shape[0]) if len(v.shape) == 1 else v.shape
     lead = s.dim() - 2
     if h == 1 and s.shape[lead] != 1:

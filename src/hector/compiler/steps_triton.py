@@ -46,7 +46,8 @@ from .ir import (CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_of_bwd, at
                  toposort)
 from .lower import edgewise_lowering
 from .plan import AttentionRows, RowSegments
-from .steps_torch import GraphIndex, _operand, attention_bwd_torch, eval_body
+from .steps_torch import (GraphIndex, _operand, attention_bwd_torch, eval_body,
+                          fold_slice_sums)
 
 
 def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:
@@ -78,6 +79,8 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
         gather = ix.move(rs.gather[0], rs.rows, rs.gather[1])
     rows = x.shape[0] if gather is None else gather.shape[0]
     weight = w if rs.segments is not None else w.unsqueeze(0)
+    # Every scatter here is a permutation (the head-major order, node_perm), and so is every
+    # read index but a row gather: rows are stored once, never summed into zeros.
     if rs.per_head:
         H = x.shape[1]
         ptr, read, write = _head_major_layout(ix, rs, rows, H, gather)
@@ -85,13 +88,15 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
         weight = weight.transpose(0, 1).reshape((H * S,) + tuple(weight.shape[2:]))
         out = segment_mm(x.reshape(-1, x.shape[-1]).contiguous(), weight.contiguous(), ptr,
                          gather=read, scatter=write, num_out_rows=H * rows,
-                         transpose_weight=rs.transpose_weight, backend=backend)
+                         transpose_weight=rs.transpose_weight, backend=backend,
+                         gather_unique=gather is None, scatter_unique=True)
         return out.reshape((rows,) + tuple(step.output.shape))
     ptr, perm = _gemm_layout(ix, rs, rows)
     out = segment_mm(x.flatten(1).contiguous(), weight.contiguous(), ptr,   # (flatten: 0 rows ok)
                      gather=perm if gather is None else gather, scatter=perm,
                      num_out_rows=rows if perm is not None else None,
-                     transpose_weight=rs.transpose_weight, backend=backend)
+                     transpose_weight=rs.transpose_weight, backend=backend,
+                     gather_unique=gather is None, scatter_unique=True)
     return out.reshape((rows,) + tuple(step.output.shape))
 
 
@@ -158,6 +163,19 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     if headwise:   # [(head, slice), K, N] -> [slice, head, K, N]
         dw = dw.view(H, S // H, K, N).transpose(0, 1).contiguous()
     return dw[0] if v.per is None else dw
+
+
+def run_wsum(step, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
+    """A bias gradient per node type, ``db[t] = sum of dy's rows of type t``, on the
+    ``segment_mm_wgrad`` kernel with ``x`` a column of ones read at stride 0 (nothing
+    allocated for it): one launch that reads ``dy`` once over the whole GPU, through
+    ``node_perm`` when types are not contiguous."""
+    rows = dy.shape[0]
+    bounds, read_x, read_dy = _wgrad_layout(ix, NODE, "node_type", rows, 0)
+    flat = dy.flatten(1).contiguous()
+    ones = flat.new_ones(1, 1).expand(rows, 1)
+    s = call(segment_mm_wgrad_op, ones, flat, read_x, read_dy, list(bounds))
+    return fold_slice_sums(step.body, s.view((len(bounds) - 1,) + tuple(dy.shape[1:])))
 
 
 def _movement_weight(ix: GraphIndex, move: tuple) -> Optional[torch.Tensor]:

@@ -50,7 +50,7 @@ DEFAULT_CACHE_DIR = Path("~/.cache/hector/kernels")
 
 _BOOL = (False, True)
 #: fp32 ``tl.dot`` modes (see hector.kernels.segment_mm.spec.INPUT_PRECISIONS).
-_PRECISIONS = ("ieee", "tf32")
+_PRECISIONS = ("ieee", "tf32", "tf32x3")
 _SCORE = dict(has_qk=_BOOL, has_src=_BOOL, has_dst=_BOOL, has_leaky=_BOOL, has_dropout=_BOOL,
               edge_parallel=_BOOL)
 _GEMM = dict(has_gather=_BOOL, has_scatter=_BOOL, dot_fp32=_BOOL, input_precision=_PRECISIONS)
@@ -88,7 +88,8 @@ class Entry:
 
 
 KERNELS: Mapping[str, Entry] = MappingProxyType({
-    "segment_mm": Entry("segment_mm.py.j2", "segment_mm_kernel", _GEMM),
+    "segment_mm": Entry("segment_mm.py.j2", "segment_mm_kernel",
+                        dict(_GEMM, accumulate=_BOOL)),
     "segment_mm_wgrad": Entry("segment_mm_wgrad.py.j2", "segment_mm_wgrad_kernel",
                               dict(_GEMM, atomic=_BOOL)),
     "attention_fwd": Entry("attention_fwd.py.j2", "attention_fwd_kernel",

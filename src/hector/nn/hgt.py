@@ -32,6 +32,25 @@ class _Typed(nn.Module):
         self.weight = nn.Parameter(torch.empty(types, dim, dim))
 
 
+def _pieces(out: torch.Tensor, slices) -> Dict[str, torch.Tensor]:
+    """``{type: out[lo:hi]}`` for ``slices`` ((type, lo, hi), ascending and disjoint) as
+    pieces of one ``torch.split`` over all of ``out``'s rows: its backward concatenates the
+    pieces' gradients once (rows no piece returns get zeros).  A slice per type would give
+    each its own full-height zeroed gradient, summed by autograd: on synthetic mag 3 fills and
+    2 adds of 1.9M x 64 rows, 1 ms of a 30 ms training step."""
+    sizes, index, at = [], {}, 0
+    for t, lo, hi in slices:
+        if lo > at:
+            sizes.append(lo - at)
+        index[t] = len(sizes)
+        sizes.append(hi - lo)
+        at = hi
+    if at < out.shape[0]:
+        sizes.append(out.shape[0] - at)
+    parts = torch.split(out, sizes)
+    return {t: parts[i] for t, i in index.items()}
+
+
 class HGTConv(nn.Module):
     r"""Heterogeneous graph transformer, per head:
 
@@ -178,7 +197,7 @@ class HGTConv(nn.Module):
         xs = [x_dict[t] for t in self.node_types]
         x = xs[0] if len(xs) == 1 else torch.cat(xs, 0)
         out = self.program(graph, {"x": x}, self._weights())[0]
-        return {t: out[lo:hi] for t, lo, hi in self._type_slices(graph)}
+        return _pieces(out, self._type_slices(graph))
 
     @classmethod
     def from_pyg(cls, module, **compiler) -> "HGTConv":

@@ -274,6 +274,9 @@ BAD = [
     (dict(num_out_rows=-1), ValueError, "num_out_rows must be >= 0"),
     (dict(num_out_rows=2.0), TypeError, "num_out_rows must be an int"),
     (dict(scatter=None, num_out_rows=3), ValueError, "num_out_rows=3 without scatter"),
+    (dict(scatter_unique=True), ValueError, "scatter must be a permutation of the seg_ptr"),
+    (dict(gather_unique=True), ValueError, "gather must be a permutation of the seg_ptr"),
+    (dict(gather_unique=1), TypeError, "gather_unique must be a bool"),
     (dict(backend="cuda"), ValueError, "backend must be one of"),
     (dict(schedule="fast"), TypeError, "schedule must be None"),
 ]
@@ -296,6 +299,52 @@ def test_bad_devices_and_backends():
         if not TRITON_OK:
             pytest.skip("Triton path unavailable")
         segment_mm(**case, backend="triton")
+
+
+def _permuted_case(transpose, dtype=torch.float32, lengths=LENGTHS):
+    """Gather and scatter both permutations of the M rows (a node-type GEMM's node_perm)."""
+    m = sum(lengths)
+    case = make_case(lengths=lengths, gather=True, scatter=True, transpose=transpose,
+                     dtype=dtype, num_x=m, num_out=m)
+    gen = torch.Generator().manual_seed(3)
+    case["gather"] = torch.randperm(m, generator=gen).to(DEVICE, torch.int32)
+    case["scatter"] = torch.randperm(m, generator=gen).to(DEVICE)
+    return case
+
+
+@needs_triton
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_permutations_are_stored_not_summed(monkeypatch, transpose, dtype):
+    """``gather_unique`` / ``scatter_unique``: output rows stored through the permutation (no
+    zeroed buffer: the output is allocated uninitialised, no atomics) and dx likewise, equal
+    to the summing path's result; ``HECTOR_DEBUG=1`` rejects an index that repeats a row."""
+    case = _permuted_case(transpose, dtype)
+    zeros = []
+    real_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: zeros.append(a) or real_zeros(*a, **k))
+    check_triton(dict(case, gather_unique=True, scatter_unique=True), tol=TOL[dtype])
+    m = case["x"].shape[0]
+    assert not [a for a in zeros if a and a[0] == m], "a row buffer was zero-filled"
+    monkeypatch.setattr(torch, "zeros", real_zeros)
+    monkeypatch.setenv("HECTOR_DEBUG", "1")
+    bad = dict(case, scatter=case["scatter"].clone(), scatter_unique=True)
+    bad["scatter"][0] = bad["scatter"][1]
+    with pytest.raises(ValueError, match="scatter_unique=True but scatter repeats a row"):
+        segment_mm(**bad)
+
+
+@needs_triton
+@pytest.mark.parametrize("unique", [(True, True), (False, True), (True, False)])
+def test_triton_permutation_flags_on_the_custom_op(unique):
+    """The unpinned call (the ``hector::segment_mm`` custom op and its backward op) with each
+    combination of the two flags gives the summing path's output and gradients."""
+    case = _permuted_case(False)
+    got = run_with_grads(lambda **c: segment_mm(**c, backend="triton", gather_unique=unique[0],
+                                                scatter_unique=unique[1]), case)
+    want = run_with_grads(lambda **c: segment_mm(**c, backend="torch"), case)
+    for name, g, w in zip(("out", "dx", "dW"), got, want):
+        assert rel_err(g, w) < TOL[torch.float32], name
 
 
 def test_debug_mode_checks_index_ranges(monkeypatch):

@@ -80,15 +80,17 @@ def _weight_strides(w: torch.Tensor, transpose: bool) -> Tuple[int, int, int]:
     return (s, b, a) if transpose else (s, a, b)
 
 
-def gemm_params(spec: GemmSpec) -> dict:
-    """Render parameters of the segment GEMM kernels for ``spec`` (see kernels/registry.py).
+def gemm_params(spec: GemmSpec, wgrad: bool = False) -> dict:
+    """Render parameters of the segment GEMM kernel for ``spec`` (see kernels/registry.py),
+    or with ``wgrad`` those the weight-gradient kernel shares (it writes ``dW``, not rows).
 
     ``dot_fp32`` upcasts tiles before ``tl.dot``, only under ``TRITON_INTERPRET=1`` for
     bfloat16, whose interpreted ``tl.dot`` multiplies raw bit patterns (triton-lang/triton
     #11584); bf16 products are exact in fp32, so results match the GPU's bf16 MMA."""
-    return dict(has_gather=spec.has_gather, has_scatter=spec.has_scatter,
-                dot_fp32=interpreting() and spec.dtype == torch.bfloat16,
-                input_precision=spec.input_precision)
+    shared = dict(has_gather=spec.has_gather, has_scatter=spec.has_scatter,
+                  dot_fp32=interpreting() and spec.dtype == torch.bfloat16,
+                  input_precision=spec.input_precision)
+    return shared if wgrad else dict(shared, accumulate=spec.accumulate)
 
 
 def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x: torch.Tensor,
@@ -97,9 +99,10 @@ def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x:
     """One forward-template launch; returns ``[M or num_out_rows, N]`` in ``spec.dtype``.
 
     A scatter accumulates in a zeroed fp32 buffer (fp32 atomics; half-precision atomics would
-    round at every add) that is rounded once at the end."""
+    round at every add) that is rounded once at the end; a permutation (``scatter_unique``)
+    stores each row once, every one of the ``num_out_rows == M`` rows."""
     m, n = bounds[-1], spec.N
-    if spec.has_scatter:
+    if spec.accumulate:
         out = torch.zeros(num_out_rows, n, dtype=torch.float32, device=x.device)
     else:
         out = torch.empty(m, n, dtype=spec.dtype, device=x.device)
@@ -145,7 +148,7 @@ def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...],
                      dtype=torch.float32 if atomic else weight.dtype)
     tiles = tile_map(bounds, rows, x.device)
     if tiles.shape[0] and kt and nt:
-        kernel = registry.kernel("segment_mm_wgrad", atomic=atomic, **gemm_params(spec))
+        kernel = registry.kernel("segment_mm_wgrad", atomic=atomic, **gemm_params(spec, True))
         kernel[(tiles.shape[0], kt, nt)](
             tiles, x, gather if gather is not None else tiles, dy,
             scatter if scatter is not None else tiles, dw, spec.K, spec.N,
@@ -233,22 +236,24 @@ class SegmentMMFunction(torch.autograd.Function):
 # choice, autotuning, tile maps all read host values).  Static choices travel as ints/bools;
 # the segment bounds as ``int[]`` (they are Python ints already: op.py reads seg_ptr once).
 
-def _spec_of(x, weight, has_gather: bool, has_scatter: bool, transpose_weight: bool) -> GemmSpec:
+def _spec_of(x, weight, gather, scatter, transpose_weight: bool, unique: Tuple[bool, bool]
+             ) -> GemmSpec:
     n = weight.shape[1] if transpose_weight else weight.shape[2]
-    return GemmSpec.of(x, x if has_gather else None, x if has_scatter else None,
-                       transpose_weight, n)
+    return GemmSpec.of(x, gather, scatter, transpose_weight, n, *unique)
 
 
 @torch.library.custom_op("hector::segment_mm", mutates_args=())
 def segment_mm_op(x: torch.Tensor, weight: torch.Tensor, gather: Optional[torch.Tensor],
                   scatter: Optional[torch.Tensor], bounds: List[int], num_out_rows: int,
-                  transpose_weight: bool) -> torch.Tensor:
-    spec = _spec_of(x, weight, gather is not None, scatter is not None, transpose_weight)
+                  transpose_weight: bool, gather_unique: bool = False,
+                  scatter_unique: bool = False) -> torch.Tensor:
+    spec = _spec_of(x, weight, gather, scatter, transpose_weight, (gather_unique, scatter_unique))
     return _forward(spec, None, tuple(bounds), num_out_rows, x, weight, gather, scatter)[0]
 
 
 @segment_mm_op.register_fake
-def _(x, weight, gather, scatter, bounds, num_out_rows, transpose_weight):
+def _(x, weight, gather, scatter, bounds, num_out_rows, transpose_weight, gather_unique=False,
+      scatter_unique=False):
     n = weight.shape[1] if transpose_weight else weight.shape[2]
     rows = num_out_rows if scatter is not None else bounds[-1]
     return x.new_empty(rows, n)
@@ -258,9 +263,10 @@ def _(x, weight, gather, scatter, bounds, num_out_rows, transpose_weight):
 def segment_mm_backward_op(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                            gather: Optional[torch.Tensor], scatter: Optional[torch.Tensor],
                            bounds: List[int], transpose_weight: bool, need_x: bool,
-                           need_w: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                           need_w: bool, gather_unique: bool = False,
+                           scatter_unique: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """(dx, dW); a gradient not asked for is an empty tensor (a schema output cannot be None)."""
-    spec = _spec_of(x, weight, gather is not None, scatter is not None, transpose_weight)
+    spec = _spec_of(x, weight, gather, scatter, transpose_weight, (gather_unique, scatter_unique))
     bounds = tuple(bounds)
     # The forward's schedule: the autotuner's memo returns the same pick for the same key.
     sched = pick_schedule(spec, None, bounds, x.device, lambda s: launch_gemm(
@@ -273,23 +279,25 @@ def segment_mm_backward_op(dout: torch.Tensor, x: torch.Tensor, weight: torch.Te
 
 
 @segment_mm_backward_op.register_fake
-def _(dout, x, weight, gather, scatter, bounds, transpose_weight, need_x, need_w):
+def _(dout, x, weight, gather, scatter, bounds, transpose_weight, need_x, need_w,
+      gather_unique=False, scatter_unique=False):
     return (torch.empty_like(x) if need_x else x.new_empty(0),
             torch.empty_like(weight) if need_w else weight.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, gather, scatter, bounds, _, transpose_weight = inputs
+    x, weight, gather, scatter, bounds, _, transpose_weight, *unique = inputs
     ctx.save_for_backward(x, weight, gather, scatter)
-    ctx.bounds, ctx.transpose_weight = list(bounds), transpose_weight
+    ctx.bounds, ctx.transpose_weight, ctx.unique = list(bounds), transpose_weight, unique
 
 
 def _autograd_backward(ctx, dout):
     x, weight, gather, scatter = ctx.saved_tensors
     need_x, need_w = ctx.needs_input_grad[:2]
     dx, dw = call(segment_mm_backward_op, dout, x, weight, gather, scatter, ctx.bounds,
-                  ctx.transpose_weight, need_x, need_w)
-    return (dx if need_x else None, dw if need_w else None, None, None, None, None, None)
+                  ctx.transpose_weight, need_x, need_w, *ctx.unique)
+    # (one gradient per op input: x, weight, then seven that have none)
+    return (dx if need_x else None, dw if need_w else None) + (None,) * 7
 
 
 segment_mm_op.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -319,7 +327,8 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[in
                       gather: Optional[torch.Tensor] = None,
                       scatter: Optional[torch.Tensor] = None,
                       num_out_rows: Optional[int] = None, transpose_weight: bool = False,
-                      schedule: ScheduleChoice = None) -> torch.Tensor:
+                      schedule: ScheduleChoice = None, gather_unique: bool = False,
+                      scatter_unique: bool = False) -> torch.Tensor:
     """The Triton path of :func:`hector.kernels.segment_mm.op.segment_mm` (inputs already validated;
     ``bounds`` is ``seg_ptr`` as Python ints).  A pinned schedule runs the
     ``autograd.Function``; otherwise the ``hector::segment_mm`` custom op."""
@@ -329,6 +338,7 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[in
     scatter = scatter.contiguous() if scatter is not None else None
     rows = num_out_rows if scatter is not None else bounds[-1]
     if isinstance(schedule, GemmSchedule):
-        spec = GemmSpec.of(x, gather, scatter, transpose_weight, n)
+        spec = GemmSpec.of(x, gather, scatter, transpose_weight, n, gather_unique, scatter_unique)
         return SegmentMMFunction.apply(spec, schedule, bounds, rows, x, weight, gather, scatter)
-    return call(segment_mm_op, x, weight, gather, scatter, list(bounds), rows, transpose_weight)
+    return call(segment_mm_op, x, weight, gather, scatter, list(bounds), rows, transpose_weight,
+                gather_unique, scatter_unique)

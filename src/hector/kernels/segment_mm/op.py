@@ -23,7 +23,8 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
                gather: Optional[torch.Tensor] = None, scatter: Optional[torch.Tensor] = None,
                num_out_rows: Optional[int] = None, transpose_weight: bool = False,
                backend: str = "auto",
-               schedule: Union[None, str, GemmSchedule] = None) -> torch.Tensor:
+               schedule: Union[None, str, GemmSchedule] = None,
+               gather_unique: bool = False, scatter_unique: bool = False) -> torch.Tensor:
     r"""Segment GEMM with an optional gather on the input rows and scatter-add on the output
     rows: a typed linear layer whose weight is picked per segment of rows.
 
@@ -57,6 +58,12 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
             list, timed once per shape bucket and kept in the kernel cache; the heuristic
             under the interpreter or with ``HECTOR_AUTOTUNE=0``), ``"autotune"`` (the same,
             spelled out) or a pinned :class:`hector.kernels.segment_mm.spec.GemmSchedule`.
+        gather_unique: ``gather`` is a permutation of ``x``'s rows (``X = M``): the backward
+            stores ``dx`` rows once instead of summing them with atomics into zeros.
+        scatter_unique: ``scatter`` is a permutation of the output rows (``num_out_rows =
+            M``): rows are stored once, not summed into a zeroed fp32 buffer with atomics.
+            Both are promises (checked with ``HECTOR_DEBUG=1``); the torch backend sums as
+            always, which gives the same result for a permutation.
 
     Returns:
         ``[M, N]``, or ``[num_out_rows, N]`` with ``scatter`` (rows never hit are 0).
@@ -66,14 +73,14 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
     check them here.
     """
     bounds, num_out_rows = _check(x, weight, seg_ptr, gather, scatter, num_out_rows,
-                                  transpose_weight)
+                                  transpose_weight, gather_unique, scatter_unique)
     backend = choose_backend(backend, x, "x")
     if not (schedule is None or schedule == "autotune" or isinstance(schedule, GemmSchedule)):
         raise TypeError("schedule must be None, 'autotune' or a "
                         f"hector.kernels.segment_mm.spec.GemmSchedule, got {schedule!r}")
     if backend == "triton":
         return segment_mm_triton(x, weight, bounds, gather, scatter, num_out_rows,
-                                 transpose_weight, schedule)
+                                 transpose_weight, schedule, gather_unique, scatter_unique)
     return segment_mm_torch(x, weight, bounds, gather, scatter, num_out_rows, transpose_weight)
 
 
@@ -107,7 +114,8 @@ def _host_bounds(seg_ptr, x) -> list:
     return seg_ptr.tolist()
 
 
-def _check(x, weight, seg_ptr, gather, scatter, num_out_rows, transpose_weight):
+def _check(x, weight, seg_ptr, gather, scatter, num_out_rows, transpose_weight,
+           gather_unique=False, scatter_unique=False):
     """Validates everything that needs no pass over the data; returns ``seg_ptr`` as ints
     and ``num_out_rows`` as an int (or None)."""
     C.check_tensor(x, "x")
@@ -157,9 +165,21 @@ def _check(x, weight, seg_ptr, gather, scatter, num_out_rows, transpose_weight):
         if num_out_rows != m:
             raise ValueError(f"num_out_rows={num_out_rows} without scatter; the output then "
                              f"has seg_ptr[-1] = {m} rows (pass scatter to sum rows)")
+    for name, flag, index, rows in (("gather", gather_unique, gather, x.shape[0]),
+                                    ("scatter", scatter_unique, scatter, num_out_rows)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}_unique must be a bool, got {type(flag).__name__}")
+        if flag and index is not None and rows != m:
+            raise ValueError(f"{name}_unique=True: {name} must be a permutation of the "
+                             f"seg_ptr[-1] = {m} rows, but it indexes {rows} rows")
     if os.environ.get("HECTOR_DEBUG", "0") not in ("", "0"):
-        if gather is not None:
-            C.check_range(gather, "gather", x.shape[0], "x.shape[0]")
-        if scatter is not None:
-            C.check_range(scatter, "scatter", num_out_rows, "num_out_rows")
+        for name, flag, index, rows, of in (
+                ("gather", gather_unique, gather, x.shape[0], "x.shape[0]"),
+                ("scatter", scatter_unique, scatter, num_out_rows, "num_out_rows")):
+            if index is None:
+                continue
+            C.check_range(index, name, rows, of)
+            if flag and not bool(torch.bincount(index.long(), minlength=rows).eq(1).all()):
+                raise ValueError(f"{name}_unique=True but {name} repeats a row (it must be a "
+                                 "permutation)")
     return bounds, num_out_rows

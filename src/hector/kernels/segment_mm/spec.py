@@ -4,6 +4,7 @@ can key kernels on the spec and tests or a tuner can pin a schedule (TVM/Halide 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
@@ -12,8 +13,32 @@ import torch
 from ..sizes import next_pow2
 
 #: fp32 dot modes accepted by ``tl.dot(input_precision=...)`` in Triton 3.6 (the H200 box) and
-#: 3.9 (CI) alike; "ieee" is the one that matches torch's fp32 matmul to 1e-5.
-INPUT_PRECISIONS = ("ieee", "tf32")
+#: 3.9 (CI) alike: "ieee" on the FMA units (matches torch's fp32 matmul to 1e-5); "tf32x3" on
+#: the tensor cores, each fp32 operand split into a TF32 high part and a TF32 remainder and
+#: three products summed (CUTLASS's 3xTF32: fp32's accuracy); "tf32" one product (10-bit
+#: mantissas, about 1e-3).
+INPUT_PRECISIONS = ("ieee", "tf32", "tf32x3")
+
+#: Environment switch of the fp32 mode when torch's TF32 switch is off (see :func:`fp32_dot`).
+FP32_DOT_ENV = "HECTOR_FP32_DOT"
+
+
+def fp32_dot() -> str:
+    """How the segment GEMMs multiply fp32 tiles.
+
+    torch's ``torch.backends.cuda.matmul.allow_tf32`` on: "tf32", as torch's own matmuls.
+    Otherwise ``HECTOR_FP32_DOT``: "ieee" when unset (the FMA units, as cuBLAS's fp32), or
+    "tf32x3".  3xTF32 is not the default because it measured no faster on these skinny GEMMs
+    (K = N = 64 over 2-3M rows on an H200: 0.47 against 0.44 ms per node GEMM, 1.14 against
+    0.75 ms per weight gradient; HGT's training step 34.3 against 30.2 ms; RGAT's 15.3
+    against 16.8 ms; docs/perf-notes.md, section "Session 14"), with the same error."""
+    if torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    mode = os.environ.get(FP32_DOT_ENV, "ieee")
+    if mode not in ("ieee", "tf32x3"):
+        raise ValueError(f"{FP32_DOT_ENV} must be 'ieee' or 'tf32x3' (torch's allow_tf32 "
+                         f"switch selects 'tf32'), got {mode!r}")
+    return mode
 
 
 @dataclass(frozen=True)
@@ -23,10 +48,15 @@ class GemmSpec:
         a_r   = x[gather[r]]                 [has_gather]     else x[r]
         y_r   = a_r @ W_s   (W_s^T when transpose_weight; s = segment of r; fp32 accumulation)
         out[scatter[r]] += y_r               [has_scatter: accumulate into zeroed rows]
+        out[scatter[r]] = y_r                [has_scatter, scatter_unique: a permutation]
         out[r] = y_r                         [otherwise: overwrite, one row per logical row]
 
     ``K`` is the reduction size (row width of ``x``) and ``N`` the output width, whatever the
     weight's layout: ``[S, K, N]``, or ``[S, N, K]`` when ``transpose_weight``.
+    ``gather_unique`` / ``scatter_unique``: the index is a permutation of the ``M`` rows (a
+    node-type GEMM's ``node_perm``, a per-head GEMM's head-major order), so rows written
+    through it are stored once: no zeroed fp32 buffer, no atomics (``dx`` writes through the
+    forward's gather, hence both).
     """
     has_gather: bool
     has_scatter: bool
@@ -35,6 +65,8 @@ class GemmSpec:
     K: int
     N: int
     input_precision: str = "ieee"
+    gather_unique: bool = False
+    scatter_unique: bool = False
 
     def __post_init__(self):
         if self.input_precision not in INPUT_PRECISIONS:
@@ -43,25 +75,29 @@ class GemmSpec:
 
     @property
     def accumulate(self) -> bool:
-        """Rows may be hit several times (scatter): the output is zeroed and summed into."""
-        return self.has_scatter
+        """Rows may be hit several times (a scatter that is not a permutation): the output is
+        zeroed and summed into."""
+        return self.has_scatter and not self.scatter_unique
 
     def grad_input_spec(self) -> "GemmSpec":
         """The same template computing ``dx``: ``da_r = dy_{scatter[r]} @ W_s^T`` written to
         ``dx[gather[r]]`` -- gather and scatter swap roles, the weight is read transposed and
         the reduction runs over ``N``."""
         return replace(self, has_gather=self.has_scatter, has_scatter=self.has_gather,
+                       gather_unique=self.scatter_unique, scatter_unique=self.gather_unique,
                        transpose_weight=not self.transpose_weight, K=self.N, N=self.K)
 
     @staticmethod
     def of(x: torch.Tensor, gather: Optional[torch.Tensor], scatter: Optional[torch.Tensor],
-           transpose_weight: bool, N: int) -> "GemmSpec":
-        # fp32 follows torch's own switch for matmuls, so hector and torch agree on TF32 use
-        # (off by default: "ieee").  Half types ignore the setting (products are exact).
-        tf32 = x.dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
+           transpose_weight: bool, N: int, gather_unique: bool = False,
+           scatter_unique: bool = False) -> "GemmSpec":
+        # fp32: see fp32_dot.  Half types ignore the setting (their products are exact).
         return GemmSpec(has_gather=gather is not None, has_scatter=scatter is not None,
                         transpose_weight=bool(transpose_weight), dtype=x.dtype,
-                        K=int(x.shape[1]), N=int(N), input_precision="tf32" if tf32 else "ieee")
+                        K=int(x.shape[1]), N=int(N),
+                        input_precision=fp32_dot() if x.dtype == torch.float32 else "ieee",
+                        gather_unique=gather is not None and bool(gather_unique),
+                        scatter_unique=scatter is not None and bool(scatter_unique))
 
 
 @dataclass(frozen=True)
@@ -137,12 +173,13 @@ def default_schedule(spec: GemmSpec, interpreting: bool = False) -> GemmSchedule
         return GemmSchedule(block_m=16, block_n=_side(spec.N, 32), block_k=_side(spec.K, 32),
                             num_warps=1, num_stages=1)
     fma = spec.dtype == torch.float32 and spec.input_precision == "ieee"
+    wide = spec.dtype == torch.float32        # fp32 tiles: twice the bytes per stage
     block_n = _side(spec.N, 64 if fma else 128)
-    block_k = _side(spec.K, 32 if fma else 64)
+    block_k = _side(spec.K, 32 if fma or wide else 64)
     num_warps = 8 if block_n * 64 >= 8192 else 4
     return GemmSchedule(block_m=64, block_n=block_n, block_k=block_k, num_warps=num_warps,
                         num_stages=3, wgrad_block_k=_side(spec.K, 64 if fma else 128),
-                        wgrad_block_n=_side(spec.N, 128), wgrad_warps=8 if fma else 4)
+                        wgrad_block_n=_side(spec.N, 128), wgrad_warps=8 if fma or wide else 4)
 
 
 #: Alternatives the tuner times after the heuristic (:func:`tune_configs`): a taller row tile,
