@@ -30,9 +30,8 @@ import torch
 from ..graph import Graph
 from ..graph.derived import AttentionGraph
 from ..kernels.attention.groups import merge_groups
-from ..kernels.attention.launch import (AttentionPlan, copied_out,
-                                        edge_attention_grads_triton, edge_attention_triton,
-                                        make_plan)
+from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
+                                        edge_attention_triton, make_plan)
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.eager import call
 from ..kernels.edgewise.op import edgewise
@@ -380,15 +379,17 @@ def _bias_row(step, t: torch.Tensor, index: int, ix: GraphIndex) -> torch.Tensor
 def _derived_graph(ix: GraphIndex, src_kind: str):
     """The bipartite graph (source rows of ``src_kind``) -> (nodes), memoised.  Sources and
     destinations share the id range ``[0, max(S, N))``, as in :func:`_group_graph` (the
-    kernels read each operand only in its own role): only the shorter side's operands get
-    zero rows appended, where offset destination ids needed a copy of every operand (on
-    synthetic mag, HGT's ``[S, H, D]`` keys and values: 9 ms of ``cat`` per step)."""
+    kernels read each operand only in its own role), and the graph says each side's rows
+    (``num_src``, ``num_dst``): operands, outputs and gradients have exactly their side's
+    rows, no padding and no copy-out (offset destination ids needed a copy of every operand:
+    on synthetic mag, HGT's ``[S, H, D]`` keys and values, 9 ms of ``cat`` per step)."""
     g = ix.graph
 
     def build():
         rows = max(ix.rows[src_kind], g.num_nodes)
         return AttentionGraph(_source_rows(ix, src_kind), g.dst.long(), rows,
-                              dst_order=g.csr_in.eid)
+                              dst_order=g.csr_in.eid, num_src=ix.rows[src_kind],
+                              num_dst=g.num_nodes)
     return g.derived("attention_sources_" + src_kind, build)
 
 
@@ -407,23 +408,9 @@ def _group_graph(ix: GraphIndex, src_kind: str):
 
     def build():     # (compact (dst, relation) rows ascend in canonical edge order)
         return AttentionGraph(_source_rows(ix, src_kind), ix.move(CDST, EDGE, "dst"),
-                              max(ix.rows[src_kind], ix.rows[CDST]), dst_sorted=True)
+                              max(ix.rows[src_kind], ix.rows[CDST]), dst_sorted=True,
+                              num_src=ix.rows[src_kind], num_dst=ix.rows[CDST])
     return g.derived("attention_groups_" + src_kind, build)
-
-
-def _fit(t: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:
-    """``t`` with zero rows appended up to ``rows`` (a copy only when it is short)."""
-    if t is None or t.shape[0] == rows:
-        return t
-    return torch.cat([t, t.new_zeros((rows - t.shape[0],) + t.shape[1:])], 0)
-
-
-def _first_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """``t[:rows]`` of an op output with the op graph's rows, copied out when ``t`` is much
-    longer: the graph has max(nodes, compact rows) rows, and a slice would keep the whole
-    buffer alive as long as the plan keeps the rows it needs (HGT on mag: 3.06M rows for
-    1.94M nodes; its forward output and dq, 272 MiB each, through the whole backward)."""
-    return t[:rows].clone() if copied_out(t.shape[0], rows) else t[:rows]
 
 
 def attention_graph(rows: AttentionRows, ix: GraphIndex) -> Graph:
@@ -471,13 +458,12 @@ def _attention_by_dst_relation(step, roles, ix: GraphIndex):
                                                                    dtype=torch.float32)
     spec, plan = attention_launch(step, ix)
     dg = attention_graph(step.spec[1], ix)
-    rows, groups = dg.num_nodes, ix.rows[CDST]
-    o, lse = edge_attention_triton(dg, _fit(v, rows), a_src=_fit(a_src, rows),
-                                   a_dst=_fit(a_dst, rows), scale=step.body.attr("scale"),
+    o, lse = edge_attention_triton(dg, v, a_src=a_src, a_dst=a_dst,
+                                   scale=step.body.attr("scale"),
                                    negative_slope=step.body.attr("slope"), spec=spec,
                                    plan=plan, return_lse=True)
     ptr, order = ix.grouped(NODE, CDST, "dst")
-    return merge_groups(ptr, order, ix.move(NODE, CDST, "dst"), o[:groups], lse[:groups])
+    return merge_groups(ptr, order, ix.move(NODE, CDST, "dst"), o, lse)
 
 
 def _step_ir(step, key: str, build):
@@ -573,11 +559,8 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
     terms = _attention_terms(step, roles, ix)
     spec, plan = attention_launch(step, ix)
     g = attention_graph(rows, ix)
-    n, nodes = g.num_nodes, ix.graph.num_nodes
-    out, lse = edge_attention_triton(g, *(_fit(t, n) for t in terms), scale=scale,
-                                     negative_slope=slope, spec=spec, plan=plan,
-                                     return_lse=True)
-    return _first_rows(out, nodes), _first_rows(lse, nodes)
+    return edge_attention_triton(g, *terms, scale=scale, negative_slope=slope, spec=spec,
+                                 plan=plan, return_lse=True)
 
 
 def _attention_terms(step, roles, ix: GraphIndex):
@@ -599,22 +582,14 @@ def _attention_terms(step, roles, ix: GraphIndex):
 _OP_ROLES = ("v", "q", "k", "a_src", "a_dst")   # the op's gradient order
 
 
-def _dst_map(step, ix: GraphIndex, n: int, rows: int) -> Optional[torch.Tensor]:
+def _dst_map(step, ix: GraphIndex) -> Optional[torch.Tensor]:
     """Where the backward kernels read each destination row's output gradient, output and
-    log-sum-exp (node-sized tensors, ``rows`` rows) on an op graph of ``n`` rows, or None
-    when they line up.  A (dst, relation) group reads its node's rows, so alpha and delta are
-    the node's (d a_dst still comes out per group); a derived graph's rows past the nodes
-    (it has max(nodes, compact rows) rows) hold no in-edges.  Rows past the groups or nodes
-    point at row 0: read, never used.  Instead of padded copies of the three tensors (HGT on
-    biokg: half of its training peak)."""
-    groups = step.spec[1].graph == "groups"
-    if not groups and rows == n:
+    log-sum-exp, or None when they are the destination rows themselves: a (dst, relation)
+    group reads its node's rows, so alpha and delta are the node's (d a_dst still comes out
+    per group), instead of group-sized copies of the three tensors."""
+    if step.spec[1].graph != "groups":
         return None
-    key = ("dst_map", groups, n, rows)
-    if key not in ix.memo:
-        to = ix.move(NODE, CDST, "dst") if groups else torch.arange(rows, device=ix.graph.device)
-        ix.memo[key] = _fit(to, n)
-    return ix.memo[key]
+    return ix.move(NODE, CDST, "dst")
 
 
 def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
@@ -631,19 +606,12 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     terms = _attention_terms(step, roles, ix)
     spec, plan = attention_launch(step, ix)
     g = attention_graph(step.spec[1], ix)
-    n, needs = g.num_nodes, body.attr("needs")
-    dst_map = _dst_map(step, ix, n, grad.shape[0])
-    # q is read through dst_map when there is one: no padded copy of it (HGT on mag: 746
-    # MiB, though not at the training step's peak).
+    needs = body.attr("needs")
     grads = edge_attention_grads_triton(
-        g, spec, plan, [r in needs for r in _OP_ROLES], grad,
-        *(t if role == "q" and dst_map is not None else _fit(t, n)
-          for role, t in zip(_OP_ROLES, terms)),
-        out, lse, att.attr("scale"), att.attr("slope"), dst_map=dst_map,
-        dq_rows=ix.rows[roles["q"][0].kind] if "q" in needs else 0)
+        g, spec, plan, [r in needs for r in _OP_ROLES], grad, *terms, out, lse,
+        att.attr("scale"), att.attr("slope"), dst_map=_dst_map(step, ix))
     result = {}
     for role, d in zip(_OP_ROLES, grads):
         if role in needs:
-            d = _first_rows(d, ix.rows[roles[role][0].kind])
             result[role] = d[..., None] if role in ("a_src", "a_dst") else d
     return result

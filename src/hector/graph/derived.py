@@ -32,10 +32,16 @@ class AttentionGraph(Graph):
     check them.  ``dst_sorted``: ``dst`` is known non-decreasing, so the canonical edge order
     (by destination, input order within ties) is the input order and no sort runs.
     ``dst_order``: that order when the caller holds it (the stable sort of ``dst``: for a
-    graph's own destinations, its ``csr_in.eid``), so no sort runs either; trusted."""
+    graph's own destinations, its ``csr_in.eid``), so no sort runs either; trusted.
+    ``num_src`` / ``num_dst``: every source id is below ``num_src`` and every destination id
+    below ``num_dst`` (default ``num_nodes``; trusted): the op's operands of that side have
+    that many rows and its traversals of that side run over that many (a derived graph's ids
+    span max(sources, destinations), and padding the shorter side's operands, outputs and
+    gradients to it cost HGT on mag a 1.1M-row fill and copy each way)."""
 
     def __init__(self, src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
-                 dst_sorted: bool = False, dst_order: Optional[torch.Tensor] = None):
+                 dst_sorted: bool = False, dst_order: Optional[torch.Tensor] = None,
+                 num_src: Optional[int] = None, num_dst: Optional[int] = None):
         # (no super().__init__: a full Graph build is what this class avoids)
         if src.dim() != 1 or dst.shape != src.shape:
             raise ValueError(f"src and dst must be 1-D of one length, got {tuple(src.shape)} "
@@ -43,6 +49,11 @@ class AttentionGraph(Graph):
         src, dst = src.long(), dst.long()
         n, e, dev = int(num_nodes), int(src.numel()), src.device
         self.num_nodes, self.num_edges, self.device = n, e, dev
+        self.num_src_rows = n if num_src is None else int(num_src)
+        self.num_dst_rows = n if num_dst is None else int(num_dst)
+        if not (0 <= self.num_src_rows <= n and 0 <= self.num_dst_rows <= n):
+            raise ValueError(f"num_src ({num_src}) and num_dst ({num_dst}) must lie in [0, "
+                             f"num_nodes = {n}]")
         self.num_relations = self.num_node_types = 1
         self.index_dtype = idx = build.index_dtype(n, e)
         self.node_type_names = self.relation_names = self.graph_ptr = None

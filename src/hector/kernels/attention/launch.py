@@ -168,10 +168,28 @@ def _rows_of(graph, csr, sched: Schedule):
     return csr, ids, (csr.ptr.numel() - 1)
 
 
-def copied_out(rows: int, keep: int) -> bool:
-    """Whether a ``rows``-row buffer of which ``keep`` rows are wanted is worth copying out
-    (much longer: a slice would keep the whole buffer alive as long as the rows)."""
-    return 4 * rows > 5 * keep
+def side_rows(graph, side: str) -> int:
+    """Rows of the ``side`` ("src" or "dst") operands, outputs and gradients: a derived
+    graph's ``num_src_rows`` / ``num_dst_rows`` (:class:`hector.graph.derived.AttentionGraph`),
+    else every node."""
+    rows = getattr(graph, f"num_{side}_rows", None)
+    return graph.num_nodes if rows is None else rows
+
+
+def side_csr(graph, side: str) -> CSR:
+    """The CSR a traversal of ``side``'s rows walks: by destination for "dst", by source for
+    "src", its pointer cut to :func:`side_rows` (the rows past it hold no edges, so the cut
+    CSR keeps every edge); one object per (graph, side), since the chunk and active-row
+    tables are keyed by the CSR's identity."""
+    csr = graph.csr_in if side == "dst" else graph.csr_out
+    rows = side_rows(graph, side)
+    if rows == csr.ptr.numel() - 1:
+        return csr
+    table = _chunk_tables.setdefault(graph, {})
+    key = ("side", side)
+    if key not in table:
+        table[key] = CSR(csr.ptr[:rows + 1], csr.col, csr.eid)
+    return table[key]
 
 
 def _rows_out(skips: bool, shape, **kw) -> torch.Tensor:
@@ -201,6 +219,8 @@ def _launch_traversal(name: str, params: dict, plan: AttentionPlan, sched: Sched
     """Launch traversal kernel ``name``, its edge tile and warps autotuned around ``sched``
     when the plan allows it.  Trials may run on the real outputs: these kernels only store
     (no atomics), so every run leaves the same values."""
+    if grid[0] == 0:       # a side with no rows (a derived graph's): nothing to traverse
+        return
     kernel = registry.kernel(name, **params)
 
     def run(s: Schedule):
@@ -238,10 +258,12 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
                       v, q, k, a_src, a_dst, bias=None):
     """(out, lse): the forward traversal (and the combine pass of an edge-parallel one).
     ``bias`` ``[H, Dv]`` (or None): added to every output row by the kernels' epilogue."""
-    n, heads, dim_v = v.shape
+    _, heads, dim_v = v.shape
+    n = side_rows(graph, "dst")
     sched = plan.dst
-    csr, row_ids, n_rows = _rows_of(graph, graph.csr_in, sched)
-    skips = csr is not graph.csr_in            # edgeless rows left out (edge-parallel)
+    full = side_csr(graph, "dst")
+    csr, row_ids, n_rows = _rows_of(graph, full, sched)
+    skips = csr is not full                    # edgeless rows left out (edge-parallel)
     if skips and bias is not None:             # the rows the kernels skip hold the bias alone
         out = bias.reshape(1, heads, dim_v).expand(n, heads, dim_v).contiguous()
     else:
@@ -273,24 +295,22 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
 
 def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
                        needs: tuple, dout, v, q, k, a_src, a_dst, out, lse, dlse=None,
-                       dst_map=None, bias=None, dq_rows: int = 0):
+                       dst_map=None, bias=None):
     """(dv, dq, dk, d a_src, d a_dst), None where ``needs`` (same order) is False.
     ``dlse``: the gradient of the log-sum-exp output, if it has one.  Since ``d lse_v / d
     s_e = alpha_e``, it joins ``ds_e = alpha_e (<dout_v, v_u> - delta_v)`` as ``delta_v -
     dlse_v``: the kernels run unchanged.  ``dst_map``: destination row -> row of ``q``,
     ``dout``, ``out``, ``lse`` (and ``dlse``), which then have their own row count (RGAT's
-    groups read their node's rows in place; HGT's derived graph, padded past the nodes, reads
-    unpadded node rows); None: the graph's rows themselves.  Gradients have the graph's rows
-    (``dq`` too, unless ``dq_rows``: its first ``dq_rows`` rows, copied out before the source
-    side allocates its gradients when the graph has many more rows, so the full-height dq
-    is not alive beside them: HGT's derived graph on mag, 3.06M rows for 1.94M nodes, 747
-    MiB off the training peak).  ``bias``: the forward's epilogue bias, which ``out``
-    includes (subtracted where delta reads ``out``)."""
+    groups read their node's rows in place); None: the destination rows themselves.
+    Gradients have their side's rows (:func:`side_rows`: a derived graph's sources or
+    destinations).  ``bias``: the forward's epilogue bias, which ``out`` includes
+    (subtracted where delta reads ``out``)."""
     need_v, need_q, need_k, need_src, need_dst = needs
-    n, heads, dim_v = v.shape
+    n_src, heads, dim_v = v.shape              # (side_rows(graph, "src"))
+    n = side_rows(graph, "dst")
     dim_k = spec.dim_qk
     dout = dout.contiguous()
-    if n == 0 or not any((need_v, need_q, need_k, need_src, need_dst)):
+    if graph.num_nodes == 0 or not any((need_v, need_q, need_k, need_src, need_dst)):
         empty = [torch.empty_like(t) if need else None for t, need in
                  ((v, need_v), (q, need_q), (k, need_k), (a_src, need_src), (a_dst, need_dst))]
         return tuple(empty)
@@ -309,8 +329,9 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         # Rows are destinations: q, a_dst, dout, lse, delta are read (and dq, d a_dst
         # written) per row; k, v, a_src per edge through the column ids.
         sched = plan.dst
-        csr, row_ids, n_rows = _rows_of(graph, graph.csr_in, sched)
-        skips = csr is not graph.csr_in
+        full = side_csr(graph, "dst")
+        csr, row_ids, n_rows = _rows_of(graph, full, sched)
+        skips = csr is not full
         tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse), dout, lse, delta,
                    _or(dst_map, lse))
         dq = _rows_out(skips, (n, heads, dim_k), dtype=q.dtype, device=v.device) if need_q else None
@@ -329,22 +350,21 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         for flag, part, grad in ((need_q, dq_part, dq), (need_dst, dd_part, da_dst)):
             if flag:
                 _combine_sum(csr, sched, rows, row_ids, nchunks, part, grad)
-        if need_q and 0 < dq_rows and copied_out(n, dq_rows):
-            args = grad = None          # (they reference the full-height dq)
-            dq = dq[:dq_rows].clone()
 
     if need_k or need_v or need_src:
         # Rows are sources: k, v, a_src are read (and dk, dv, d a_src written) per row;
         # q, a_dst, dout, lse, delta per edge through the column ids (destinations).
         sched = plan.src
-        csr, row_ids, n_rows = _rows_of(graph, graph.csr_out, sched)
-        skips = csr is not graph.csr_out
+        full = side_csr(graph, "src")
+        csr, row_ids, n_rows = _rows_of(graph, full, sched)
+        skips = csr is not full
         tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse), dout, lse, delta,
                    _or(dst_map, lse))
         new = dict(device=v.device)
-        dk = _rows_out(skips, (n, heads, dim_k), dtype=k.dtype, **new) if need_k else None
-        dv = _rows_out(skips, (n, heads, dim_v), dtype=v.dtype, **new) if need_v else None
-        da_src = _rows_out(skips, (n, heads), dtype=a_src.dtype, **new) if need_src else None
+        dk = _rows_out(skips, (n_src, heads, dim_k), dtype=k.dtype, **new) if need_k else None
+        dv = _rows_out(skips, (n_src, heads, dim_v), dtype=v.dtype, **new) if need_v else None
+        da_src = (_rows_out(skips, (n_src, heads), dtype=a_src.dtype, **new) if need_src
+                  else None)
         grid, rows, nchunks = _traversal(graph, csr, sched, heads)
         dk_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_k and nchunks else lse
         dv_part = torch.empty(nchunks, 2, heads * dim_v, **fp32) if need_v and nchunks else lse
@@ -516,7 +536,9 @@ def _seed_of(seed: int, seed_tensor: Optional[torch.Tensor]):
 @edge_attention_op.register_fake
 def _(graph, v, q, k, a_src, a_dst, scale, negative_slope, dropout, seed, strategy, launch,
       seed_tensor=None, bias=None):
-    return torch.empty_like(v), v.new_empty(v.shape[:2], dtype=torch.float32)
+    n = side_rows(_graph(graph), "dst")
+    return (v.new_empty((n,) + tuple(v.shape[1:])),
+            v.new_empty((n, v.shape[1]), dtype=torch.float32))
 
 
 @torch.library.custom_op("hector::edge_attention_backward", mutates_args=())
@@ -528,28 +550,27 @@ def edge_attention_backward_op(
         needs: List[bool], seed_tensor: Optional[torch.Tensor] = None,
         dlse: Optional[torch.Tensor] = None,
         dst_map: Optional[torch.Tensor] = None,
-        bias: Optional[torch.Tensor] = None, dq_rows: int = 0) -> List[torch.Tensor]:
+        bias: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """[dv, dq, dk, d a_src, d a_dst]; a gradient not asked for is an empty tensor (a
     schema output cannot be None).  ``dlse``: the log-sum-exp output's gradient, if any;
-    ``dst_map``, ``bias``, ``dq_rows``: see :func:`attention_backward` (the bias's own
+    ``dst_map``, ``bias``: see :func:`attention_backward` (the bias's own
     gradient is a column sum of ``dout``, taken by the autograd formula)."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
                               launch)
     grads = attention_backward(g, spec, plan, (scale, negative_slope, dropout,
                                                _seed_of(seed, seed_tensor)),
                                tuple(needs), dout, v, q, k, a_src, a_dst, out, lse,
-                               None if dlse is None else dlse.float(), dst_map, bias, dq_rows)
+                               None if dlse is None else dlse.float(), dst_map, bias)
     return [gr if gr is not None else v.new_empty(0) for gr in grads]
 
 
 @edge_attention_backward_op.register_fake
 def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropout, seed,
-      strategy, launch, needs, seed_tensor=None, dlse=None, dst_map=None, bias=None,
-      dq_rows=0):
-    # Gradients have the graph's rows (v's), also where q is read through dst_map with its
-    # own (node) row count; dq its first dq_rows when that copy-out applies.
-    n = v.shape[0]
-    rows = [n, dq_rows if 0 < dq_rows and copied_out(n, dq_rows) else n, n, n, n]
+      strategy, launch, needs, seed_tensor=None, dlse=None, dst_map=None, bias=None):
+    # Gradients have their side's rows (v's for the sources), also where q is read through
+    # dst_map with its own (node) row count.
+    n_src, n = v.shape[0], side_rows(_graph(graph), "dst")
+    rows = [n_src, n, n_src, n_src, n]
     return [v.new_empty((r,) + tuple(t.shape[1:]), dtype=t.dtype)
             if need and t is not None else v.new_empty(0)
             for t, need, r in zip((v, q, k, a_src, a_dst), needs, rows)]
@@ -592,18 +613,16 @@ edge_attention_op.register_autograd(_autograd_backward, setup_context=_setup_con
 def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan, needs,
                                 dout, v, q, k, a_src, a_dst, out, lse, scale: float,
                                 negative_slope: Optional[float],
-                                dst_map: Optional[torch.Tensor] = None,
-                                dq_rows: int = 0) -> List[torch.Tensor]:
+                                dst_map: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """The fused backward as the ``hector::edge_attention_backward`` op, called directly by
     the compiler's backward plan (whose IR autodiff differentiated the attention as one
     operator): ``[dv, dq, dk, d a_src, d a_dst]`` for ``needs`` (same order), an empty tensor
     where not asked for.  ``out``, ``lse``: the forward's (``return_lse`` below); no dropout.
-    ``dst_map``, ``dq_rows``: see :func:`attention_backward`."""
+    ``dst_map``: see :func:`attention_backward`."""
     tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
     return call(edge_attention_backward_op, graph_handle(graph), dout.contiguous(), *tensors,
                 out.contiguous(), lse.contiguous(), float(scale), negative_slope, 0.0, 0,
-                "auto", launch_handle(graph, spec, plan), list(needs), dst_map=dst_map,
-                dq_rows=dq_rows)
+                "auto", launch_handle(graph, spec, plan), list(needs), dst_map=dst_map)
 
 
 def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0,
