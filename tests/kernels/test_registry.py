@@ -9,8 +9,8 @@ import torch
 from hector.kernels import registry
 
 GEMM = dict(has_gather=True, has_scatter=False, dot_fp32=False, input_precision="ieee",
-            accumulate=False)
-WGRAD = {k: v for k, v in GEMM.items() if k != "accumulate"}
+            accumulate=False, has_bias=False)
+WGRAD = {k: v for k, v in GEMM.items() if k not in ("accumulate", "has_bias")}
 SCORE = dict(has_qk=True, has_src=False, has_dst=True, has_leaky=True, has_dropout=False,
              edge_parallel=False, has_bias=False)
 TRITON_OK = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -45,6 +45,8 @@ def test_params_are_rendered_in_not_constexpr_flags(cache):
     # a permutation: stored through the index, no atomics
     permuted = registry.source("segment_mm", **dict(GEMM, has_scatter=True))
     assert "tl.atomic_add" not in permuted and "tl.load(scatter + offs_m" in permuted
+    biased = registry.source("segment_mm", **dict(GEMM, has_bias=True))
+    assert "tl.load(bias + seg" in biased and "tl.load(bias" not in plain
     assert "HAS_GATHER" not in plain and "tl.load(gather + offs_m" in plain
     edge = registry.source("attention_fwd", **dict(SCORE, edge_parallel=True))
     assert "m_part + slot" in edge and "m_part + slot" not in registry.source("attention_fwd",
@@ -78,11 +80,11 @@ def test_unknown_kernel_and_bad_parameters_are_named(cache):
         registry.source("segment_gemm")
     with pytest.raises(ValueError, match="'nope'"):
         registry.kernel("nope")
-    with pytest.raises(TypeError, match="no parameter 'has_bias'"):
-        registry.source("segment_mm", has_bias=True, **GEMM)
+    with pytest.raises(TypeError, match="no parameter 'has_skew'"):
+        registry.source("segment_mm", has_skew=True, **GEMM)
     with pytest.raises(TypeError, match="needs parameter 'has_scatter'"):
         registry.source("segment_mm", has_gather=True, dot_fp32=False, input_precision="ieee",
-                        accumulate=False)
+                        accumulate=False, has_bias=False)
     with pytest.raises(ValueError, match="'input_precision' must be one of"):
         registry.source("segment_mm", **dict(GEMM, input_precision="bf16x9"))
     with pytest.raises(ValueError, match="'has_gather' must be one of"):

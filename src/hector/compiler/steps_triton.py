@@ -35,7 +35,7 @@ from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_trit
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.eager import call
 from ..kernels.edgewise.op import edgewise
-from ..kernels.segment_mm.launch import segment_mm_wgrad_op
+from ..kernels.segment_mm.launch import segment_mm_wgrad_op, segment_sums
 from ..kernels.segment_mm.op import segment_mm
 from ..kernels.traversal.csr import (WeightedCSR, compose, from_groups, narrow_cols,
                                       one_per_row, scaled)
@@ -165,15 +165,11 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
 
 
 def run_wsum(step, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
-    """A bias gradient per node type, ``db[t] = sum of dy's rows of type t``, on the
-    ``segment_mm_wgrad`` kernel with ``x`` a column of ones read at stride 0 (nothing
-    allocated for it): one launch that reads ``dy`` once over the whole GPU, through
-    ``node_perm`` when types are not contiguous."""
-    rows = dy.shape[0]
-    bounds, read_x, read_dy = _wgrad_layout(ix, NODE, "node_type", rows, 0)
-    flat = dy.flatten(1).contiguous()
-    ones = flat.new_ones(1, 1).expand(rows, 1)
-    s = call(segment_mm_wgrad_op, ones, flat, read_x, read_dy, list(bounds))
+    """A bias gradient per node type, ``db[t] = sum of dy's rows of type t``
+    (:func:`~hector.kernels.segment_mm.launch.segment_sums`: one launch, through
+    ``node_perm`` when types are not contiguous)."""
+    bounds, _, read_dy = _wgrad_layout(ix, NODE, "node_type", dy.shape[0], 0)
+    s = segment_sums(dy.flatten(1), bounds, read_dy)
     return fold_slice_sums(step.body, s.view((len(bounds) - 1,) + tuple(dy.shape[1:])))
 
 

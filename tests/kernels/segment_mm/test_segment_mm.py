@@ -347,6 +347,54 @@ def test_triton_permutation_flags_on_the_custom_op(unique):
         assert rel_err(g, w) < TOL[torch.float32], name
 
 
+def _with_bias_grads(fn, case, bias, dy_seed=5):
+    out = fn(**case, bias=bias)
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(dy_seed))
+    return (out,) + torch.autograd.grad(out, (case["x"], case["weight"], bias),
+                                        dy.to(out.device, out.dtype))
+
+
+@pytest.mark.parametrize("backend,pinned", [("torch", False),
+                                            pytest.param("triton", False, marks=needs_triton),
+                                            pytest.param("triton", True, marks=needs_triton)])
+@pytest.mark.parametrize("gather,scatter,transpose", [(False, False, False), (True, True, True),
+                                                      (True, False, False)])
+def test_bias_epilogue(backend, gather, scatter, transpose, pinned):
+    """``bias [S, N]``: each logical row of segment s gets b_s before the scatter; output and
+    the gradients of x, W and b against a float64 loop (empty segments get no rows, so their
+    bias gradient is 0), through the custom op and the pinned-schedule path alike."""
+    case = make_case(gather=gather, scatter=scatter, transpose=transpose)
+    s, n = case["weight"].shape[0], (case["weight"].shape[1] if transpose
+                                     else case["weight"].shape[2])
+    bias = torch.randn(s, n, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    bias.requires_grad_()
+    got = _with_bias_grads(lambda **c: segment_mm(**c, backend=backend,
+                                                  schedule=TILE if pinned else None), case, bias)
+    c64 = as_f64(case)
+    b64 = bias.detach().double().requires_grad_()
+
+    def with_bias(bias=None, **c):
+        ptr = c["seg_ptr"].tolist()
+        seg = torch.repeat_interleave(torch.arange(s), torch.tensor(ptr).diff()).to(DEVICE)
+        plain = dict(c, scatter=None, num_out_rows=None)
+        y = naive(**plain) + bias.index_select(0, seg)
+        if c.get("scatter") is None:
+            return y
+        return y.new_zeros(c["num_out_rows"], n).index_add(0, c["scatter"], y)
+    want = _with_bias_grads(with_bias, c64, b64)
+    for name, g, w in zip(("out", "dx", "dW", "db"), got, want):
+        assert rel_err(g, w) < TOL[torch.float32], (name, rel_err(g, w))
+    assert torch.all(got[3][[i for i, length in enumerate(LENGTHS) if length == 0]] == 0)
+
+
+def test_bias_shape_is_checked():
+    case = make_case()
+    with pytest.raises(ValueError, match=r"bias must have shape \[S, N\] = \[6, 5\]"):
+        segment_mm(**case, bias=torch.zeros(6, 4, device=DEVICE))
+    with pytest.raises(TypeError, match="bias has dtype"):
+        segment_mm(**case, bias=torch.zeros(6, 5, dtype=torch.float64, device=DEVICE))
+
+
 def test_debug_mode_checks_index_ranges(monkeypatch):
     monkeypatch.setenv("HECTOR_DEBUG", "1")
     with pytest.raises(ValueError, match="gather contains id 23, out of range for x.shape"):

@@ -24,7 +24,8 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
                num_out_rows: Optional[int] = None, transpose_weight: bool = False,
                backend: str = "auto",
                schedule: Union[None, str, GemmSchedule] = None,
-               gather_unique: bool = False, scatter_unique: bool = False) -> torch.Tensor:
+               gather_unique: bool = False, scatter_unique: bool = False,
+               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     r"""Segment GEMM with an optional gather on the input rows and scatter-add on the output
     rows: a typed linear layer whose weight is picked per segment of rows.
 
@@ -32,7 +33,7 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
     ``seg_ptr[s] <= r < seg_ptr[s+1]`` uses ``weight[s]``:
 
     .. math::
-        a_r = x_{g(r)}, \qquad y_r = a_r W_s \;(\text{or } a_r W_s^\top), \qquad
+        a_r = x_{g(r)}, \qquad y_r = a_r W_s \;(\text{or } a_r W_s^\top) \;[+\, b_s], \qquad
         \text{out}_{c(r)} \mathrel{+}= y_r
 
     with :math:`g(r)` = ``gather[r]`` (or :math:`r`) and :math:`c(r)` = ``scatter[r]``;
@@ -64,6 +65,9 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
             M``): rows are stored once, not summed into a zeroed fp32 buffer with atomics.
             Both are promises (checked with ``HECTOR_DEBUG=1``); the torch backend sums as
             always, which gives the same result for a permutation.
+        bias: ``[S, N]`` added to each logical row of segment ``s`` (before the scatter), by
+            the kernel's epilogue; differentiable (its gradient sums ``dy``'s rows per
+            segment).
 
     Returns:
         ``[M, N]``, or ``[num_out_rows, N]`` with ``scatter`` (rows never hit are 0).
@@ -74,14 +78,25 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
     """
     bounds, num_out_rows = _check(x, weight, seg_ptr, gather, scatter, num_out_rows,
                                   transpose_weight, gather_unique, scatter_unique)
+    if bias is not None:
+        C.check_tensor(bias, "bias")
+        n = weight.shape[1] if transpose_weight else weight.shape[2]
+        if bias.dtype != x.dtype:
+            raise TypeError(f"bias has dtype {bias.dtype} but x has {x.dtype}; they must match")
+        if tuple(bias.shape) != (weight.shape[0], n):
+            raise ValueError(f"bias must have shape [S, N] = [{weight.shape[0]}, {n}], got "
+                             f"{tuple(bias.shape)}")
+        C.check_same_device([("x", x), ("bias", bias)])
     backend = choose_backend(backend, x, "x")
     if not (schedule is None or schedule == "autotune" or isinstance(schedule, GemmSchedule)):
         raise TypeError("schedule must be None, 'autotune' or a "
                         f"hector.kernels.segment_mm.spec.GemmSchedule, got {schedule!r}")
     if backend == "triton":
         return segment_mm_triton(x, weight, bounds, gather, scatter, num_out_rows,
-                                 transpose_weight, schedule, gather_unique, scatter_unique)
-    return segment_mm_torch(x, weight, bounds, gather, scatter, num_out_rows, transpose_weight)
+                                 transpose_weight, schedule, gather_unique, scatter_unique,
+                                 None if bias is None else bias.contiguous())
+    return segment_mm_torch(x, weight, bounds, gather, scatter, num_out_rows, transpose_weight,
+                            bias)
 
 
 def _check_row_index(t: torch.Tensor, name: str, rows: int) -> None:

@@ -15,7 +15,8 @@ def segment_mm_torch(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[int
                      gather: Optional[torch.Tensor] = None,
                      scatter: Optional[torch.Tensor] = None,
                      num_out_rows: Optional[int] = None,
-                     transpose_weight: bool = False) -> torch.Tensor:
+                     transpose_weight: bool = False,
+                     bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """See :func:`hector.kernels.segment_mm.op.segment_mm` (inputs already validated).
 
     ``bounds`` is ``seg_ptr`` as Python ints (the op reads it on the host once).  Half
@@ -33,7 +34,7 @@ def segment_mm_torch(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[int
         # Empty segments still go through the matmul so that x and weight stay in the
         # autograd graph (their gradients are then zeros rather than missing).
         rows = xs.index_select(0, gather[lo:hi]) if gather is not None else xs[lo:hi]
-        parts.append(rows @ ws[s])
+        parts.append(rows @ ws[s] + bias[s].to(work) if bias is not None else rows @ ws[s])
     if not parts:   # no segment at all: an empty product keeps both inputs in the graph
         parts.append(xs[:0] @ ws.sum(0))
     y = torch.cat(parts, dim=0)

@@ -47,6 +47,7 @@ class GemmSpec:
 
         a_r   = x[gather[r]]                 [has_gather]     else x[r]
         y_r   = a_r @ W_s   (W_s^T when transpose_weight; s = segment of r; fp32 accumulation)
+              + b_s                          [has_bias: the kernel's epilogue]
         out[scatter[r]] += y_r               [has_scatter: accumulate into zeroed rows]
         out[scatter[r]] = y_r                [has_scatter, scatter_unique: a permutation]
         out[r] = y_r                         [otherwise: overwrite, one row per logical row]
@@ -67,6 +68,7 @@ class GemmSpec:
     input_precision: str = "ieee"
     gather_unique: bool = False
     scatter_unique: bool = False
+    has_bias: bool = False
 
     def __post_init__(self):
         if self.input_precision not in INPUT_PRECISIONS:
@@ -85,19 +87,21 @@ class GemmSpec:
         the reduction runs over ``N``."""
         return replace(self, has_gather=self.has_scatter, has_scatter=self.has_gather,
                        gather_unique=self.scatter_unique, scatter_unique=self.gather_unique,
-                       transpose_weight=not self.transpose_weight, K=self.N, N=self.K)
+                       transpose_weight=not self.transpose_weight, K=self.N, N=self.K,
+                       has_bias=False)
 
     @staticmethod
     def of(x: torch.Tensor, gather: Optional[torch.Tensor], scatter: Optional[torch.Tensor],
            transpose_weight: bool, N: int, gather_unique: bool = False,
-           scatter_unique: bool = False) -> "GemmSpec":
+           scatter_unique: bool = False, has_bias: bool = False) -> "GemmSpec":
         # fp32: see fp32_dot.  Half types ignore the setting (their products are exact).
         return GemmSpec(has_gather=gather is not None, has_scatter=scatter is not None,
                         transpose_weight=bool(transpose_weight), dtype=x.dtype,
                         K=int(x.shape[1]), N=int(N),
                         input_precision=fp32_dot() if x.dtype == torch.float32 else "ieee",
                         gather_unique=gather is not None and bool(gather_unique),
-                        scatter_unique=scatter is not None and bool(scatter_unique))
+                        scatter_unique=scatter is not None and bool(scatter_unique),
+                        has_bias=bool(has_bias))
 
 
 @dataclass(frozen=True)
