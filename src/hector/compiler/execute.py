@@ -25,6 +25,7 @@ import torch
 
 from .ir import Op, Value, toposort
 from .plan import Plan, Step
+from .lower import gemm_parts
 from .steps_torch import GraphIndex, attention_torch_lse, eval_body, eval_op
 from .steps_triton import (run_attention, run_attention_bwd, run_gemm, run_traversal, run_wgrad,
                            run_wsum)
@@ -35,7 +36,7 @@ def triton_step(step: Step) -> bool:
     # The traversal kernels are custom ops (hector::traverse, hector::edge_softmax): a compiled
     # plan runs them as eager does.
     return step.template == "attention" or (
-        step.template == "gemm" and step.body.op in (Op.LINEAR, Op.WGRAD, Op.WSUM)) or (
+        step.template == "gemm") or (
         step.template == "traversal" and step.spec.kernel is not None)
 
 
@@ -57,8 +58,9 @@ def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str)
             return run_wgrad(step, args[0], args[1], ix)
         if step.body.op == Op.WSUM:
             return run_wsum(step, args[0], ix)
-        x, w = args
-        return run_gemm(step, x, w, ix, "triton")
+        _, bias = gemm_parts(step.body)
+        return run_gemm(step, args[0], args[1], ix, "triton",
+                        args[bias.attr("index")] if bias is not None else None)
     return eval_body(step.body, args, ix)
 
 

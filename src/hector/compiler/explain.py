@@ -26,7 +26,6 @@ from ..kernels.segment_mm.launch import gemm_params
 from ..kernels.segment_mm.spec import GemmSpec
 from . import models
 from .launches import count_step, summary
-from .ir import Op
 from .printer import format_ir
 from .program import CompiledModule, Program
 from .steps_torch import GraphIndex
@@ -240,7 +239,7 @@ def _config_text(config: dict) -> str:
 def _step_kernels(step, graph, kernels: _Kernels) -> List[str]:
     """Lines naming the Triton kernels one plan step launches on the Triton backend."""
     spec = step.spec[0] if isinstance(step.spec, tuple) else step.spec
-    if step.template == "gemm" and isinstance(spec, GemmSpec) and step.body.op == Op.LINEAR:
+    if step.template == "gemm" and isinstance(spec, GemmSpec):
         return kernels.describe("segment_mm", gemm_params(spec),
                                 gemm_spec.tune_configs(spec, interpreting=interpreting()))
     if step.template == "traversal" and getattr(spec, "edgewise", None) is not None:

@@ -98,6 +98,17 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
     return traversal_spec(body), ""
 
 
+def gemm_parts(body: Value) -> Tuple[Value, Value]:
+    """(the typed linear, its bias argument or None) of a GEMM step's body: ``linear``, or
+    ``[reshape](add(linear, bias))`` when fusion gave the linear its bias add as the
+    kernel's epilogue (``fuse``)."""
+    if body.op == Op.RESHAPE:
+        body = body.args[0]
+    if body.op == Op.ADD:
+        return body.args[0], body.args[1]
+    return body, None
+
+
 def gemm_spec(body: Value, dtype: torch.dtype):
     if body.op == Op.WSUM:
         return None, (f"bias gradient db = sum dy over {body.args[0].kind} rows, segments by "
@@ -109,6 +120,7 @@ def gemm_spec(body: Value, dtype: torch.dtype):
                if x.op == Op.GATHER else "")
         return None, (f"weight gradient dW = sum x^T dy over {x.kind} rows, segments by "
                       f"{seg}{how}")
+    body, bias = gemm_parts(body)
     x, w = body.args
     transpose = w.op == Op.WT
     wshape = w.args[0].shape if transpose else w.shape
@@ -123,11 +135,13 @@ def gemm_spec(body: Value, dtype: torch.dtype):
     gs = GemmSpec(has_gather=permuted or gathered, has_scatter=permuted,
                   transpose_weight=transpose, dtype=dtype, K=K, N=N,
                   input_precision=fp32_dot() if dtype == torch.float32 else "ieee",
-                  gather_unique=permuted and not gathered, scatter_unique=permuted)
+                  gather_unique=permuted and not gathered, scatter_unique=permuted,
+                  has_bias=bias is not None)
     seg = {"relation": f"{x.kind} rel_ptr", "node_type": "node_type_ptr (+node_perm)",
            None: "one segment"}[w.per] + (f"; rows gathered from {x.args[0].kind} by "
                                           f"{x.attr('end')}" if gathered else "")
-    return (gs, rows), f"segments: {seg}{', head-major (per-head weights)' if per_head else ''}"
+    return (gs, rows), (f"segments: {seg}{', head-major (per-head weights)' if per_head else ''}"
+                        f"{'; + bias per ' + (w.per or 'row') + ' (epilogue)' if bias else ''}")
 
 
 def attention_spec(body: Value, dtype: torch.dtype) -> Tuple[AttentionSpec, AttentionRows]:

@@ -70,8 +70,10 @@ def _gemm_layout(ix: GraphIndex, rs, rows: int):
     return ix.memo[key]
 
 
-def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str):
-    """A typed-linear step on the segment GEMM template."""
+def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str,
+             bias: Optional[torch.Tensor] = None):
+    """A typed-linear step on the segment GEMM template; ``bias``: the weight row ``fuse``
+    made its epilogue (sliced as ``w`` is)."""
     _, rs = step.spec
     gather = None
     if rs.gather is not None:   # x holds the source rows; the GEMM reads them by index
@@ -91,11 +93,13 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
                          gather_unique=gather is None, scatter_unique=True)
         return out.reshape((rows,) + tuple(step.output.shape))
     ptr, perm = _gemm_layout(ix, rs, rows)
+    if bias is not None:
+        bias = bias.reshape(weight.shape[0], -1)
     out = segment_mm(x.flatten(1).contiguous(), weight.contiguous(), ptr,   # (flatten: 0 rows ok)
                      gather=perm if gather is None else gather, scatter=perm,
                      num_out_rows=rows if perm is not None else None,
                      transpose_weight=rs.transpose_weight, backend=backend,
-                     gather_unique=gather is None, scatter_unique=True)
+                     gather_unique=gather is None, scatter_unique=True, bias=bias)
     return out.reshape((rows,) + tuple(step.output.shape))
 
 
