@@ -14,7 +14,7 @@ from hector.compiler.passes import canonicalize, compact, fuse, reorder
 from hector.compiler.passes.common import GraphStats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
-from helpers import random_relational, rel_err  # noqa: E402
+from helpers import device_for, random_relational, rel_err  # noqa: E402
 
 # rows: 100 nodes, 1000 edges, 300 unique (src, rel), 200 unique (dst, rel)
 STATS = GraphStats(100, 1000, 300, 200, 4, 1)
@@ -168,19 +168,21 @@ def test_hgt_bias_epilogues_equal_the_torch_backend(dims):
     """HGT on the Triton backend: K, Q, V (and, without the skip, the output linear) carry
     their bias as GEMM epilogues -- no plan step only adds a bias -- with output and every
     gradient equal to the torch backend's, node types interleaved (``node_perm``)."""
+    dev = device_for("triton")
     ei, et = random_relational(num_nodes=20, num_edges=70)
     g = hector.Graph(ei, edge_type=et, num_nodes=20, num_relations=4,
-                     node_type=torch.arange(20) % 3, num_node_types=3)
-    x = torch.randn(20, dims["in_dim"], generator=torch.Generator().manual_seed(2))
+                     node_type=torch.arange(20) % 3, num_node_types=3).to(dev)
+    x = torch.randn(20, dims["in_dim"], generator=torch.Generator().manual_seed(2)).to(dev)
     results = {}
     for backend in ("torch", "triton"):
         torch.manual_seed(1)
-        m = hcompile(models.hgt, backend=backend, num_relations=4, num_node_types=3, **dims)
+        m = hcompile(models.hgt, backend=backend, num_relations=4, num_node_types=3,
+                     **dims).to(dev)
         for p in m.parameters():        # biases are zeros at init: make them count
             torch.nn.init.normal_(p.data if p.dim() else p.data.view(1), std=0.3)
         xg = x.clone().requires_grad_()
         out = m(g, x=xg)
-        dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+        dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(dev)
         grads = torch.autograd.grad(out, [xg] + list(m.parameters()), dy)
         results[backend] = (m, out, grads)
     m, out, grads = results["triton"]
