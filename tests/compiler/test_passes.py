@@ -195,3 +195,23 @@ def test_hgt_bias_epilogues_equal_the_torch_backend(dims):
     assert rel_err(out.detach(), out0.detach()) < 1e-5
     for name, a, b in zip(["x"] + [n for n, _ in m.named_parameters()], grads, grads0):
         assert rel_err(a, b) < 1e-4, name
+
+
+def test_a_reshape_of_an_input_is_a_view_not_a_kernel():
+    """A traversal step that only reshapes one input (HGT's backward reshapes dq's rows) runs
+    no kernel on the Triton backend: its output is a view of the input's storage."""
+    from hector.compiler.execute import run_step, triton_step
+    from hector.compiler.steps_torch import GraphIndex
+    dev = device_for("triton")
+    ei, et = random_relational(num_nodes=20, num_edges=70)
+    g = hector.Graph(ei, edge_type=et, num_nodes=20, num_relations=4).to(dev)
+    m = hcompile(models.hgt, backend="triton", in_dim=8, out_dim=8, heads=2, num_relations=4,
+                 num_node_types=1).to(dev)
+    m(g, x=torch.randn(20, 8, device=dev, requires_grad=True)).sum().backward()
+    plan = m.program.compiled_for(g).backward_plan
+    views = [s for s in plan.steps if s.template == "traversal" and s.spec.schedule == "view"]
+    assert views and all(not triton_step(s) for s in views)
+    step = views[0]
+    x = torch.randn((20,) + tuple(step.inputs[0].shape), device=dev)
+    out = run_step(step, [x], GraphIndex.of(g), "triton")
+    assert out.shape == (20,) + tuple(step.output.shape) and out.data_ptr() == x.data_ptr()

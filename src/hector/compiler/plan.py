@@ -130,7 +130,8 @@ class TraversalSpec:
     space: str
     statements: Tuple[str, ...]
     reductions: Tuple[str, ...]
-    schedule: str   # 'edge-parallel' (one lane per row) or 'node-parallel' (one program per CSR row)
+    schedule: str   # 'edge-parallel' (one lane per row), 'node-parallel' (one program per
+                    # CSR row), 'row-parallel', or 'view' (a reshape of its input: no kernel)
     linear: Optional[LinearTraversal] = None
     declined: str = ""
     softmax: Optional[Tuple[int, Optional[float]]] = None   # (input, leaky slope): edge_softmax
@@ -216,6 +217,8 @@ def _traversal_kernel(spec: TraversalSpec) -> str:
         return spec.linear.describe()
     if spec.edgewise:
         return spec.edgewise.describe()
+    if spec.schedule == "view":
+        return "no kernel: a view of its input's rows"
     if spec.softmax:
         i, slope = spec.softmax
         act = f"leaky_relu(in{i}, {slope:g})" if slope is not None else f"in{i}"
