@@ -1,6 +1,7 @@
 """``hector.nn.hgt._pieces``: HGT's per-type outputs as pieces of one split (a block's
 destination rows leave gaps; a type may be empty or absent), equal to slicing, with one
-concatenating backward instead of a zero-filled full-height gradient per type."""
+concatenating backward instead of a zero-filled full-height gradient per type; and the layers'
+parameter-dtype lookup, which reads one parameter."""
 import pytest
 import torch
 
@@ -28,3 +29,25 @@ def test_pieces_equal_slices_and_their_gradient(slices):
     for t, lo, hi in slices:
         want[lo:hi] += weights[t]
     torch.testing.assert_close(grad, want)
+
+
+def test_param_dtype_stops_at_the_first_floating_tensor():
+    """A layer's input check reads one parameter, not the list of all of them (HGT checks one
+    input per node type: listing ~300 parameters each time was most of its eager forward on
+    a 27-type graph)."""
+    from hector.nn._common import param_dtype
+
+    class Lazy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))
+
+        def parameters(self, recurse=True):
+            yield self.a
+            raise AssertionError("read past the first parameter")
+    assert param_dtype(Lazy()) == torch.bfloat16
+    only_buffers = torch.nn.Module()
+    only_buffers.register_buffer("ids", torch.zeros(3, dtype=torch.long))
+    only_buffers.register_buffer("w", torch.zeros(3, dtype=torch.float16))
+    assert param_dtype(only_buffers) == torch.float16
+    assert param_dtype(torch.nn.Module()) is None
