@@ -23,9 +23,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")    # interpret
 #: product are one ``hector::cosine_qk`` kernel each way (``kernels.attention.cosine``):
 #: forward 5 -> 2, backward 7 -> 6 here (the test's features need no gradient).  GAT's
 #: output bias is added by the attention kernels' epilogue: forward 8 -> 7; its gradient is
-#: a GEMV (new_ones, mv) instead of a column sum: backward 19 -> 20.
+#: a GEMV (new_ones, mv) instead of a column sum: backward 19 -> 20.  HGT's per-type
+#: parameters are stacked once per family, then sliced (session 14): backward 107 -> 93 here
+#: (three node types; the saving grows with the types: bgs has 27), budget 150 -> 110.
 BUDGET = {"gat": (7, 20), "agnn": (2, 6), "transformer": (6, 25), "rgcn": (3, 15),
-          "rgat": (13, 40), "hgt": (45, 150)}
+          "rgat": (13, 40), "hgt": (45, 110)}
 
 
 def counts(name):

@@ -94,7 +94,9 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
     if backend == "triton":
         return segment_mm_triton(x, weight, bounds, gather, scatter, num_out_rows,
                                  transpose_weight, schedule, gather_unique, scatter_unique,
-                                 None if bias is None else bias.contiguous())
+                                 # (rows may be strided: the kernel takes a row stride)
+                                 bias if bias is None or bias.stride(1) == 1
+                                 else bias.contiguous())
     return segment_mm_torch(x, weight, bounds, gather, scatter, num_out_rows, transpose_weight,
                             bias)
 
