@@ -11,9 +11,10 @@
   W_att_r``, the messages ``m W_msg_r``) or even (dst, relation) rows (RGAT's ``z_v^r q``).  We
   lower it onto a *derived bipartite graph*: sources are the rows the source-side terms live on
   (nodes, compact (src, relation) rows, or edges), destinations the real nodes, one derived edge
-  per edge.  Terms are padded to ``S + N`` rows (zeros where a side does not apply).  HGT's
-  per-relation prior ``p_r`` multiplies the q.k term, so it is folded into the keys of each
-  compact row (rows carry their relation).  A destination-side term that depends on the relation
+  per edge.  Ids span ``max(S, N)``, but each side's terms, outputs and gradients have exactly
+  that side's rows (the graph's ``num_src`` / ``num_dst``).  A per-relation prior ``p_r`` on
+  the q.k term (when ``reorder`` did not fold it into the key weights) is folded into the keys
+  of each compact row (rows carry their relation).  A destination-side term that depends on the relation
   (RGAT) cannot be a per-node query, so then sources are the edges themselves and the whole
   pre-activation score is an edge term ``a_src`` (cost: ``E x H x D`` messages). RGAT's case (no
   q.k term; ``a_dst`` per (dst, relation)) avoids that: see :func:`_attention_by_dst_relation`.
