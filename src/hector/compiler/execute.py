@@ -35,8 +35,7 @@ def triton_step(step: Step) -> bool:
     """Whether the Triton backend runs ``step`` on a Triton kernel (the rest: torch ops)."""
     # The traversal kernels are custom ops (hector::traverse, hector::edge_softmax): a compiled
     # plan runs them as eager does.
-    return step.template == "attention" or (
-        step.template == "gemm") or (
+    return step.template in ("attention", "gemm") or (
         step.template == "traversal" and step.spec.kernel is not None)
 
 

@@ -14,10 +14,11 @@
   per edge.  Ids span ``max(S, N)``, but each side's terms, outputs and gradients have exactly
   that side's rows (the graph's ``num_src`` / ``num_dst``).  A per-relation prior ``p_r`` on
   the q.k term (when ``reorder`` did not fold it into the key weights) is folded into the keys
-  of each compact row (rows carry their relation).  A destination-side term that depends on the relation
-  (RGAT) cannot be a per-node query, so then sources are the edges themselves and the whole
-  pre-activation score is an edge term ``a_src`` (cost: ``E x H x D`` messages). RGAT's case (no
-  q.k term; ``a_dst`` per (dst, relation)) avoids that: see :func:`_attention_by_dst_relation`.
+  of each compact row (rows carry their relation).  A destination-side term that depends on
+  the relation (RGAT) cannot be a per-node query, so then sources are the edges themselves and
+  the whole pre-activation score is an edge term ``a_src`` (cost: ``E x H x D`` messages).
+  RGAT's case (no q.k term; ``a_dst`` per (dst, relation)) avoids that: see
+  :func:`_attention_by_dst_relation`.
 Which of these an attention step takes is lowering's choice (``step.spec``'s
 :class:`~hector.compiler.plan.AttentionRows`); the op is called with lowering's spec and the
 schedules :func:`attention_launch` memoises per graph.

@@ -35,11 +35,9 @@ def param_dtype(module: torch.nn.Module):
     return None
 
 
-def check_input(module: torch.nn.Module, x, name: str = "x", width=None,
-                dtype=False) -> torch.Tensor:
-    """Every layer's first check of its node features (see ``checks.check_node_input``);
-    ``dtype``: the layer's :func:`param_dtype` when the caller has it already."""
-    return C.check_node_input(x, name, width, param_dtype(module) if dtype is False else dtype)
+def check_input(module: torch.nn.Module, x, name: str = "x", width=None) -> torch.Tensor:
+    """Every layer's first check of its node features (see ``checks.check_node_input``)."""
+    return C.check_node_input(x, name, width, param_dtype(module))
 
 
 def resolve_graph(x: torch.Tensor, edge_index, add_self_loops: bool) -> Graph:

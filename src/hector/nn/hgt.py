@@ -12,7 +12,7 @@ from ..compiler import models
 from ..compiler.program import Program, node_type_bounds
 from ..graph import Graph
 from ..graph.cache import cached
-from ._common import check_input, load_from_pyg, param_dtype
+from ._common import check_input, load_from_pyg
 from .rgcn import compiler_options
 
 
@@ -192,9 +192,8 @@ class HGTConv(nn.Module):
         missing = [t for t in self.node_types if t not in x_dict]
         if missing:
             raise ValueError(f"x_dict lacks node type(s) {missing} of metadata")
-        dtype = param_dtype(self)
         for t in self.node_types:
-            check_input(self, x_dict[t], f"x_dict[{t!r}]", width=self.in_channels, dtype=dtype)
+            check_input(self, x_dict[t], f"x_dict[{t!r}]", width=self.in_channels)
         C.check_same_device([(f"x_dict[{t!r}]", x_dict[t]) for t in self.node_types], "x_dict")
         graph = self.graph_of(x_dict, edge_index_dict)
         # The program reads one node input: node types stacked in id order.  That is one

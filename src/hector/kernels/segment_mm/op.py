@@ -77,16 +77,7 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
     check them here.
     """
     bounds, num_out_rows = _check(x, weight, seg_ptr, gather, scatter, num_out_rows,
-                                  transpose_weight, gather_unique, scatter_unique)
-    if bias is not None:
-        C.check_tensor(bias, "bias")
-        n = weight.shape[1] if transpose_weight else weight.shape[2]
-        if bias.dtype != x.dtype:
-            raise TypeError(f"bias has dtype {bias.dtype} but x has {x.dtype}; they must match")
-        if tuple(bias.shape) != (weight.shape[0], n):
-            raise ValueError(f"bias must have shape [S, N] = [{weight.shape[0]}, {n}], got "
-                             f"{tuple(bias.shape)}")
-        C.check_same_device([("x", x), ("bias", bias)])
+                                  transpose_weight, gather_unique, scatter_unique, bias)
     backend = choose_backend(backend, x, "x")
     if not (schedule is None or schedule == "autotune" or isinstance(schedule, GemmSchedule)):
         raise TypeError("schedule must be None, 'autotune' or a "
@@ -132,7 +123,7 @@ def _host_bounds(seg_ptr, x) -> list:
 
 
 def _check(x, weight, seg_ptr, gather, scatter, num_out_rows, transpose_weight,
-           gather_unique=False, scatter_unique=False):
+           gather_unique=False, scatter_unique=False, bias=None):
     """Validates everything that needs no pass over the data; returns ``seg_ptr`` as ints
     and ``num_out_rows`` as an int (or None)."""
     C.check_tensor(x, "x")
@@ -152,8 +143,16 @@ def _check(x, weight, seg_ptr, gather, scatter, num_out_rows, transpose_weight,
         raise ValueError(f"weight must have shape {layout} with K={x.shape[1]} (x.shape[1])"
                          f"{' (transpose_weight=True)' if transpose_weight else ''}, "
                          f"got {tuple(weight.shape)}")
+    if bias is not None:
+        C.check_tensor(bias, "bias")
+        n = weight.shape[1] if transpose_weight else weight.shape[2]
+        if bias.dtype != x.dtype:
+            raise TypeError(f"bias has dtype {bias.dtype} but x has {x.dtype}; they must match")
+        if tuple(bias.shape) != (weight.shape[0], n):
+            raise ValueError(f"bias must have shape [S, N] = [{weight.shape[0]}, {n}], got "
+                             f"{tuple(bias.shape)}")
     C.check_same_device([("x", x), ("weight", weight), ("gather", gather),
-                         ("scatter", scatter)])
+                         ("scatter", scatter), ("bias", bias)])
     bounds = _host_bounds(seg_ptr, x)
     num_segments = weight.shape[0]
     if len(bounds) != num_segments + 1:
