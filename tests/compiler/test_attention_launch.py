@@ -41,7 +41,7 @@ def _graph(node_types=1):
 CASES = {  # model, dims, node types, the op graph lowering must pick (plan.AttentionRows)
     "gat": (gat, dict(in_dim=6, out_dim=4, heads=2), 1, ("graph", "node")),
     "rgat": (models.rgat, dict(in_dim=6, out_dim=4, heads=2, num_relations=3), 1,
-             ("groups", "compact_src")),
+             ("derived", "compact_src")),
     "hgt": (models.hgt, dict(in_dim=8, out_dim=8, heads=2, num_relations=3, num_node_types=2),
             2, ("derived", "compact_src")),
 }

@@ -8,7 +8,7 @@ import torch
 
 from hector import Graph
 from hector.compiler.steps_torch import GraphIndex
-from hector.compiler.steps_triton import _derived_graph, _group_graph
+from hector.compiler.steps_triton import _derived_graph
 from hector.compiler.ir import CDST, CSRC, EDGE
 from hector.graph.derived import ATTENTION_FIELDS, AttentionGraph
 
@@ -89,14 +89,10 @@ def test_compiler_derived_graphs_equal_the_full_graphs_they_replace(kind):
     ix = GraphIndex.of(g)
     rows = ix.move(kind, EDGE, "src") if kind == CSRC else torch.arange(g.num_edges)
     S = ix.rows[kind]
-    # groups: (source rows) -> compact (dst, relation) rows, one edge per edge
-    groups = Graph(torch.stack([rows, ix.move(CDST, EDGE, "dst")]),
-                   num_nodes=max(S, ix.rows[CDST]))
-    assert_same_fields(_group_graph(ix, kind), groups)
     # sources: (source rows) -> nodes, one id range for both (not sorted by destination)
     sources = Graph(torch.stack([rows, g.dst.long()]), num_nodes=max(S, g.num_nodes))
     assert_same_fields(_derived_graph(ix, kind), sources)
-    assert _group_graph(ix, kind) is _group_graph(ix, kind)      # memoised on the graph
+    assert _derived_graph(ix, kind) is _derived_graph(ix, kind)      # memoised on the graph
 
 
 def test_degree_stats_of_each_read_once_equal_one_by_one():

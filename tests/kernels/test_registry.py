@@ -12,7 +12,7 @@ GEMM = dict(has_gather=True, has_scatter=False, dot_fp32=False, input_precision=
             accumulate=False, has_bias=False)
 WGRAD = {k: v for k, v in GEMM.items() if k not in ("accumulate", "has_bias")}
 SCORE = dict(has_qk=True, has_src=False, has_dst=True, has_leaky=True, has_dropout=False,
-             edge_parallel=False, has_bias=False)
+             edge_parallel=False, has_bias=False, dst_edge=False)
 TRITON_OK = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 needs_triton = pytest.mark.skipif(not TRITON_OK, reason="no CUDA and TRITON_INTERPRET unset")
 
@@ -51,6 +51,14 @@ def test_params_are_rendered_in_not_constexpr_flags(cache):
     edge = registry.source("attention_fwd", **dict(SCORE, edge_parallel=True))
     assert "m_part + slot" in edge and "m_part + slot" not in registry.source("attention_fwd",
                                                                               **SCORE)
+    # a destination term per edge: read through dst_index, not once per row
+    per_edge = registry.source("attention_fwd", **dict(SCORE, dst_edge=True))
+    assert "tl.load(dst_index + eids" in per_edge and "s_dst = tl.load" not in per_edge
+    assert "dst_index + eids" not in registry.source("attention_fwd", **SCORE)
+    bwd = dict(SCORE, need_dq=True, need_ddst=True)
+    del bwd["has_bias"]
+    assert "tl.atomic_add(da_dst" in registry.source("attention_bwd_dst", **dict(bwd, dst_edge=True))
+    assert "tl.atomic_add" not in registry.source("attention_bwd_dst", **bwd)
 
 
 def test_different_params_give_different_hashes_and_files(cache):

@@ -205,17 +205,14 @@ class _Kernels:
                              f"{_config_text(rec.get('config', {}))}")
         return lines
 
-    def traversal(self, name: str, spec, sched, groups: bool = False) -> List[str]:
-        """``groups``: destination rows are (dst, relation) groups reading their node's
-        gradient rows through a map (``has_map``)."""
+    def traversal(self, name: str, spec, sched) -> List[str]:
         params = score_params(spec, sched.strategy)
         if name == "attention_fwd":
             params.update(has_bias=False)        # the compiler's attention has no epilogue
         elif name == "attention_bwd_dst":
-            params.update(need_dq=spec.has_qk, need_ddst=spec.has_dst, has_map=groups)
+            params.update(need_dq=spec.has_qk, need_ddst=spec.has_dst)
         elif name == "attention_bwd_src":
-            params.update(need_dk=spec.has_qk, need_dv=True, need_dsrc=spec.has_src,
-                          has_map=groups)
+            params.update(need_dk=spec.has_qk, need_dv=True, need_dsrc=spec.has_src)
         return self.describe(name, params, attention_spec.tune_configs(sched))
 
     def sources(self) -> List[str]:
@@ -254,8 +251,7 @@ def _step_kernels(step, graph, kernels: _Kernels) -> List[str]:
                                    ("source-side backward", plan.src, ("attention_bwd_src",))):
             lines += [f"{side}: {sched}"]
             for name in names:
-                lines.extend("  " + line for line in kernels.traversal(
-                    name, spec, sched, groups=rows.graph == "groups"))
+                lines.extend("  " + line for line in kernels.traversal(name, spec, sched))
         return lines
     return []
 

@@ -89,8 +89,8 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
         return (spec, rows), f"op graph: {rows.graph}, sources: {rows.source} rows" + (
             "; score folded into a per-edge source term (an edgewise map program)"
             if rows.score_on_edges else "") + (
-            "; group weights by two edgewise programs (softmax over each destination's "
-            "edges, sum per (dst, relation) row)" if rows.graph == "groups" else "") + (
+            "; destination term per (dst, relation) row, read per edge"
+            if rows.dst_edge else "") + (
             "; source terms not stored per edge are read per edge by an edgewise map program"
             if rows.source == EDGE and not rows.score_on_edges else "")
     if template == "weight":
@@ -149,16 +149,17 @@ def attention_spec(body: Value, dtype: torch.dtype) -> Tuple[AttentionSpec, Atte
 
     The op reads per-node terms; relational terms live on compact or edge rows, so the call
     may run on a derived graph whose sources are those rows (``steps_triton``).  A
-    destination term per (dst, relation) row without q.k (RGAT) runs on the (dst, relation)
-    groups; with a relation-dependent destination otherwise, the score becomes one per-edge
-    source term.  The spec describes the call as launched, so it is what the kernels run."""
+    destination term per (dst, relation) row without q.k (RGAT) is read per edge through
+    the edge's compact row (``dst_edge``); with a relation-dependent destination otherwise,
+    the score becomes one per-edge source term.  The spec describes the call as launched,
+    so it is what the kernels run."""
     roles = attention_roles(body)
     v, q, p = roles["v"], roles.get("q"), roles.get("p")
     source_terms = [roles[r].kind for r in ("v", "k", "a_src") if r in roles]
     source = EDGE if EDGE in source_terms else CSRC if CSRC in source_terms else NODE
     if q is None and "a_dst" in roles and roles["a_dst"].kind == CDST \
             and all(k in (NODE, CSRC, EDGE) for k in source_terms):
-        rows = AttentionRows("groups", source)
+        rows = AttentionRows("graph" if source == NODE else "derived", source, dst_edge=True)
         has_qk, has_src, has_dst = False, "a_src" in roles, True
     else:
         dst_per_node = all(roles[r].kind == NODE for r in ("q", "a_dst") if r in roles)
@@ -175,7 +176,7 @@ def attention_spec(body: Value, dtype: torch.dtype) -> Tuple[AttentionSpec, Atte
     spec = AttentionSpec(heads=v.heads, dim_qk=q.dim if has_qk else 0, dim_v=v.dim,
                          has_qk=has_qk, has_src=has_src, has_dst=has_dst,
                          negative_slope=None if slope is None else float(slope),
-                         has_dropout=False, dtype=dtype)
+                         has_dropout=False, dtype=dtype, dst_edge=rows.dst_edge)
     return spec, rows
 
 

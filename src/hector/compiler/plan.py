@@ -48,14 +48,15 @@ class AttentionRows:
     row kinds of its operands (the op takes per-node terms; see ``steps_triton``).
 
     ``graph``: 'graph' (the graph itself: every term per node), 'derived' (sources are rows
-    of ``source`` kind, destinations the nodes), or 'groups' (sources as for 'derived',
-    destinations the (dst, relation) rows: RGAT's relation-dependent destination term);
-    ``source``: 'node', 'compact_src' or 'edge'; ``score_on_edges``: the destination side
-    depends on the relation and there is no grouping, so the whole score is one per-edge
-    source term (no q.k, no destination term in the launched spec)."""
+    of ``source`` kind, destinations the nodes); ``source``: 'node', 'compact_src' or
+    'edge'; ``dst_edge``: the destination term is per (dst, relation) row (RGAT's), read
+    per edge through the edge's compact row; ``score_on_edges``: the destination side
+    depends on the relation otherwise (with q.k), so the whole score is one per-edge source
+    term (no q.k, no destination term in the launched spec)."""
     graph: str
     source: str
     score_on_edges: bool = False
+    dst_edge: bool = False
 
 
 @dataclass(frozen=True)

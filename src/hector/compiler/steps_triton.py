@@ -31,7 +31,6 @@ import torch
 
 from ..graph import Graph
 from ..graph.derived import AttentionGraph
-from ..kernels.attention.groups import merge_groups
 from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
                                         edge_attention_triton, make_plan)
 from ..kernels.attention.spec import AttentionSpec
@@ -380,8 +379,8 @@ def _bias_row(step, t: torch.Tensor, index: int, ix: GraphIndex) -> torch.Tensor
 
 def _derived_graph(ix: GraphIndex, src_kind: str):
     """The bipartite graph (source rows of ``src_kind``) -> (nodes), memoised.  Sources and
-    destinations share the id range ``[0, max(S, N))``, as in :func:`_group_graph` (the
-    kernels read each operand only in its own role), and the graph says each side's rows
+    destinations share the id range ``[0, max(S, N))`` (the kernels read each operand only
+    in its own role), and the graph says each side's rows
     (``num_src``, ``num_dst``): operands, outputs and gradients have exactly their side's
     rows, no padding and no copy-out (offset destination ids needed a copy of every operand:
     on synthetic mag, HGT's ``[S, H, D]`` keys and values, 9 ms of ``cat`` per step)."""
@@ -402,23 +401,8 @@ def _source_rows(ix: GraphIndex, src_kind: str) -> torch.Tensor:
     return ix.move(src_kind, EDGE, "src")
 
 
-def _group_graph(ix: GraphIndex, src_kind: str):
-    """Derived graph (source rows of ``src_kind``) -> (compact (dst, relation) rows), one
-    derived edge per edge; sources and destinations share the id range ``[0, max(S, Sd))``
-    (the kernels read each operand only in its own role).  Memoised on the graph."""
-    g = ix.graph
-
-    def build():     # (compact (dst, relation) rows ascend in canonical edge order)
-        return AttentionGraph(_source_rows(ix, src_kind), ix.move(CDST, EDGE, "dst"),
-                              max(ix.rows[src_kind], ix.rows[CDST]), dst_sorted=True,
-                              num_src=ix.rows[src_kind], num_dst=ix.rows[CDST])
-    return g.derived("attention_groups_" + src_kind, build)
-
-
 def attention_graph(rows: AttentionRows, ix: GraphIndex) -> Graph:
     """The graph an attention step's op call traverses (see :class:`AttentionRows`)."""
-    if rows.graph == "groups":
-        return _group_graph(ix, rows.source)
     if rows.graph == "derived":
         return _derived_graph(ix, rows.source)
     return ix.graph
@@ -434,38 +418,6 @@ def attention_launch(step, ix: GraphIndex) -> Tuple[AttentionSpec, AttentionPlan
     if key not in ix.memo:
         ix.memo[key] = make_plan(attention_graph(rows, ix), spec)
     return spec, ix.memo[key]
-
-
-def _attention_by_dst_relation(step, roles, ix: GraphIndex):
-    """(out, log-sum-exp ``[N, H]``) of an attention whose destination term depends on the
-    relation, without per-edge messages.
-
-    The fused kernel runs on the derived graph of :func:`_group_graph`: each (dst, relation)
-    row ``g`` is a destination whose ``a_dst`` is its own, and messages stay compact rows read
-    through the derived edges' source ids.  It returns ``o_g`` (softmax-weighted over the
-    edges of ``g`` only) and ``g``'s log-sum-exp ``l_g``; the softmax over all of ``N(v)`` is
-    then ``lse_v = log sum_g exp(l_g)``, ``o_v = sum_g exp(l_g - lse_v) o_g``
-    (:func:`~hector.kernels.attention.groups.merge_groups`, one kernel)."""
-    src_kind = step.spec[1].source
-
-    def at_source(role):
-        return _at_source(step, role, roles, src_kind, ix)
-
-    v = at_source("v")
-    a_src = at_source("a_src")[..., 0] if "a_src" in roles else None
-    a_dst = roles["a_dst"][1][..., 0]
-    n = ix.graph.num_nodes
-    if ix.graph.num_edges == 0:     # no groups: nothing to attend over
-        return v.new_zeros((n,) + tuple(v.shape[1:])), v.new_zeros((n, v.shape[1]),
-                                                                   dtype=torch.float32)
-    spec, plan = attention_launch(step, ix)
-    dg = attention_graph(step.spec[1], ix)
-    o, lse = edge_attention_triton(dg, v, a_src=a_src, a_dst=a_dst,
-                                   scale=step.body.attr("scale"),
-                                   negative_slope=step.body.attr("slope"), spec=spec,
-                                   plan=plan, return_lse=True)
-    ptr, order = ix.grouped(NODE, CDST, "dst")
-    return merge_groups(ptr, order, ix.move(NODE, CDST, "dst"), o, lse)
 
 
 def _step_ir(step, key: str, build):
@@ -555,14 +507,26 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
     body: Value = step.body
     rows: AttentionRows = step.spec[1]
     roles = attention_roles(body, tuple(zip(body.args, inputs)))
-    if rows.graph == "groups":
-        return _attention_by_dst_relation(step, roles, ix)
     scale, slope = body.attr("scale"), body.attr("slope")
     terms = _attention_terms(step, roles, ix)
     spec, plan = attention_launch(step, ix)
     g = attention_graph(rows, ix)
     return edge_attention_triton(g, *terms, scale=scale, negative_slope=slope, spec=spec,
-                                 plan=plan, return_lse=True)
+                                 plan=plan, return_lse=True, dst_index=_dst_index(rows, ix))
+
+
+def _dst_index(rows: AttentionRows, ix: GraphIndex) -> Optional[torch.Tensor]:
+    """Each edge's (dst, relation) row, where the destination term lives on those rows and
+    the kernels read it per edge (``rows.dst_edge``); else None.  Indexed by the op graph's
+    edge ids (the kernels read it through their CSR's): the graph's canonical edges, or a
+    derived graph's, one per canonical edge in its own order (``edge_perm``); memoised."""
+    if not rows.dst_edge:
+        return None
+    g, edge_row = ix.graph, ix.graph.compact_dst.edge_row
+    if rows.graph == "graph":
+        return edge_row
+    return g.derived("attention_dst_rows_" + rows.source, lambda: torch.index_select(
+        edge_row, 0, attention_graph(rows, ix).edge_perm.long()))
 
 
 def _attention_terms(step, roles, ix: GraphIndex):
@@ -584,16 +548,6 @@ def _attention_terms(step, roles, ix: GraphIndex):
 _OP_ROLES = ("v", "q", "k", "a_src", "a_dst")   # the op's gradient order
 
 
-def _dst_map(step, ix: GraphIndex) -> Optional[torch.Tensor]:
-    """Where the backward kernels read each destination row's output gradient, output and
-    log-sum-exp, or None when they are the destination rows themselves: a (dst, relation)
-    group reads its node's rows, so alpha and delta are the node's (d a_dst still comes out
-    per group), instead of group-sized copies of the three tensors."""
-    if step.spec[1].graph != "groups":
-        return None
-    return ix.move(NODE, CDST, "dst")
-
-
 def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
     """An attention backward step (``attention_bwd``): role -> gradient on the role's rows.
     Triton: the fused backward kernels on the forward's graph, spec and schedules, reading
@@ -611,7 +565,7 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     needs = body.attr("needs")
     grads = edge_attention_grads_triton(
         g, spec, plan, [r in needs for r in _OP_ROLES], grad, *terms, out, lse,
-        att.attr("scale"), att.attr("slope"), dst_map=_dst_map(step, ix))
+        att.attr("scale"), att.attr("slope"), dst_index=_dst_index(step.spec[1], ix))
     result = {}
     for role, d in zip(_OP_ROLES, grads):
         if role in needs:

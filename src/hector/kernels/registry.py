@@ -52,7 +52,7 @@ _BOOL = (False, True)
 #: fp32 ``tl.dot`` modes (see hector.kernels.segment_mm.spec.INPUT_PRECISIONS).
 _PRECISIONS = ("ieee", "tf32", "tf32x3")
 _SCORE = dict(has_qk=_BOOL, has_src=_BOOL, has_dst=_BOOL, has_leaky=_BOOL, has_dropout=_BOOL,
-              edge_parallel=_BOOL)
+              edge_parallel=_BOOL, dst_edge=_BOOL)
 _GEMM = dict(has_gather=_BOOL, has_scatter=_BOOL, dot_fp32=_BOOL, input_precision=_PRECISIONS)
 #: Traversal kernels: epilogue terms, and whether programs read their rows from a row list.
 _TRAVERSAL = dict(num_addends=(0, 1, 2, 3), has_bias=_BOOL, row_list=_BOOL)
@@ -97,12 +97,10 @@ KERNELS: Mapping[str, Entry] = MappingProxyType({
     "attention_combine": Entry("attention_combine.py.j2", "attention_combine_kernel",
                                dict(has_bias=_BOOL)),
     "attention_bwd_dst": Entry("attention_bwd.py.j2", "attention_bwd_dst_kernel",
-                               dict(_SCORE, need_dq=_BOOL, need_ddst=_BOOL, has_map=_BOOL)),
+                               dict(_SCORE, need_dq=_BOOL, need_ddst=_BOOL)),
     "attention_bwd_src": Entry("attention_bwd.py.j2", "attention_bwd_src_kernel",
-                               dict(_SCORE, need_dk=_BOOL, need_dv=_BOOL, need_dsrc=_BOOL,
-                                    has_map=_BOOL)),
+                               dict(_SCORE, need_dk=_BOOL, need_dv=_BOOL, need_dsrc=_BOOL)),
     "combine_sum": Entry("attention_combine.py.j2", "combine_sum_kernel", {}),
-    "merge_groups": Entry("attention_combine.py.j2", "merge_groups_kernel", {}),
     "row_dot": Entry("row_dot.py.j2", "row_dot_kernel", dict(has_bias=_BOOL)),
     "cosine_qk": Entry("cosine.py.j2", "cosine_qk_kernel", {}),
     "cosine_qk_bwd": Entry("cosine.py.j2", "cosine_qk_bwd_kernel", {}),

@@ -320,6 +320,15 @@ def test_strategy_rule():
                             super_threshold=1000)
     assert choose_strategy(long_rows, 114_600_000, heads=1)[0] == "edge"
     assert choose_strategy(long_rows, 114_600_000, heads=4)[0] == "node"
+    # Many rows of ~1 edge (RGAT's compact sources on wikikg2: 12.9M rows, 1.25 edges each):
+    # edge-parallel; as short rows on a small graph, or rows of ~6 edges, node-parallel.
+    short = DegreeStats(max=40, mean=1.25, cv=0.5, num_isolated=0, num_super=0,
+                        super_threshold=1000)
+    strategy, why = choose_strategy(short, 16_109_182, sms=132)
+    assert strategy == "edge" and "short rows" in why
+    assert choose_strategy(short, 20_000, sms=132)[0] == "node"
+    assert choose_strategy(DegreeStats(max=40, mean=6.4, cv=0.5, num_isolated=0, num_super=0,
+                                       super_threshold=1000), 16_109_182, sms=132)[0] == "node"
     from hector.kernels.attention.launch import CHUNK_PROGRAMS_PER_SM
     from hector.kernels.attention.spec import MAX_CHUNK, MIN_CHUNK
     lanes = 132 * CHUNK_PROGRAMS_PER_SM

@@ -104,9 +104,9 @@ def fused_backward(att: Value) -> Tuple[bool, str]:
     """Whether attention ``att`` is differentiated as one operator (its backward kernels), or
     (False, why) through its unfused operators.  The kernels take every term on the rows
     the forward's op call traverses (``AttentionRows``): the graph's nodes, a derived graph
-    whose sources are one row kind and whose destinations are the nodes, or the (dst,
-    relation) groups (RGAT: each group a destination row, the node's softmax normaliser,
-    output and output gradient read per group)."""
+    whose sources are one row kind and whose destinations are the nodes; a destination
+    term per (dst, relation) row (RGAT's) is read per edge, and its gradient summed back
+    into those rows."""
     rows = attention_spec(att, None)[1]
     roles = N.attention_roles(att)
     if rows.score_on_edges:

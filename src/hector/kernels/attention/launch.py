@@ -49,6 +49,13 @@ MIN_STRAGGLER_DEGREE = 512
 STRAGGLER_SHARE = 1 / 3
 #: Mean degree from which rows count as long (see ``choose_strategy``).
 LONG_ROW_MEAN_DEGREE = 256
+#: Rows this short on average, and more than SHORT_ROWS_PER_LANE per program in flight, go
+#: edge-parallel: one program per row then costs more to schedule than its edges take.
+#: Measured on the H200: the source side of compiled RGAT's derived graph on synthetic
+#: wikikg2 (12.9M compact rows, 1.25 edges each) took 8.8 ms node-parallel (see
+#: docs/perf-notes.md, "Session 15").
+SHORT_ROW_MEAN_DEGREE = 2.0
+SHORT_ROWS_PER_LANE = 64
 
 _chunk_tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -69,6 +76,10 @@ def choose_strategy(degree, num_edges: int, sms: int = DEFAULT_NUM_SMS,
     edge-parallel.  This is measured, not derived: on the H200 suite (docs/perf-notes.md) the
     only such graphs, synthetic reddit and proteins, ran 1-12% faster edge-parallel in every
     one-head case (F=128), while with four heads node-parallel was as fast or up to 11% faster.
+
+    Many very short rows (mean degree < SHORT_ROW_MEAN_DEGREE, more than
+    SHORT_ROWS_PER_LANE rows per program in flight) go edge-parallel too: a program per row
+    is then mostly scheduling (measured; see there).
     """
     lanes = sms * PROGRAMS_PER_SM
     share = num_edges / lanes if lanes else float(num_edges)
@@ -79,6 +90,11 @@ def choose_strategy(degree, num_edges: int, sms: int = DEFAULT_NUM_SMS,
     if heads == 1 and degree.mean >= LONG_ROW_MEAN_DEGREE:
         return "edge", (f"edge-parallel: long rows (mean degree >= {LONG_ROW_MEAN_DEGREE}) with "
                         f"one head, where equal chunks measured faster ({facts})")
+    if 0 < degree.mean < SHORT_ROW_MEAN_DEGREE and \
+            num_edges / degree.mean > SHORT_ROWS_PER_LANE * lanes:
+        return "edge", (f"edge-parallel: many short rows (mean degree < "
+                        f"{SHORT_ROW_MEAN_DEGREE}, over {SHORT_ROWS_PER_LANE} rows per program "
+                        f"in flight): a program per row costs more than its edges ({facts})")
     return "node", f"node-parallel: no row long enough to straggle ({facts})"
 
 
@@ -205,7 +221,7 @@ def score_params(spec: AttentionSpec, strategy: str) -> dict:
     exist, leaky relu, dropout, and the schedule kind."""
     return dict(has_qk=spec.has_qk, has_src=spec.has_src, has_dst=spec.has_dst,
                 has_leaky=spec.has_leaky, has_dropout=spec.has_dropout,
-                edge_parallel=strategy == "edge")
+                edge_parallel=strategy == "edge", dst_edge=spec.dst_edge)
 
 
 def _tiles(sched: Schedule) -> dict:
@@ -255,9 +271,10 @@ def _combine_sum(csr, sched, rows, row_ids, nchunks, part, out):
 
 
 def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
-                      v, q, k, a_src, a_dst, bias=None):
+                      v, q, k, a_src, a_dst, bias=None, dst_index=None):
     """(out, lse): the forward traversal (and the combine pass of an edge-parallel one).
-    ``bias`` ``[H, Dv]`` (or None): added to every output row by the kernels' epilogue."""
+    ``bias`` ``[H, Dv]`` (or None): added to every output row by the kernels' epilogue.
+    ``dst_index`` (``spec.dst_edge``): each canonical edge's row of ``a_dst``."""
     _, heads, dim_v = v.shape
     n = side_rows(graph, "dst")
     sched = plan.dst
@@ -279,7 +296,8 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
     if n > 0:
         has_bias = bias is not None
         args = (csr.ptr, csr.col, csr.eid, rows, row_ids, _or(q, v), _or(k, v), v,
-                _or(a_src, lse), _or(a_dst, lse), _or(bias, lse), out, lse, m_part, l_part,
+                _or(a_src, lse), _or(a_dst, lse), _or(dst_index, lse), _or(bias, lse), out,
+                lse, m_part, l_part,
                 acc_part, *_scalars(params, lse), graph.num_edges, heads, spec.dim_qk, dim_v,
                 sched.chunk)
         _launch_traversal("attention_fwd", dict(score_params(spec, sched.strategy),
@@ -295,14 +313,13 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
 
 def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
                        needs: tuple, dout, v, q, k, a_src, a_dst, out, lse, dlse=None,
-                       dst_map=None, bias=None):
+                       bias=None, dst_index=None):
     """(dv, dq, dk, d a_src, d a_dst), None where ``needs`` (same order) is False.
     ``dlse``: the gradient of the log-sum-exp output, if it has one.  Since ``d lse_v / d
     s_e = alpha_e``, it joins ``ds_e = alpha_e (<dout_v, v_u> - delta_v)`` as ``delta_v -
-    dlse_v``: the kernels run unchanged.  ``dst_map``: destination row -> row of ``q``,
-    ``dout``, ``out``, ``lse`` (and ``dlse``), which then have their own row count (RGAT's
-    groups read their node's rows in place); None: the destination rows themselves.
-    Gradients have their side's rows (:func:`side_rows`: a derived graph's sources or
+    dlse_v``: the kernels run unchanged.  ``dst_index`` (``spec.dst_edge``): each canonical
+    edge's row of ``a_dst``, whose gradient then has ``a_dst``'s rows (summed with atomics).
+    Other gradients have their side's rows (:func:`side_rows`: a derived graph's sources or
     destinations).  ``bias``: the forward's epilogue bias, which ``out`` includes
     (subtracted where delta reads ``out``)."""
     need_v, need_q, need_k, need_src, need_dst = needs
@@ -315,9 +332,8 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
                  ((v, need_v), (q, need_q), (k, need_k), (a_src, need_src), (a_dst, need_dst))]
         return tuple(empty)
     dq = dk = dv = da_src = da_dst = None
-    n_out = dout.shape[0]             # n, or with dst_map the rows it points into
-    delta = torch.empty(n_out, heads, dtype=torch.float32, device=v.device)
-    rows_total = n_out * heads
+    delta = torch.empty(n, heads, dtype=torch.float32, device=v.device)
+    rows_total = n * heads
     registry.kernel("row_dot", has_bias=bias is not None)[(-(-rows_total // 16),)](
         dout, out, _or(bias, delta), delta, rows_total, dim_v, heads, BLOCK_R=16,
         BLOCK_D=min(next_pow2(dim_v), 128))
@@ -332,24 +348,31 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         full = side_csr(graph, "dst")
         csr, row_ids, n_rows = _rows_of(graph, full, sched)
         skips = csr is not full
-        tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse), dout, lse, delta,
-                   _or(dst_map, lse))
+        tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse),
+                   _or(dst_index, lse), dout, lse, delta)
         dq = _rows_out(skips, (n, heads, dim_k), dtype=q.dtype, device=v.device) if need_q else None
-        da_dst = _rows_out(skips, (n, heads), dtype=a_dst.dtype, device=v.device) if need_dst else None
+        per_edge = need_dst and spec.dst_edge     # summed per edge into a_dst's rows
+        if per_edge:
+            da_dst = torch.zeros(a_dst.shape[0], heads, **fp32)
+        elif need_dst:
+            da_dst = _rows_out(skips, (n, heads), dtype=a_dst.dtype, device=v.device)
         grid, rows, nchunks = _traversal(graph, csr, sched, heads)
         dq_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_q and nchunks else lse
-        dd_part = torch.empty(nchunks, 2, heads, **fp32) if need_dst and nchunks else lse
+        dd_part = (torch.empty(nchunks, 2, heads, **fp32) if need_dst and nchunks
+                   and not per_edge else lse)
         args = (csr.ptr, csr.col, csr.eid, rows, row_ids, *tensors, _or(dq, lse),
                 _or(da_dst, lse), dq_part, dd_part, *_scalars(params, lse), graph.num_edges,
                 heads, dim_k, dim_v, sched.chunk)
         _launch_traversal("attention_bwd_dst", dict(score_params(spec, sched.strategy),
-                                                    need_dq=need_q, need_ddst=need_dst,
-                                                    has_map=dst_map is not None),
+                                                    need_dq=need_q, need_ddst=need_dst),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
                           v.device)
-        for flag, part, grad in ((need_q, dq_part, dq), (need_dst, dd_part, da_dst)):
+        for flag, part, grad in ((need_q, dq_part, dq),
+                                 (need_dst and not per_edge, dd_part, da_dst)):
             if flag:
                 _combine_sum(csr, sched, rows, row_ids, nchunks, part, grad)
+        if per_edge:
+            da_dst = da_dst.to(a_dst.dtype)
 
     if need_k or need_v or need_src:
         # Rows are sources: k, v, a_src are read (and dk, dv, d a_src written) per row;
@@ -358,8 +381,8 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         full = side_csr(graph, "src")
         csr, row_ids, n_rows = _rows_of(graph, full, sched)
         skips = csr is not full
-        tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse), dout, lse, delta,
-                   _or(dst_map, lse))
+        tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse),
+                   _or(dst_index, lse), dout, lse, delta)
         new = dict(device=v.device)
         dk = _rows_out(skips, (n_src, heads, dim_k), dtype=k.dtype, **new) if need_k else None
         dv = _rows_out(skips, (n_src, heads, dim_v), dtype=v.dtype, **new) if need_v else None
@@ -374,8 +397,7 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
                 graph.num_edges, heads, dim_k, dim_v, sched.chunk)
         _launch_traversal("attention_bwd_src", dict(score_params(spec, sched.strategy),
                                                     need_dk=need_k, need_dv=need_v,
-                                                    need_dsrc=need_src,
-                                                    has_map=dst_map is not None),
+                                                    need_dsrc=need_src),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
                           v.device)
         for flag, part, grad in ((need_k, dk_part, dk), (need_v, dv_part, dv),
@@ -519,14 +541,17 @@ def edge_attention_op(graph: int, v: torch.Tensor, q: Optional[torch.Tensor],
                       a_dst: Optional[torch.Tensor], scale: float,
                       negative_slope: Optional[float], dropout: float, seed: int,
                       strategy: str, launch: int, seed_tensor: Optional[torch.Tensor] = None,
-                      bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                      bias: Optional[torch.Tensor] = None,
+                      dst_index: Optional[torch.Tensor] = None
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out ``[N, H, Dv]``, lse ``[N, H]`` fp32, kept for the backward); ``bias`` ``[H, Dv]``:
-    added to every output row by the kernels' epilogue."""
+    added to every output row by the kernels' epilogue; ``dst_index``: see
+    :func:`attention_forward` (only with a caller's spec, ``launch``)."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
                               launch)
     return attention_forward(g, spec, plan, (scale, negative_slope, dropout,
                                              _seed_of(seed, seed_tensor)), v, q, k, a_src, a_dst,
-                             bias)
+                             bias, dst_index)
 
 
 def _seed_of(seed: int, seed_tensor: Optional[torch.Tensor]):
@@ -535,7 +560,7 @@ def _seed_of(seed: int, seed_tensor: Optional[torch.Tensor]):
 
 @edge_attention_op.register_fake
 def _(graph, v, q, k, a_src, a_dst, scale, negative_slope, dropout, seed, strategy, launch,
-      seed_tensor=None, bias=None):
+      seed_tensor=None, bias=None, dst_index=None):
     n = side_rows(_graph(graph), "dst")
     return (v.new_empty((n,) + tuple(v.shape[1:])),
             v.new_empty((n, v.shape[1]), dtype=torch.float32))
@@ -549,28 +574,28 @@ def edge_attention_backward_op(
         dropout: float, seed: int, strategy: str, launch: int,
         needs: List[bool], seed_tensor: Optional[torch.Tensor] = None,
         dlse: Optional[torch.Tensor] = None,
-        dst_map: Optional[torch.Tensor] = None,
-        bias: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+        bias: Optional[torch.Tensor] = None,
+        dst_index: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """[dv, dq, dk, d a_src, d a_dst]; a gradient not asked for is an empty tensor (a
     schema output cannot be None).  ``dlse``: the log-sum-exp output's gradient, if any;
-    ``dst_map``, ``bias``: see :func:`attention_backward` (the bias's own
+    ``bias``, ``dst_index``: see :func:`attention_backward` (the bias's own
     gradient is a column sum of ``dout``, taken by the autograd formula)."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
                               launch)
     grads = attention_backward(g, spec, plan, (scale, negative_slope, dropout,
                                                _seed_of(seed, seed_tensor)),
                                tuple(needs), dout, v, q, k, a_src, a_dst, out, lse,
-                               None if dlse is None else dlse.float(), dst_map, bias)
+                               None if dlse is None else dlse.float(), bias, dst_index)
     return [gr if gr is not None else v.new_empty(0) for gr in grads]
 
 
 @edge_attention_backward_op.register_fake
 def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropout, seed,
-      strategy, launch, needs, seed_tensor=None, dlse=None, dst_map=None, bias=None):
-    # Gradients have their side's rows (v's for the sources), also where q is read through
-    # dst_map with its own (node) row count.
+      strategy, launch, needs, seed_tensor=None, dlse=None, bias=None, dst_index=None):
+    # Gradients have their side's rows (v's for the sources); a_dst's has its own rows (a
+    # per-edge destination term's are (dst, relation) rows).
     n_src, n = v.shape[0], side_rows(_graph(graph), "dst")
-    rows = [n_src, n, n_src, n_src, n]
+    rows = [n_src, n, n_src, n_src, a_dst.shape[0] if a_dst is not None else n]
     return [v.new_empty((r,) + tuple(t.shape[1:]), dtype=t.dtype)
             if need and t is not None else v.new_empty(0)
             for t, need, r in zip((v, q, k, a_src, a_dst), needs, rows)]
@@ -578,27 +603,26 @@ def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropo
 
 def _setup_context(ctx, inputs, output):
     graph, v, q, k, a_src, a_dst, *rest = inputs
-    # rest: scale, slope, dropout, seed, strategy, launch, then the optional seed_tensor
-    # and bias.
+    # rest: scale, slope, dropout, seed, strategy, launch, then the optional seed_tensor,
+    # bias and dst_index.
     scalars = rest[:6]
-    seed_t = rest[6] if len(rest) > 6 else None
-    bias = rest[7] if len(rest) > 7 else None
+    seed_t, bias, dst_index = (list(rest[6:9]) + [None] * 3)[:3]
     ctx.graph, ctx.scalars = graph, scalars
     # The seed tensor is saved too: the backward redraws the forward's mask from it.
-    ctx.save_for_backward(v, q, k, a_src, a_dst, *output, seed_t, bias)
+    ctx.save_for_backward(v, q, k, a_src, a_dst, *output, seed_t, bias, dst_index)
 
 
 def _autograd_backward(ctx, dout, dlse):
     needs = list(ctx.needs_input_grad[1:6])
-    *saved, seed_t, bias = ctx.saved_tensors
+    *saved, seed_t, bias, dst_index = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(saved[-2])
     grads = call(edge_attention_backward_op, ctx.graph, dout, *saved, *ctx.scalars, needs,
-                 seed_t, dlse, bias=bias)
+                 seed_t, dlse, bias=bias, dst_index=dst_index)
     need_bias = len(ctx.needs_input_grad) > 13 and ctx.needs_input_grad[13]
     return (None, *[g if need else None for g, need in zip(grads, needs)],
             None, None, None, None, None, None, None,
-            bias_grad(dout, bias) if need_bias else None)
+            bias_grad(dout, bias) if need_bias else None, None)
 
 
 def bias_grad(dout: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -613,16 +637,16 @@ edge_attention_op.register_autograd(_autograd_backward, setup_context=_setup_con
 def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan, needs,
                                 dout, v, q, k, a_src, a_dst, out, lse, scale: float,
                                 negative_slope: Optional[float],
-                                dst_map: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+                                dst_index: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """The fused backward as the ``hector::edge_attention_backward`` op, called directly by
     the compiler's backward plan (whose IR autodiff differentiated the attention as one
     operator): ``[dv, dq, dk, d a_src, d a_dst]`` for ``needs`` (same order), an empty tensor
     where not asked for.  ``out``, ``lse``: the forward's (``return_lse`` below); no dropout.
-    ``dst_map``: see :func:`attention_backward`."""
+    ``dst_index``: see :func:`attention_backward`."""
     tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
     return call(edge_attention_backward_op, graph_handle(graph), dout.contiguous(), *tensors,
                 out.contiguous(), lse.contiguous(), float(scale), negative_slope, 0.0, 0,
-                "auto", launch_handle(graph, spec, plan), list(needs), dst_map=dst_map)
+                "auto", launch_handle(graph, spec, plan), list(needs), dst_index=dst_index)
 
 
 def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0,
@@ -630,29 +654,35 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
                           schedule: Optional[Schedule] = None, *,
                           spec: Optional[AttentionSpec] = None,
                           plan: Optional[AttentionPlan] = None, return_lse: bool = False,
-                          bias: Optional[torch.Tensor] = None):
+                          bias: Optional[torch.Tensor] = None,
+                          dst_index: Optional[torch.Tensor] = None):
     """The Triton path of :func:`hector.kernels.attention.op.edge_attention` (inputs already
     validated): the ``hector::edge_attention`` custom op, or with a pinned ``schedule`` the
     ``autograd.Function``.  ``spec`` / ``plan``: decided by the caller (the compiler) and
     launched as given (the op receives them by handle); otherwise derived from the tensors
     and planned here (inside the op, memoised per graph).  ``return_lse``: (out, the
     per-destination log-sum-exp ``[N, H]`` fp32) for a caller that runs the backward itself
-    (not with a pinned ``schedule``).  ``bias``: ``[H, Dv]``, added by the epilogue."""
+    (not with a pinned ``schedule``).  ``bias``: ``[H, Dv]``, added by the epilogue.
+    ``dst_index``: each canonical edge's row of ``a_dst`` (a per-edge destination term; the
+    caller's ``spec`` says ``dst_edge``)."""
     tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
     bias = bias.contiguous() if bias is not None else None
     if schedule is None:
-        if plan is not None and spec is None:
-            spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
+        if spec is None and (plan is not None or dst_index is not None):
+            spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0,
+                                    dst_index=dst_index)
         # A caller's spec without a plan gets the memoised plan: one handle per (graph, spec),
         # not a new plan and handle every call.
         launch = 0 if plan is None and spec is None else launch_handle(
             graph, spec, plan if plan is not None else _memo_plan(graph, spec, strategy))
         seed_t = seed_tensor(seed, v.device) if dropout > 0 else None
         out = call(edge_attention_op, graph_handle(graph), *tensors, float(scale),
-                   negative_slope, float(dropout), 0, strategy, launch, seed_t, bias)
+                   negative_slope, float(dropout), 0, strategy, launch, seed_t, bias,
+                   dst_index)
         return out if return_lse else out[0]
-    if return_lse:
-        raise ValueError("return_lse needs the custom op's path (no pinned schedule)")
+    if return_lse or dst_index is not None:
+        raise ValueError("return_lse and dst_index need the custom op's path (no pinned "
+                         "schedule)")
     if spec is None:
         spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
     if plan is None:

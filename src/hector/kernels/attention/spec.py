@@ -42,6 +42,11 @@ class AttentionSpec:
         s_uv  = leaky_relu(s_uv, negative_slope)            [negative_slope is not None]
         alpha = softmax over the incoming edges of v (dropout when has_dropout)
         out_v = sum_u alpha_uv * v_u
+
+    ``dst_edge``: the destination term is read per edge, ``a_dst[dst_index[e]]`` for the
+    edge's canonical id ``e``, instead of once per destination row: a term of the (dst,
+    relation) pair (RGAT's, on compact rows), so the softmax still runs over all of ``v``'s
+    edges in one pass.  Its gradient is then summed into ``a_dst``'s rows with atomics.
     """
     heads: int
     dim_qk: int          # 0 when the q.k term is absent
@@ -52,6 +57,7 @@ class AttentionSpec:
     negative_slope: Optional[float]
     has_dropout: bool
     dtype: torch.dtype
+    dst_edge: bool = False
 
     @property
     def has_leaky(self) -> bool:
@@ -59,12 +65,13 @@ class AttentionSpec:
 
     @staticmethod
     def of(v: torch.Tensor, q=None, a_src=None, a_dst=None, negative_slope=None,
-           has_dropout: bool = False) -> "AttentionSpec":
+           has_dropout: bool = False, dst_index=None) -> "AttentionSpec":
         return AttentionSpec(heads=int(v.shape[1]), dim_qk=int(q.shape[2]) if q is not None else 0,
                              dim_v=int(v.shape[2]), has_qk=q is not None,
                              has_src=a_src is not None, has_dst=a_dst is not None,
                              negative_slope=None if negative_slope is None else float(negative_slope),
-                             has_dropout=has_dropout, dtype=v.dtype)
+                             has_dropout=has_dropout, dtype=v.dtype,
+                             dst_edge=dst_index is not None)
 
 
 @dataclass(frozen=True)

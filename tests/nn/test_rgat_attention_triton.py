@@ -1,6 +1,7 @@
-"""Compiled RGAT's attention on the Triton path: per (dst, relation) groups reading compact
-message rows through the derived graph's source ids, never per-edge message copies; output
-and every gradient (torch autograd through the op, and the IR backward) against PyG."""
+"""Compiled RGAT's attention on the Triton path: one softmax per destination over the derived
+graph whose sources are compact message rows (never per-edge message copies), the
+destination term read per edge from its (dst, relation) row; output and every gradient
+(torch autograd through the op, and the IR backward) against PyG."""
 import sys
 from pathlib import Path
 
@@ -72,13 +73,15 @@ def test_rgat_triton_matches_pyg_without_per_edge_messages(monkeypatch, name, op
             assert u is not None and rel_err(u, v) < TOL
     g = hector.graph.graph_of(ei.to(dev), et.to(dev), num_nodes=n, num_relations=4)
     messages = [c for c in calls if c[2][-1] == 4]
-    rows = max(g.compact_src.num_rows, g.compact_dst.num_rows)
-    # Every attention call runs on the group graph with compact message rows.
-    assert messages == calls and all(c[0] == rows and c[2][0] == rows for c in calls), calls
+    rows = max(g.compact_src.num_rows, n)
+    # Every attention call runs on the derived graph (compact message rows -> nodes), one
+    # derived edge per edge.
+    assert messages == calls and all(
+        c == (rows, ei.shape[1], (g.compact_src.num_rows, 2, 4)) for c in calls), calls
     # many_dst: every (dst, relation) pair has one edge, the passes keep the score per edge
     # and fusion makes no attention step; empty: nothing to attend over.
     assert bool(calls) == (name in ("random", "many_src"))
-    # The IR autodiff runs the fused backward kernels on the same group graph (no
+    # The IR autodiff runs the fused backward kernels on the same derived graph (no
     # recomputation of the attention); torch autograd goes through the op's own backward.
     assert bwd == ([rows] if calls and autodiff == "ir" else [])
 
