@@ -9,8 +9,8 @@ import torch
 from hector.kernels import registry
 
 GEMM = dict(has_gather=True, has_scatter=False, dot_fp32=False, input_precision="ieee",
-            accumulate=False, has_bias=False)
-WGRAD = {k: v for k, v in GEMM.items() if k not in ("accumulate", "has_bias")}
+            accumulate=False, has_bias=False, narrow=False)
+WGRAD = {k: v for k, v in GEMM.items() if k not in ("accumulate", "has_bias", "narrow")}
 SCORE = dict(has_qk=True, has_src=False, has_dst=True, has_leaky=True, has_dropout=False,
              edge_parallel=False, has_bias=False, dst_edge=False)
 TRITON_OK = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -48,6 +48,10 @@ def test_params_are_rendered_in_not_constexpr_flags(cache):
     biased = registry.source("segment_mm", **dict(GEMM, has_bias=True))
     assert "tl.load(bias + seg" in biased and "tl.load(bias" not in plain
     assert "HAS_GATHER" not in plain and "tl.load(gather + offs_m" in plain
+    # a narrow product multiplies by broadcasting (reduced over the last axis: the spelling
+    # Triton would turn into a TF32 tl.dot is not used)
+    narrow = registry.source("segment_mm", **dict(GEMM, narrow=True))
+    assert "tl.dot(" in plain and "tl.dot(" not in narrow and "axis=2)" in narrow
     edge = registry.source("attention_fwd", **dict(SCORE, edge_parallel=True))
     assert "m_part + slot" in edge and "m_part + slot" not in registry.source("attention_fwd",
                                                                               **SCORE)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hector.kernels.segment_mm.op import segment_mm
 from hector.kernels.segment_mm.spec import GemmSchedule, GemmSpec, default_schedule, tune_configs
 from hector.kernels.segment_mm.launch import tile_map
+from hector.kernels.sizes import next_pow2
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TRITON_OK = DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -149,6 +150,26 @@ def test_triton_default_and_autotune_schedules(schedule):
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gather,scatter,transpose", [(False, False, False), (True, True, True),
+                                                      (True, False, True)])
+@pytest.mark.parametrize("k,n", [(40, 1), (1, 40), (19, 3), (8, 8)])
+def test_triton_narrow_products(dtype, gather, scatter, transpose, k, n):
+    """An output or reduction of at most 8 columns (RGAT's per-head scores, their dx)
+    multiplies without tl.dot, on tiles as narrow as that side: output, dx and dW against
+    the torch backend, with the heuristic's narrow tiles and the tuner's list."""
+    case = make_case(k=k, n=n, gather=gather, scatter=scatter, transpose=transpose,
+                     dtype=dtype)
+    spec = GemmSpec(gather, scatter, transpose, dtype, k, n)
+    assert spec.narrow and spec.grad_input_spec().narrow
+    sched = default_schedule(spec)
+    # the narrow side whole (the output's when both are narrow)
+    assert (sched.block_n if n <= 8 else sched.block_k) == next_pow2(n if n <= 8 else k)
+    for schedule in (None, sched, tune_configs(spec)[-1]):
+        check_triton(case, schedule=schedule)
+
+
+@needs_triton
 def test_triton_strided_inputs_and_expanded_grad():
     """Non-contiguous x and weight (read through strides) and a stride-0 upstream gradient."""
     case = make_case(gather=True, scatter=False, k=17, n=5)
@@ -225,7 +246,15 @@ def test_specs_and_schedules():
         assert sched.block_n >= 16 and sched.block_k >= 16
     assert len(set(tune_configs(spec))) == len(tune_configs(spec)) > 0
     with pytest.raises(ValueError, match="block_k"):
-        GemmSchedule(block_k=8)
+        GemmSchedule(block_k=12)
+    # tiles narrower than 16 only where tl.dot is not used (min(K, N) <= 8)
+    with pytest.raises(ValueError, match="block_n=64, block_k=8 must be >= 16"):
+        GemmSchedule(block_k=8).check_fits(spec)
+    narrow = GemmSpec(True, False, False, torch.float32, K=64, N=1)
+    GemmSchedule(block_n=1, block_k=8).check_fits(narrow)
+    assert narrow.narrow and not spec.narrow
+    assert (default_schedule(narrow).block_n, default_schedule(narrow).block_k) == (1, 32)
+    assert len(set(tune_configs(narrow))) == len(tune_configs(narrow)) > 1
     with pytest.raises(ValueError, match="wgrad_block_n"):
         GemmSchedule(wgrad_block_n=24)
     with pytest.raises(ValueError, match="wgrad_warps"):

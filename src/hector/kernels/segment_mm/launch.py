@@ -90,7 +90,8 @@ def gemm_params(spec: GemmSpec, wgrad: bool = False) -> dict:
     shared = dict(has_gather=spec.has_gather, has_scatter=spec.has_scatter,
                   dot_fp32=interpreting() and spec.dtype == torch.bfloat16,
                   input_precision=spec.input_precision)
-    return shared if wgrad else dict(shared, accumulate=spec.accumulate, has_bias=spec.has_bias)
+    return shared if wgrad else dict(shared, accumulate=spec.accumulate, has_bias=spec.has_bias,
+                                     narrow=spec.narrow)
 
 
 def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x: torch.Tensor,
@@ -103,6 +104,7 @@ def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x:
     round at every add) that is rounded once at the end; a permutation (``scatter_unique``)
     stores each row once, every one of the ``num_out_rows == M`` rows.  ``bias`` ``[S, N]``
     (``spec.has_bias``): added to each row of its segment by the epilogue."""
+    sched.check_fits(spec)
     m, n = bounds[-1], spec.N
     if spec.accumulate:
         out = torch.zeros(num_out_rows, n, dtype=torch.float32, device=x.device)

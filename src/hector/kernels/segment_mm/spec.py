@@ -41,6 +41,16 @@ def fp32_dot() -> str:
     return mode
 
 
+#: Widest output or reduction the forward/``dx`` kernel multiplies without ``tl.dot``.
+NARROW = 8
+#: Elements of a narrow kernel's [BLOCK_M, BLOCK_K, BLOCK_N] product tile (registers).  On
+#: the H200 (12.9M gathered fp32 rows, K = 64): N = 1 ran 1.28 ms on 256x1x32 tiles with 8
+#: warps, 1.37 on 128x1x64 with 4 (its byte floor 0.78 ms; 4.4 ms through a 64x16 tl.dot
+#: tile); N = 4 2.84 on 256x4x8, 2.94 on 128x4x16.  Their dx (K = 1 / 4, N = 64): 0.83 /
+#: 2.75 ms on 128-row tiles with 4 warps, 1.0 / 4.5 on 256 with 8.
+_NARROW_TILE = 8192
+
+
 @dataclass(frozen=True)
 class GemmSpec:
     """Semantics of one segment GEMM over ``M`` logical rows cut into ``S`` segments::
@@ -74,6 +84,13 @@ class GemmSpec:
         if self.input_precision not in INPUT_PRECISIONS:
             raise ValueError(f"GemmSpec.input_precision must be one of {INPUT_PRECISIONS}, "
                              f"got {self.input_precision!r}")
+
+    @property
+    def narrow(self) -> bool:
+        """The output or the reduction is at most :data:`NARROW` wide: the forward/``dx``
+        kernel multiplies by broadcasting instead of ``tl.dot`` (which pads each side to 16),
+        and its tiles may be that narrow."""
+        return min(self.K, self.N) <= NARROW
 
     @property
     def accumulate(self) -> bool:
@@ -132,9 +149,12 @@ class GemmSchedule:
             value = getattr(self, name)
             if name.startswith("wgrad") and value == 0:
                 continue
-            # tl.dot needs every tile side >= 16.
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"GemmSchedule.{name} must be a power of two >= 16, got {value}")
+            # tl.dot needs every tile side >= 16 (the weight gradient's always; the forward's
+            # unless the spec is narrow: checked against the spec by ``check_fits``).
+            low = 16 if name.startswith("wgrad") else 1
+            if value < low or value & (value - 1):
+                raise ValueError(f"GemmSchedule.{name} must be a power of two >= {low}, "
+                                 f"got {value}")
         for name in ("num_warps", "wgrad_warps"):
             value = getattr(self, name)
             if (value < 1 and name == "num_warps") or value & (value - 1) or value < 0:
@@ -144,6 +164,13 @@ class GemmSchedule:
         if self.wgrad_rows < 0 or self.wgrad_rows % self.block_m:
             raise ValueError(f"GemmSchedule.wgrad_rows must be a multiple of block_m="
                              f"{self.block_m} (or 0 for automatic), got {self.wgrad_rows}")
+
+    def check_fits(self, spec: "GemmSpec") -> None:
+        """Tiles narrower than 16 only for a narrow spec (the others multiply with tl.dot)."""
+        if not spec.narrow and min(self.block_n, self.block_k) < 16:
+            raise ValueError(f"GemmSchedule: block_n={self.block_n}, block_k={self.block_k} "
+                             f"must be >= 16 for K={spec.K}, N={spec.N} (tiles narrower than "
+                             f"16 need min(K, N) <= {NARROW})")
 
     @property
     def meta(self) -> dict:
@@ -173,6 +200,10 @@ def default_schedule(spec: GemmSpec, interpreting: bool = False) -> GemmSchedule
     down.  The weight gradient takes the whole 128x128 ``dW`` tile in half precision (0.24 ms
     against 0.40 ms for 64x128) and 64x128 in fp32 (1.6 ms against 2.5 ms for 32x64).  Under
     the interpreter the smallest tiles are fastest (numpy work grows with the padded tile)."""
+    if spec.narrow:      # a narrow output: tall tiles on 8 warps; a narrow reduction: 128, 4
+        tall = spec.N <= NARROW
+        return _narrow_schedule(spec, 16 if interpreting else 256 if tall else 128,
+                                interpreting, 8 if tall else 4)
     if interpreting:
         return GemmSchedule(block_m=16, block_n=_side(spec.N, 32), block_k=_side(spec.K, 32),
                             num_warps=1, num_stages=1)
@@ -184,6 +215,22 @@ def default_schedule(spec: GemmSpec, interpreting: bool = False) -> GemmSchedule
     return GemmSchedule(block_m=64, block_n=block_n, block_k=block_k, num_warps=num_warps,
                         num_stages=3, wgrad_block_k=_side(spec.K, 64 if fma else 128),
                         wgrad_block_n=_side(spec.N, 128), wgrad_warps=8 if fma or wide else 4)
+
+
+def _narrow_schedule(spec: GemmSpec, block_m: int, interpreting: bool = False,
+                     num_warps: int = 4) -> GemmSchedule:
+    """Tiles of a narrow product: the narrow side whole, the other as wide as the product
+    tile allows (a row of ``x`` read in as few steps as possible).  The weight gradient keeps
+    the heuristic's tl.dot tiles."""
+    narrow_n = spec.N <= NARROW
+    side = next_pow2(spec.N if narrow_n else spec.K)
+    other = min(next_pow2(spec.K if narrow_n else spec.N), max(_NARROW_TILE // (block_m * side), 1))
+    block_n, block_k = (side, other) if narrow_n else (other, side)
+    return GemmSchedule(block_m=block_m, block_n=block_n, block_k=block_k,
+                        num_warps=1 if interpreting else num_warps,
+                        num_stages=1 if interpreting else 3,
+                        wgrad_block_k=_side(spec.K, 64), wgrad_block_n=_side(spec.N, 128),
+                        wgrad_warps=4 if interpreting else 8)
 
 
 #: Alternatives the tuner times after the heuristic (:func:`tune_configs`): a taller row tile,
@@ -205,6 +252,12 @@ def tune_configs(spec: GemmSpec, interpreting: bool = False) -> Tuple[GemmSchedu
     tiles, which are not tuned."""
     heuristic = default_schedule(spec, interpreting=interpreting)
     seen = [heuristic]
+    if spec.narrow:     # other row tiles and warps
+        for block_m, warps in ((256, 8), (128, 4), (64, 4), (128, 8)):
+            cfg = _narrow_schedule(spec, block_m, interpreting, warps)
+            if cfg not in seen:
+                seen.append(cfg)
+        return tuple(seen)
     for cfg in GEMM_CONFIGS:
         cfg = replace(cfg, block_n=min(cfg.block_n, _side(spec.N, 256)),
                       block_k=min(cfg.block_k, _side(spec.K, 256)),
