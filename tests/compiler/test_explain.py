@@ -12,7 +12,7 @@ from hector.compiler.explain import configure, explain, run
 from hector.nn.rgat import RGATConv
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
-from helpers import random_relational  # noqa: E402
+from helpers import device_for, random_relational  # noqa: E402
 
 
 def test_explain_lists_passes_decisions_and_plans():
@@ -34,11 +34,13 @@ def test_explain_rejects_bad_arguments():
 def test_explain_counts_the_launches_of_a_training_step():
     from hector.nn import GATConv
     ei, et = random_relational()
-    g = hector.Graph(ei, edge_type=et, num_nodes=24, num_relations=4)
+    # (on CUDA where there is a GPU: CPU tensors need the interpreter, set only without one)
+    dev = device_for("triton")
+    g = hector.Graph(ei, edge_type=et, num_nodes=24, num_relations=4).to(dev)
     layer = GATConv(16, 8, heads=2, backend="triton")
     before = {k: v.clone() for k, v in layer.state_dict().items()}
     text = explain(layer, g, launches=True)
-    section = text.split("== kernel launches per training step (triton backend on cpu)")[1]
+    section = text.split(f"== kernel launches per training step (triton backend on {dev.type}")[1]
     forward, backward = section.splitlines()[1:3]
     # the fused op's own Triton kernels are counted: one forward traversal, and a row
     # reduction plus two traversals backward

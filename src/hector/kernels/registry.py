@@ -101,6 +101,7 @@ KERNELS: Mapping[str, Entry] = MappingProxyType({
     "attention_bwd_src": Entry("attention_bwd.py.j2", "attention_bwd_src_kernel",
                                dict(_SCORE, need_dk=_BOOL, need_dv=_BOOL, need_dsrc=_BOOL)),
     "combine_sum": Entry("attention_combine.py.j2", "combine_sum_kernel", {}),
+    "fill_rows": Entry("attention_combine.py.j2", "fill_rows_kernel", {}),
     "row_dot": Entry("row_dot.py.j2", "row_dot_kernel", dict(has_bias=_BOOL)),
     "cosine_qk": Entry("cosine.py.j2", "cosine_qk_kernel", {}),
     "cosine_qk_bwd": Entry("cosine.py.j2", "cosine_qk_bwd_kernel", {}),

@@ -143,3 +143,23 @@ def test_sided_graph_equals_padded_operands(strategy, s_rows, d_rows):
             mode.from_tensor(lse), 0.6, 0.1, 0.0, 0, "auto", 0, [True] * 5)
     assert (tuple(f_out.shape), tuple(f_lse.shape)) == (tuple(out.shape), tuple(lse.shape))
     assert [tuple(f.shape) for f in f_grads] == [tuple(x.shape) for x in grads]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [5, 200])
+def test_fill_rows_writes_only_the_given_rows(dtype, width):
+    """``fill_rows``: the rows an edge-parallel traversal skips get the value row (the output
+    bias, or zeros); every other row keeps what it held, bit for bit."""
+    from hector.kernels.attention.launch import fill_rows
+    gen = torch.Generator().manual_seed(width)
+    out = torch.randn(70, width, generator=gen).to(DEVICE, dtype)
+    before = out.clone()
+    ids = torch.randperm(70, generator=gen)[:33].to(DEVICE)
+    value = torch.randn(width, generator=gen).to(DEVICE, dtype)
+    fill_rows(ids, value, out)
+    keep = torch.ones(70, dtype=torch.bool, device=DEVICE)
+    keep[ids] = False
+    assert torch.equal(out[ids], value.expand(33, width))
+    assert torch.equal(out[keep], before[keep])
+    fill_rows(ids[:0], value, out)                        # no rows: nothing launched
+    assert torch.equal(out[keep], before[keep])

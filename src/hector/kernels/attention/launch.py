@@ -174,6 +174,16 @@ def active_rows(graph, csr) -> Tuple["CSR", torch.Tensor]:
     return table[key]
 
 
+def idle_rows(graph, csr) -> torch.Tensor:
+    """The ids of the rows of ``csr`` without edges (what :func:`active_rows` leaves out),
+    cached per (graph, csr)."""
+    table = _chunk_tables.setdefault(graph, {})
+    key = ("idle", id(csr))
+    if key not in table:
+        table[key] = (csr.ptr[1:] == csr.ptr[:-1]).nonzero().squeeze(1)
+    return table[key]
+
+
 def _rows_of(graph, csr, sched: Schedule):
     """(csr to traverse, data row of each of its rows, its number of rows) for one traversal;
     node-parallel traverses every row in place (the ids are then unused: ``csr.ptr`` stands
@@ -206,6 +216,15 @@ def side_csr(graph, side: str) -> CSR:
     if key not in table:
         table[key] = CSR(csr.ptr[:rows + 1], csr.col, csr.eid)
     return table[key]
+
+
+def fill_rows(ids: torch.Tensor, value: torch.Tensor, out: torch.Tensor) -> None:
+    """``out[ids] = value`` for a ``[W]`` row ``value`` and ``[rows, W]`` ``out``, one launch."""
+    if ids.numel():
+        width = out.shape[1]
+        block_w = min(next_pow2(width), 128)
+        registry.kernel("fill_rows")[(-(-ids.numel() // 32),)](
+            ids, ids.numel(), value, out, width, BLOCK_R=32, BLOCK_W=block_w)
 
 
 def _rows_out(skips: bool, shape, **kw) -> torch.Tensor:
@@ -281,10 +300,13 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
     full = side_csr(graph, "dst")
     csr, row_ids, n_rows = _rows_of(graph, full, sched)
     skips = csr is not full                    # edgeless rows left out (edge-parallel)
-    if skips and bias is not None:             # the rows the kernels skip hold the bias alone
-        out = bias.reshape(1, heads, dim_v).expand(n, heads, dim_v).contiguous()
-    else:
-        out = _rows_out(skips, (n, heads, dim_v), dtype=v.dtype, device=v.device)
+    out = torch.empty((n, heads, dim_v), dtype=v.dtype, device=v.device)
+    if skips:
+        # The rows the kernels skip hold the bias alone, or zeros: written there only (for a
+        # 1.94M x 64 fp32 output, 1.13M rows skipped, on the H200: a full-height zero fill
+        # took 0.1 ms, a broadcast copy of the bias 0.29 ms, an index_put 0.27).
+        fill_rows(idle_rows(graph, full), out.new_zeros(heads * dim_v) if bias is None
+                  else bias.reshape(-1), out.view(n, heads * dim_v))
     lse = _rows_out(skips, (n, heads), dtype=torch.float32, device=v.device)
     grid, rows, nchunks = _traversal(graph, csr, sched, heads)
     if sched.strategy == "edge":
