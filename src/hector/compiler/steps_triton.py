@@ -17,8 +17,8 @@
   of each compact row (rows carry their relation).  A destination-side term that depends on
   the relation (RGAT) cannot be a per-node query, so then sources are the edges themselves and
   the whole pre-activation score is an edge term ``a_src`` (cost: ``E x H x D`` messages).
-  RGAT's case (no q.k term; ``a_dst`` per (dst, relation)) avoids that: see
-  :func:`_attention_by_dst_relation`.
+  RGAT's case (no q.k term; ``a_dst`` per (dst, relation)) avoids that: the kernels read
+  ``a_dst`` per edge through its (dst, relation) row (:func:`_dst_index`).
 Which of these an attention step takes is lowering's choice (``step.spec``'s
 :class:`~hector.compiler.plan.AttentionRows`); the op is called with lowering's spec and the
 schedules :func:`attention_launch` memoises per graph.

@@ -247,6 +247,8 @@ def test_specs_and_schedules():
     assert len(set(tune_configs(spec))) == len(tune_configs(spec)) > 0
     with pytest.raises(ValueError, match="block_k"):
         GemmSchedule(block_k=12)
+    with pytest.raises(ValueError, match="block_m must be a power of two >= 16"):
+        GemmSchedule(block_m=8)          # the weight gradient's tl.dot reduction step
     # tiles narrower than 16 only where tl.dot is not used (min(K, N) <= 8)
     with pytest.raises(ValueError, match="block_n=64, block_k=8 must be >= 16"):
         GemmSchedule(block_k=8).check_fits(spec)

@@ -149,9 +149,10 @@ class GemmSchedule:
             value = getattr(self, name)
             if name.startswith("wgrad") and value == 0:
                 continue
-            # tl.dot needs every tile side >= 16 (the weight gradient's always; the forward's
-            # unless the spec is narrow: checked against the spec by ``check_fits``).
-            low = 16 if name.startswith("wgrad") else 1
+            # tl.dot needs every tile side >= 16: the weight gradient's always (block_m is its
+            # reduction step), the forward's block_n and block_k unless the spec is narrow
+            # (checked against the spec by ``check_fits``).
+            low = 1 if name in ("block_n", "block_k") else 16
             if value < low or value & (value - 1):
                 raise ValueError(f"GemmSchedule.{name} must be a power of two >= {low}, "
                                  f"got {value}")
