@@ -9,7 +9,7 @@ import torch
 from hector import Graph
 from hector.compiler.steps_torch import GraphIndex
 from hector.compiler.steps_triton import _derived_graph
-from hector.compiler.ir import CDST, CSRC, EDGE
+from hector.compiler.ir import CSRC, EDGE
 from hector.graph.derived import ATTENTION_FIELDS, AttentionGraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
