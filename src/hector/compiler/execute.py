@@ -152,7 +152,14 @@ class PlanFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, compiled, ix, backend, leaves: Tuple[Value, ...], *tensors):
-        env = run_plan(compiled.forward_plan, ix, dict(zip(leaves, tensors)), backend,
+        given = dict(zip(leaves, tensors))
+        # A weight root the caller evaluated is also the plan's weight step that computes it:
+        # given under that step's value, the plan does not compute it a second time.
+        for v, t in zip(leaves, tensors):
+            made = compiled.materialised.get(v)
+            if made is not None:
+                given.setdefault(made, t)
+        env = run_plan(compiled.forward_plan, ix, given, backend,
                        releases=compiled.forward_releases)
         outs = tuple(env[o] for o in compiled.forward_plan.outputs)
         if torch.compiler.is_compiling():

@@ -53,6 +53,7 @@ class Op:
     WMUL, WCOMBINE, BLOCKDIAG, WT, WGRAD, WSUM = ("wmul", "wcombine", "blockdiag", "wT",
                                                   "wgrad", "wsum")
     WSCALE = "wscale"
+    WSRC = "wsrc"          # a per-node-type weight re-sliced per relation by its source type
     # made by fusion
     ATTENTION, KERNEL = "attention", "kernel"
     # the fused attention's backward (made by autodiff of an ``attention`` node)
@@ -63,7 +64,7 @@ class Op:
 UNARY = (Op.NEG, Op.EXP, Op.SIGMOID, Op.TANH, Op.GELU, Op.RELU, Op.LEAKY_RELU, Op.SCALE,
          Op.LEAKY_RELU_GRAD, Op.GELU_GRAD)
 BINARY = (Op.ADD, Op.SUB, Op.MUL)
-WEIGHT_OPS = (Op.PARAM, Op.WMUL, Op.WCOMBINE, Op.BLOCKDIAG, Op.WT, Op.WSCALE)
+WEIGHT_OPS = (Op.PARAM, Op.WMUL, Op.WCOMBINE, Op.BLOCKDIAG, Op.WT, Op.WSCALE, Op.WSRC)
 #: Values with no computation of their own: passes leave them alone, lowering makes no step.
 LEAVES = (Op.INPUT, Op.PARAM, Op.CONST, Op.SAVED, Op.GRAD_OUTPUT, Op.ARG)
 #: The score terms a fused ``attention`` node can read, in the order its arguments hold them.
@@ -263,12 +264,25 @@ def reduce_to(x: Value, shape: Tuple[int, int]) -> Value:
 
 # -- weight operators (tiny: computed once per call, never per row) -------------------------
 def wmul(a: Value, b: Value) -> Value:
-    """Weight-weight product ``A @ B`` (batched over the slicing of either operand)."""
+    """Weight-weight product ``A @ B`` (batched over the slicing of either operand); a 1-D
+    ``a`` (a bias row) gives the row ``a @ B``; a per-head ``b`` ``(H, k, n)`` acts as its
+    block-diagonal ``(H k, H n)`` matrix (never built)."""
     _need(a.kind == WEIGHT and b.kind == WEIGHT, "wmul: operands must be weights")
-    _need(len(a.shape) == 2 and len(b.shape) == 2 and a.shape[1] == b.shape[0],
+    k, n = (b.shape[0] * b.shape[1], b.shape[0] * b.shape[2]) if len(b.shape) == 3 else \
+        (b.shape[0], b.shape[-1])
+    _need(len(a.shape) in (1, 2) and len(b.shape) in (2, 3) and a.shape[-1] == k,
           f"wmul: {a.shape} @ {b.shape} does not fit")
     _need(a.per == b.per or None in (a.per, b.per), f"wmul: slicings {a.per} and {b.per} differ")
-    return Value(Op.WMUL, (a, b), WEIGHT, (a.shape[0], b.shape[1]), _attrs(per=a.per or b.per))
+    return Value(Op.WMUL, (a, b), WEIGHT, a.shape[:-1] + (n,), _attrs(per=a.per or b.per))
+
+
+def wsrc(w: Value) -> Value:
+    """A per-node-type weight sliced per relation instead: relation ``r``'s slice is the
+    slice of ``r``'s source node type (valid only on graphs whose relations each leave nodes
+    of one type: ``GraphStats.typed_sources``).  HGT's ``K_tau`` folded into its ``W_r``."""
+    _need(w.kind == WEIGHT and w.per == "node_type",
+          f"wsrc: the weight must be sliced per node type, got per={w.per!r}")
+    return Value(Op.WSRC, (w,), WEIGHT, w.shape, _attrs(per="relation"))
 
 
 def wcombine(comp: Value, basis: Value) -> Value:

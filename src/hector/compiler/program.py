@@ -113,9 +113,10 @@ class Program:
     def _entry(self, stats: GraphStats, dtype: torch.dtype) -> CompiledPlan:
         """A new shape's entry: on a kept stage whose questions it answers alike, else on a
         newly compiled one (kept, the least recently used dropped)."""
-        # Relation and node-type counts size the per-slice weights the plans read: a stage
-        # is shared only between graphs that agree on them, whatever the questions say.
-        family = (dtype, stats.num_relations, stats.num_node_types)
+        # Relation and node-type counts size the per-slice weights the plans read, and typed
+        # sources allow re-slicing them (reorder's typed-into-relation): a stage is shared
+        # only between graphs that agree on those, whatever the questions say.
+        family = (dtype, stats.num_relations, stats.num_node_types, stats.typed_sources)
         sid = next((sid for sid, (fam, stage) in reversed(self._stages.items())
                     if fam == family and stage.fits(stats)), None)
         if sid is not None:

@@ -49,6 +49,19 @@ class GraphIndex:
     def node_type(self) -> torch.Tensor:
         return self.graph.node_type.long()
 
+    def relation_source_type(self) -> torch.Tensor:
+        """``[R]`` int64 on the graph's device: each relation's source node type (what
+        ``wsrc`` slices by); kept, so a captured step reads no host data."""
+        if "relation_source_type" not in self.memo:
+            types = self.graph.relation_source_types()
+            if types is None:
+                raise ValueError("this plan re-slices a per-node-type weight per relation, but "
+                                 "the graph has a relation whose sources have several node "
+                                 "types (compile for this graph's statistics)")
+            self.memo["relation_source_type"] = torch.tensor(
+                types, dtype=torch.int64).to(self.graph.device)
+        return self.memo["relation_source_type"]
+
     def move(self, one: str, many: str, end: str) -> torch.Tensor:
         """For each row of kind ``many``, its row of kind ``one``."""
         key = (one, many, end)
@@ -269,7 +282,9 @@ def _eval_elementwise_or_weight(v: Value, a: List[torch.Tensor], ix: GraphIndex)
     if op == Op.GELU_GRAD:
         return gelu_grad(x)
     if op == Op.WMUL:
-        return torch.matmul(a[0], a[1])
+        return _wmul(a[0], a[1], len(v.args[0].shape) == 1, v.args[1].shape)
+    if op == Op.WSRC:
+        return x[ix.relation_source_type()]
     if op == Op.WSCALE:          # [.., H, K, N] * [.., H, 1] per head
         return a[0] * a[1][..., None]
     if op == Op.WCOMBINE:
@@ -289,6 +304,20 @@ def _eval_elementwise_or_weight(v: Value, a: List[torch.Tensor], ix: GraphIndex)
     if op == Op.CONST:
         return torch.full((ix.rows[v.kind],) + v.shape, v.attr("value"))
     raise NotImplementedError(f"torch backend: no rule for IR op {op!r}")
+
+
+def _wmul(a: torch.Tensor, b: torch.Tensor, row: bool, b_shape) -> torch.Tensor:
+    """``a @ b`` over leading slice dims; ``a`` a matrix, or a row ``[.., K]`` (``row``); a
+    per-head ``b`` ``[.., H, k, n]`` multiplies as its block-diagonal matrix, head by head."""
+    a = a.unsqueeze(-2) if row else a
+    if len(b_shape) == 3 and b_shape[0] == 1:
+        b = b[..., 0, :, :]
+    if len(b_shape) == 3 and b_shape[0] > 1:
+        H, k, _ = b_shape
+        out = torch.einsum("...mhk,...hkn->...mhn", a.unflatten(-1, (H, k)), b).flatten(-2)
+    else:
+        out = torch.matmul(a, b)
+    return out.squeeze(-2) if row else out
 
 
 def _wgrad(v: Value, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:

@@ -36,6 +36,8 @@ def _infer(v: Value) -> Value:
         return N.wmul(*a)
     if op == Op.WSCALE:
         return N.wscale(*a)
+    if op == Op.WSRC:
+        return N.wsrc(a[0])
     if op == Op.WCOMBINE:
         return N.wcombine(*a)
     if op == Op.BLOCKDIAG:

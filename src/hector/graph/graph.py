@@ -206,6 +206,32 @@ class Graph:
         out[self.edge_perm.long()] = self.etype.long()
         return out
 
+    def relation_source_types(self) -> Optional[Tuple[int, ...]]:
+        """Each relation's source node type, or None when some relation leaves nodes of
+        several types.  What lets a compiled layer fold a per-node-type weight into a
+        per-relation one (HGT's ``K_tau W_r``).  From the names when the graph has them (the
+        constructor checked the endpoints against them, or the graph was built from one that
+        was), else from the edges with one host read; kept on the graph."""
+        return self.derived("relation_source_types", self._relation_source_types)
+
+    def _relation_source_types(self) -> Optional[Tuple[int, ...]]:
+        r, t = self.num_relations, self.num_node_types
+        if t == 1:
+            return (0,) * r
+        if self.relation_names is not None and self.node_type_names is not None:
+            index = {n: i for i, n in enumerate(self.node_type_names)}
+            return tuple(index[s] for s, _, _ in self.relation_names)
+        types = self.node_type.long()[self.src.long()]
+        rel = self.etype.long()
+        lo = torch.full((r,), t, dtype=torch.int64, device=self.device)
+        lo = lo.scatter_reduce(0, rel, types, "amin")
+        hi = torch.full((r,), -1, dtype=torch.int64, device=self.device)
+        hi = hi.scatter_reduce(0, rel, types, "amax")
+        lo, hi = torch.stack([lo, hi]).tolist()
+        if any(a != b for a, b in zip(lo, hi) if b >= 0):
+            return None
+        return tuple(a if b >= 0 else 0 for a, b in zip(lo, hi))   # (no edges: any type)
+
     def nodes_of_type(self, node_type) -> torch.Tensor:
         """Global ids of the nodes of one type (by index or name), ascending."""
         t = self._type_index(node_type)

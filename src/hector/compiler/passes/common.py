@@ -40,11 +40,16 @@ class GraphStats:
     compact_dst_rows: int
     num_relations: int
     num_node_types: int
+    #: every relation leaves nodes of one node type (``Graph.relation_source_types``), so a
+    #: per-node-type weight of the sources can be re-sliced per relation (``ir.wsrc``).  Not
+    #: a row count: a stage is shared only between graphs that agree on it (``program``).
+    typed_sources: bool = False
 
     @staticmethod
     def of(graph) -> "GraphStats":
         return GraphStats(graph.num_nodes, graph.num_edges, graph.compact_src.num_rows,
-                          graph.compact_dst.num_rows, graph.num_relations, graph.num_node_types)
+                          graph.compact_dst.num_rows, graph.num_relations, graph.num_node_types,
+                          graph.relation_source_types() is not None)
 
     def rows(self, kind: str) -> int:
         return {NODE: self.num_nodes, EDGE: self.num_edges, CSRC: self.compact_src_rows,

@@ -52,7 +52,10 @@ def lift(v: Value, end: str) -> Optional[Value]:
 
 
 def _has_linear(v: Value) -> bool:
-    if v.op == Op.LINEAR:
+    """Does ``v`` hold a typed linear, or read one already compacted (so that, say, a
+    per-relation bias added to compact rows is added there too, where the GEMM's epilogue can
+    take it, rather than once per edge)?"""
+    if v.op == Op.LINEAR or (v.op == Op.GATHER and v.args[0].kind in (CSRC, CDST)):
         return True
     return v.kind != WEIGHT and any(_has_linear(a) for a in v.args if a.kind == EDGE)
 

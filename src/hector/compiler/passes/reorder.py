@@ -9,6 +9,11 @@
   per-row multiply, and the attention reads its keys as the GEMM wrote them (no ``k p_r``
   copy of the keys forward or backward; ``p``'s gradient comes from the weight's).  Always
   applied when the product is read only by that score.
+* **typed linear into the relation's**: ``linear(src(x A_tau + b_tau), B_r) -> linear(src(x),
+  A_tau(r) B_r) + b_tau(r) B_r`` -- HGT's ``K_tau x`` then ``W_r``: one per-relation product
+  of the source rows instead of a node GEMM and a second product (and their backward), with
+  ``tau(r)`` the relation's source type (``ir.wsrc``; needs ``GraphStats.typed_sources``).
+  Decided by a cost model over the graph's row counts (multiply-adds and elements moved).
 * **linear across aggregation**: ``aggregate_{(v, r)}(x_u W_r) -> (aggregate_{(v, r)} x_u) W_r``
   -- a per-relation linear commutes with a sum over rows of one relation, so RGCN multiplies
   once per unique (dst, relation) row instead of once per edge or (src, relation) row.
@@ -20,7 +25,7 @@ from collections import Counter
 from typing import List, Optional
 
 from .. import ir as N
-from ..ir import CDST, CSRC, EDGE, Op, Value, WEIGHT, rewrite, toposort
+from ..ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, rewrite, toposort
 from .common import Cheaper, Decision, GraphStats
 from .compact import lift
 
@@ -41,11 +46,49 @@ def _src_compactable(v: Value) -> bool:
     return lift(v, "src") is not None
 
 
+#: A row element moved through DRAM costs about the time of this many fp32 multiply-adds on
+#: the H200 (a K = N = 64 segment GEMM, FMA-bound: 7.9 G multiply-adds in 0.44 ms, ~18 T/s,
+#: against ~1.1 T fp32 elements/s of DRAM bandwidth).
+MACS_PER_ELEMENT = 16
+
+
+def _typed_input(g: Value):
+    """``(x, A, b, chain)`` when ``g`` is ``gather_src([reshape](linear(x, A) [+ b]))`` with
+    ``A`` a dense weight shared or per node type and ``b`` a bias row sliced like it
+    (``chain``: the node values between ``g`` and ``x``); else None."""
+    if g.op != Op.GATHER or g.attr("end") != "src" or g.attr("norm") is not None:
+        return None
+    y = g.args[0]
+    z = y.args[0] if y.op == Op.RESHAPE else y
+    chain, b = [y, z], None
+    if z.op == Op.ADD:
+        bias = [a for a in z.args if a.kind == WEIGHT]
+        lin = [a for a in z.args if a.kind != WEIGHT]
+        if len(bias) != 1 or len(lin) != 1:
+            return None
+        (b,), (z,) = bias, lin
+        chain.append(z)
+    if z.op != Op.LINEAR or z.kind != NODE or not _dense(z.args[1]):
+        return None
+    x, A = z.args
+    if A.per not in (None, "node_type") or z.heads != 1:
+        return None
+    if b is not None and (b.per not in (None, A.per) or b.shape != (A.shape[1],)):
+        return None
+    return x, A, b, tuple(dict.fromkeys(chain))
+
+
 def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
     decisions: List[Decision] = []
     if not enabled:
         return outputs, [Decision(NAME, "all rewrites", False, "disabled (reorder=False)")]
     uses = Counter(a for v in toposort(outputs) for a in v.args)
+
+    def decide(what: str, q: Cheaper, detail: str) -> bool:
+        """Put ``q`` to the graph; record the decision (``detail``: the reason)."""
+        applied = q.answer(stats)
+        decisions.append(Decision(NAME, what, applied, detail, q))
+        return applied
 
     def weight_first(v: Value):
         if v.op != Op.LINEAR or v.args[0].op != Op.LINEAR:
@@ -85,12 +128,9 @@ def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
         # before: the linear on `before` rows, then the aggregation of its outputs;
         # after: the aggregation of the inputs, then the linear on the aggregate's rows.
         q = Cheaper(new=((K, EDGE), (K * Nn, v.kind)), old=((K * Nn, before), (Nn, EDGE)))
-        applied = q.answer(stats)
-        detail = (f"{stats.rows(v.kind)} {v.kind} rows vs {stats.rows(before)} "
-                  f"{'compact_src' if before == CSRC else 'edge'} rows; cost "
-                  f"{q.cost(q.new, stats)} vs {q.cost(q.old, stats)}")
-        decisions.append(Decision(NAME, what, applied, detail, q))
-        if not applied:
+        if not decide(what, q, f"{stats.rows(v.kind)} {v.kind} rows vs {stats.rows(before)} "
+                      f"{'compact_src' if before == CSRC else 'edge'} rows; cost "
+                      f"{q.cost(q.new, stats)} vs {q.cost(q.old, stats)}"):
             return None
         return N.linear(N.scatter(g, v.kind, v.attr("end"), v.attr("reduce")), W, lin.attr("heads"))
 
@@ -120,7 +160,48 @@ def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
     def rule(v: Value):
         return weight_first(v) or prior_into_weight(v) or across_aggregation(v)
 
+    def typed_into_relation(v: Value):
+        if v.op != Op.LINEAR or v.kind != EDGE:
+            return None
+        B = v.args[1]
+        if B.kind != WEIGHT or B.per != "relation" or B.op == Op.WT or len(B.shape) not in (2, 3):
+            return None
+        found = _typed_input(v.args[0])
+        if found is None:
+            return None
+        x, A, b, inner = found
+        what = (f"linear(src(linear(x, {_wname(A)}){' + ' + _wname(b) if b is not None else ''}),"
+                f" {_wname(B)}) -> linear(src(x), {_wname(A)} @ {_wname(B)})")
+        if stats is None:
+            decisions.append(Decision(NAME, what, False, "no graph statistics to cost it"))
+            return None
+        if A.per == "node_type" and not stats.typed_sources:
+            decisions.append(Decision(NAME, what, False, "a relation of this graph leaves "
+                                      "nodes of several types: no one source type per relation"))
+            return None
+        K, M = _flat(x), A.shape[1]
+        Nout = _flat(v)
+        b_macs = B.shape[0] * B.shape[1] * B.shape[2] if len(B.shape) == 3 else M * Nout
+        rows = CSRC if _src_compactable(v) else EDGE
+        shared = any(uses2[u] > 1 for u in inner)
+        e = MACS_PER_ELEMENT
+        node = () if shared else ((K * M + e * (K + M), NODE),)
+        q = Cheaper(new=((K * Nout + e * (K + Nout), rows),),
+                    old=node + ((b_macs + e * (M + Nout), rows),))
+        if not decide(what, q, f"cost {q.cost(q.new, stats)} vs {q.cost(q.old, stats)} "
+                      f"(multiply-adds + {e} x elements moved; {stats.rows(NODE)} nodes, "
+                      f"{stats.rows(rows)} {rows} rows)"
+                      f"{'; the node linear is still read elsewhere' if shared else ''}"):
+            return None
+        per_rel = (lambda w: N.wsrc(w)) if A.per == "node_type" else (lambda w: w)
+        out = N.linear(N.gather(x, EDGE, "src"), N.wmul(per_rel(A), B), 1)
+        if b is not None:
+            out = N.binary(Op.ADD, out, N.wmul(b if b.per is None else per_rel(b), B))
+        return N.reshape(out, v.heads)
+
     new = rewrite(outputs, rule)
+    uses2 = Counter(a for v in toposort(new) for a in v.args)
+    new = rewrite(new, typed_into_relation)
     if not decisions:
         decisions.append(Decision(NAME, "all rewrites", False, "no linear-of-linear or "
                                   "aggregate-of-linear pattern in the IR"))
