@@ -215,3 +215,24 @@ def test_a_reshape_of_an_input_is_a_view_not_a_kernel():
     x = torch.randn((20,) + tuple(step.inputs[0].shape), device=dev)
     out = run_step(step, [x], GraphIndex.of(g), "triton")
     assert out.shape == (20,) + tuple(step.output.shape) and out.data_ptr() == x.data_ptr()
+
+
+def test_fuse_keeps_a_linear_csr_sum_out_of_an_elementwise_traversal():
+    """``x * sigmoid(g) + scatter(a + b)``: the sum over the CSR is a linear traversal by
+    itself (traversal_csr, rows batched) and the whole is not, so it becomes its own kernel
+    and the elementwise one a row map reading it; a linear whole stays one kernel."""
+    from hector.compiler.lower import linear_traversal
+    x = N.input_("x", 8)
+    g = N.unary("sigmoid", N.param("g", (1,), per="node_type"))
+    a, b = (N.gather(N.input_(n, 8), N.CSRC, "src") for n in ("a", "b"))
+    csr_sum = N.scatter(N.binary("add", a, b), N.NODE, "src")
+    out = N.binary("add", N.binary("mul", x, g), csr_sum)
+    (fused,), dec = fuse.run((out,), STATS)
+    kernels = [v for v in N.toposort([fused]) if v.op == "kernel" and v.attr("template") == "traversal"]
+    assert len(kernels) == 2
+    csr, rest = sorted(kernels, key=lambda k: k is fused)
+    assert linear_traversal(csr.attr("body"))[0] is not None
+    assert not any(v.op == "scatter" for v in N.toposort([rest.attr("body")]))
+    assert any(not d.applied and "traversal_csr runs by itself" in d.reason for d in dec)
+    (whole,), _ = fuse.run((N.binary("add", x, csr_sum),), STATS)
+    assert [v.attr("template") for v in N.toposort([whole]) if v.op == "kernel"] == ["traversal"]
