@@ -5,6 +5,7 @@ per-head weights and zero rows; the bias gradients' slice sums against ``index_a
 per-node-type bias gradients (``wsum`` on the weight-gradient kernel, x a column of ones)."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -37,6 +38,12 @@ def _check(steps, graph, dev):
                 for v in step.inputs]
         want = eval_body(step.body, args, ix)
         got = run_step(step, args, ix, "triton")
+        if step.extra is not None:      # a weight gradient with its bias gradient: (dW, db)
+            got, db = got
+            dy = args[step.body.args[1].attr("index")]
+            want_db = eval_body(step.extra.attr("body"), [dy], ix)
+            assert db.shape == want_db.shape, step.name
+            torch.testing.assert_close(db, want_db, rtol=1e-4, atol=1e-4)
         assert got.shape == want.shape, step.name
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
@@ -144,7 +151,65 @@ def test_hgt_node_type_bias_gradients_on_the_wgrad_kernel(heads, contiguous):
     assert g.node_types_contiguous == contiguous
     m = hector.compile(models.hgt, in_dim=8, out_dim=8, heads=heads, num_relations=4,
                        num_node_types=4, backend="triton")
-    steps = [s for s in _wgrad_steps(m.program, g, op="wsum") if s.body.per == "node_type"]
-    # the k, q, v and output biases and the skip gate
-    assert len(steps) == 5 and all(s.template == "gemm" for s in steps)
-    _check(steps, g, dev)
+    plan = m.program.compiled_for(g).backward_plan
+    alone = [s for s in plan.steps if s.body.op == "wsum" and s.body.per == "node_type"]
+    paired = [s for s in plan.steps if s.extra is not None and s.body.op == "wgrad"
+              and s.extra.attr("body").per == "node_type"]
+    # the skip gate alone; the k, q, v and output biases with their weights' gradients
+    assert len(alone) == 1 and len(paired) == 4
+    assert all(s.template == "gemm" for s in alone + paired)
+    _check(alone + paired, g, dev)
+
+
+def _typed_hgt_graph(dev):
+    counts, eid, meta = random_hetero()
+    layer = HGTConv.from_pyg(pyg.HGTConv(8, 8, meta, heads=1), backend="triton")
+    g = layer.graph_of({t: torch.zeros(n, 8, device=dev) for t, n in counts.items()},
+                       {k: v.to(dev) for k, v in eid.items()})
+    return layer, g
+
+
+def test_hgt_bias_gradients_come_from_the_weight_gradient_kernels():
+    """Each typed linear's bias gradient sums the dy its weight gradient reads: lowering
+    pairs them (the step's ``extra`` output), so no bias-gradient step of its own is left
+    but the skip gate's; per node type (Q, output) and per relation (K and V folded into
+    the relations' weights); both against the torch backend's separate sums."""
+    dev = device_for("triton")
+    layer, g = _typed_hgt_graph(dev)
+    plan = layer.program.compiled_for(g).backward_plan
+    paired = [s for s in plan.steps if s.body.op == "wgrad" and s.extra is not None]
+    assert sorted(s.body.per for s in paired) == ["node_type", "node_type", "relation",
+                                                  "relation"]
+    alone = [s for s in plan.steps if s.body.op == "wsum"]
+    assert [s.body.shape for s in alone] == [(1,)]           # the gate's (1,) per node type
+    _check(paired + alone, g, dev)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("runs", [0, 1, 3])    # rows per program: automatic, 1 or 3 tiles
+def test_wgrad_sums_kernel_equals_the_two_kernels(dtype, tol, runs):
+    from hector.kernels.segment_mm import launch
+    from hector.kernels.segment_mm.spec import GemmSpec, default_schedule
+    dev = device_for("triton")
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(90, 12, generator=gen).to(dev, dtype)
+    dy = torch.randn(430, 10, generator=gen).to(dev, dtype)
+    gather = torch.randint(0, 90, (400,), generator=gen).to(dev)
+    scatter = torch.randperm(430, generator=gen)[:400].to(dev)
+    bounds = (0, 250, 250, 400)                     # the middle segment is empty
+    spec = GemmSpec.of(x, gather, scatter, False, 10)
+    sched = default_schedule(spec, interpreting=dev.type == "cpu")
+    # 1 or 3 row tiles per program: segments split over programs, partial sums by atomics,
+    # each program's own loop over one or several tiles
+    sched = dataclasses.replace(sched, wgrad_rows=runs * sched.block_m)
+    like = torch.empty(3, 12, 10, dtype=dtype, device=dev)
+    dw, db = launch.launch_wgrad(spec, sched, bounds, x, gather, dy, scatter, like, sums=True)
+    want_dw = launch.launch_wgrad(spec, sched, bounds, x, gather, dy, scatter, like)
+    xs, ds = x.float()[gather], dy.float()[scatter]
+    want_db = torch.stack([ds[a:b].sum(0) for a, b in zip(bounds[:-1], bounds[1:])])
+    assert dw.dtype == db.dtype == dtype and db.shape == (3, 10)
+    torch.testing.assert_close(dw.float(), want_dw.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(db.float(), want_db, rtol=tol, atol=tol)
+    assert not db[1].any()
+    ref = torch.stack([xs[a:b].t() @ ds[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+    torch.testing.assert_close(dw.float(), ref, rtol=tol, atol=tol * 4)

@@ -236,9 +236,6 @@ def test_edgewise_lowering_forms_and_declines():
     assert ("csr_ptr", ir.NODE, ir.EDGE, "dst") in ew.arrays
     ew, why = edgewise_lowering(ir.edge_softmax(ir.unary("leaky_relu", a_e, slope=0.2)))
     assert why == "" and ew.program.form == "softmax"
-    ew, why = edgewise_lowering(ir.wsum(a_e, p))
-    assert why == "" and ew.program.form == "reduce" and ew.rows == ("slices", ir.EDGE,
-                                                                     "relation")
     ew, why = edgewise_lowering(ir.head_mean(a_n))
     assert ew is None and "head_mean" in why
     nested = ir.scatter(ir.gather(ir.scatter(msg, ir.NODE, "dst"), ir.EDGE, "src"), ir.NODE,
@@ -256,26 +253,3 @@ def test_every_traversal_step_names_a_kernel_in_explain(name):
     assert "kernel edgewise (" in text and "== generated kernel edgewise" in text
 
 
-@pytest.mark.parametrize("chunk", [4, 2048])
-def test_weight_slice_sums_in_chunks_match_torch(monkeypatch, chunk):
-    """A per-relation weight-gradient sum over edges runs as chunk partials (at most
-    ``SLICE_CHUNK`` rows per program) summed per slice; relation 2 has no edge."""
-    from hector.compiler import ir, steps_triton
-    from hector.compiler.lower import arg, traversal_spec
-    from hector.compiler.plan import Step
-    from hector.compiler.steps_torch import GraphIndex, eval_body
-    monkeypatch.setattr(steps_triton, "SLICE_CHUNK", chunk)
-    g = _graph().to(device_for("triton"))
-    ix = GraphIndex.of(g)
-    ix.memo.pop(("edgewise_slices", ir.EDGE, "relation"), None)
-    e = ir.Value("saved", (), ir.EDGE, (2, 3))
-    p = ir.param("p", (2, 1), per="relation")
-    body = ir.wsum(arg(0, e), p)
-    step = Step("wsum", "traversal", body, (e,), body, traversal_spec(body))
-    assert step.spec.kernel == "edgewise"
-    dy = torch.randn(EDGES, 2, 3, generator=torch.Generator().manual_seed(8)).to(g.device)
-    got = steps_triton.run_edgewise(step, [dy], ix)
-    want = eval_body(body, [dy], ix)
-    assert got.shape == want.shape == (3, 2, 1)
-    assert rel_err(got, want) < 1e-5 and float(want[2].abs().max()) == 0.0
-    ix.memo.pop(("edgewise_slices", ir.EDGE, "relation"), None)

@@ -40,8 +40,9 @@ def triton_step(step: Step) -> bool:
 
 
 def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str):
-    """A step's output; for a forward attention (out, log-sum-exp), for an attention
-    backward a dict role -> gradient, which ``select`` steps read."""
+    """A step's output; for a forward attention (out, log-sum-exp), for a weight gradient
+    paired with a bias gradient (dW, db), for an attention backward a dict role -> gradient,
+    which ``select`` steps read."""
     if step.template == "select":
         return args[0][step.body.attr("role")]
     if step.template == "attention" and step.body.op == Op.ATTENTION_BWD:
@@ -60,6 +61,9 @@ def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str)
         _, bias = gemm_parts(step.body)
         return run_gemm(step, args[0], args[1], ix, "triton",
                         args[bias.attr("index")] if bias is not None else None)
+    if step.extra is not None and step.body.op == Op.WGRAD:    # (dW, db) of one dy
+        dy = args[step.body.args[1].attr("index")]
+        return eval_body(step.body, args, ix), eval_body(step.extra.attr("body"), [dy], ix)
     return eval_body(step.body, args, ix)
 
 

@@ -9,7 +9,7 @@ segmentation for a typed linear, an ``AttentionSpec`` for a fused attention, a
 from __future__ import annotations
 
 import math
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
@@ -25,16 +25,13 @@ from .plan import (AttentionRows, EdgewiseLowering, LinearTraversal, Plan, RowSe
 def template_of(v: Value) -> str:
     if v.op == Op.WGRAD:   # segment-grouped outer products: the GEMM template's weight gradient
         return "gemm"
-    if v.op == Op.WSUM and v.per == "node_type":
-        # A bias gradient per node type: the weight-gradient kernel with x a column of ones,
-        # reading dy once over the whole GPU (torch: a one-hot product, an [N, T] matrix and
-        # a GEMM of M = T rows, 0.33 ms where the read takes 0.12 on mag's 1.9M rows).
+    if v.op == Op.WSUM and v.per in ("node_type", "relation"):
+        # A bias gradient per node type or relation: the weight-gradient kernel with x a
+        # column of ones, reading dy once over the whole GPU (torch: a one-hot product, an
+        # [N, T] matrix and a GEMM of M = T rows, 0.33 ms where the read takes 0.12 on mag's
+        # 1.9M rows), or, paired with the weight gradient of the same dy, that kernel's
+        # second output (``_bias_sums_with_wgrads``).
         return "gemm"
-    if v.op == Op.WSUM and v.per == "relation":
-        # Relation rows summed into per-relation slices (torch: an index_add over edges): the
-        # edgewise kernel's node-parallel form over the rows grouped by relation.  (Only
-        # these: one program per slice, so a sum over all rows would run on one program.)
-        return "traversal"
     if v.kind == WEIGHT:
         return "weight"
     if v.op == Op.LINEAR:
@@ -66,7 +63,46 @@ def lower(outputs: Sequence[Value], dtype: torch.dtype = torch.float32) -> Plan:
         extra = attention_lse(v) if body.op == Op.ATTENTION else None
         steps.append(Step(name=_name(template, body), template=template, body=body,
                           inputs=v.args, output=v, spec=spec, note=note, extra=extra))
-    return Plan(tuple(steps), tuple(outputs), tuple(leaves))
+    return Plan(tuple(_bias_sums_with_wgrads(steps)), tuple(outputs), tuple(leaves))
+
+
+def _dy_of(step: Step) -> Tuple[Value, str, str]:
+    """(the value whose rows a weight-gradient or bias-gradient step sums, its row kind, the
+    slicing): equal for a typed linear's two gradients."""
+    dy = step.body.args[1] if step.body.op == Op.WGRAD else step.body.args[0]
+    return step.inputs[dy.attr("index")], dy.kind, step.body.per
+
+
+def _bias_sums_with_wgrads(steps: List[Step]) -> List[Step]:
+    """A bias gradient (``wsum`` on the weight-gradient kernel) summing the rows of a weight
+    gradient's ``dy`` over the same slices is written by that step's kernel, from the dy
+    tiles it loads anyway (its ``extra`` output): one read of dy, one launch fewer (HGT on
+    mag: four bias gradients of 0.23-0.35 ms each).  Only when no step between the two reads
+    either's output (the merged step runs where the later one was)."""
+    def kernel_of(s: Step) -> bool:
+        return (s.template == "gemm" and s.extra is None and s.body.op in (Op.WGRAD, Op.WSUM)
+                and s.body.args[-1 if s.body.op == Op.WGRAD else 0].op == Op.ARG)
+    wgrads = {}
+    for i, s in enumerate(steps):
+        if kernel_of(s) and s.body.op == Op.WGRAD and len(s.body.shape) == 2:
+            wgrads.setdefault(_dy_of(s), i)
+    merged: Dict[int, Step] = {}
+    gone = set()
+    for j, s in enumerate(steps):
+        if not (kernel_of(s) and s.body.op == Op.WSUM) or _dy_of(s) not in wgrads:
+            continue
+        i = wgrads.pop(_dy_of(s))
+        lo, hi = sorted((i, j))
+        outs = {steps[i].output, s.output}
+        if any(outs & set(t.inputs) for t in steps[lo + 1:hi]):
+            continue
+        w = steps[i]
+        merged[hi] = Step(name=w.name + "_bias_sums", template=w.template, body=w.body,
+                          inputs=w.inputs, output=w.output, spec=w.spec,
+                          note=w.note + "; and the bias gradient from the same dy tiles",
+                          extra=s.output)
+        gone.add(lo)
+    return [merged.get(k, t) for k, t in enumerate(steps) if k not in gone]
 
 
 def _name(template: str, body: Value) -> str:
@@ -416,18 +452,6 @@ def edgewise_lowering(body: Value) -> Tuple[object, str]:
                         ptr=b.slot(b.arrays, ("csr_ptr", NODE, EDGE, "dst")),
                         perm=b.slot(b.arrays, ("csr_perm", NODE, EDGE, "dst")))
             form = "softmax"
-        elif body.op == Op.WSUM:
-            rows = body.args[0]
-            if body.per == "node_type" and rows.kind != NODE or len(body.shape) > 2:
-                raise _Decline(f"a weight-gradient sum per {body.per} of {rows.kind} rows")
-            key = ("slices", rows.kind, body.per or "")
-            x = b.build(rows, node("entry"), rows.kind, None, True)
-            total = node("scatter", x, shape=rows.shape, mean=False,
-                         ptr=b.slot(b.arrays, ("csr_ptr",) + key),
-                         perm=b.slot(b.arrays, ("csr_perm",) + key))
-            wshape = tuple(body.shape) if len(body.shape) == 2 else (1, body.shape[0])
-            root = node("reduce_to", total, shape=wshape) if wshape != rows.shape else total
-            form = "reduce"
         else:
             root = b.build(body, node("own"), body.kind)
             form = "reduce" if any(x.op == Op.SCATTER for x in toposort([body])) else "map"
@@ -436,5 +460,4 @@ def edgewise_lowering(body: Value) -> Tuple[object, str]:
         program = EdgewiseSpec(form, root, len(b.inputs), len(b.arrays))
     except (_Decline, ValueError) as why:
         return None, str(why)
-    rows = body.kind if body.op != Op.WSUM else ("slices", body.args[0].kind, body.per or "")
-    return EdgewiseLowering(program, tuple(b.inputs), tuple(b.arrays), rows), ""
+    return EdgewiseLowering(program, tuple(b.inputs), tuple(b.arrays), body.kind), ""

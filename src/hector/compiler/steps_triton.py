@@ -36,7 +36,8 @@ from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_trit
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.eager import call
 from ..kernels.edgewise.op import edgewise
-from ..kernels.segment_mm.launch import segment_mm_wgrad_op, segment_sums
+from ..kernels.segment_mm.launch import (segment_mm_wgrad_op, segment_mm_wgrad_sums_op,
+                                         segment_sums)
 from ..kernels.segment_mm.op import segment_mm
 from ..kernels.traversal.csr import (WeightedCSR, compose, from_groups, narrow_cols,
                                       one_per_row, scaled)
@@ -162,6 +163,11 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     K, N = xin.shape[1], dyin.shape[1]
     S = len(bounds) - 1
     # A custom op (hector::segment_mm_wgrad), so that torch.compile does not trace the launch.
+    if step.extra is not None:      # and the bias gradient of the same dy (lower pairs them)
+        dw, db = call(segment_mm_wgrad_sums_op, xin.contiguous(), dyin.contiguous(), read_x,
+                      read_dy, list(bounds))
+        db = fold_slice_sums(step.extra.attr("body"), db.view((S,) + tuple(dy.shape[1:])))
+        return (dw[0] if v.per is None else dw), (db[0] if v.per is None else db)
     dw = call(segment_mm_wgrad_op, xin.contiguous(), dyin.contiguous(), read_x, read_dy,
               list(bounds))
     if headwise:   # [(head, slice), K, N] -> [slice, head, K, N]
@@ -170,10 +176,12 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
 
 
 def run_wsum(step, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
-    """A bias gradient per node type, ``db[t] = sum of dy's rows of type t``
+    """A bias gradient per node type or relation, ``db[t] = sum of dy's rows of slice t``
     (:func:`~hector.kernels.segment_mm.launch.segment_sums`: one launch, through
-    ``node_perm`` when types are not contiguous)."""
-    bounds, _, read_dy = _wgrad_layout(ix, NODE, "node_type", dy.shape[0], 0)
+    ``node_perm`` when node types are not contiguous; relation rows are sorted by
+    relation)."""
+    rows = step.body.args[0]
+    bounds, _, read_dy = _wgrad_layout(ix, rows.kind, step.body.per, dy.shape[0], 0)
     s = segment_sums(dy.flatten(1), bounds, read_dy)
     return fold_slice_sums(step.body, s.view((len(bounds) - 1,) + tuple(dy.shape[1:])))
 
@@ -290,50 +298,10 @@ def edgewise_array(ix: GraphIndex, key: tuple) -> torch.Tensor:
         return ix.relation(key[1])
     if key[0] == "node_type":
         return ix.node_type()
-    if key[1] == "slices":
-        return _slice_chunks(ix, key[2], key[3])[0 if key[0] == "csr_ptr" else 1]
     memo = ("edgewise_csr",) + key[1:]
     if memo not in ix.memo:
         ix.memo[memo] = ix.grouped(*key[1:])
     return ix.memo[memo][0 if key[0] == "csr_ptr" else 1]
-
-
-#: Rows one program sums into a partial of a weight slice (a slice of millions of edges
-#: would otherwise be one program's sequential loop).
-SLICE_CHUNK = 2048
-
-
-def _slice_chunks(ix: GraphIndex, kind: str, per: str):
-    """(chunk ptr, row perm, each chunk's slice, number of slices): the ``kind`` rows grouped
-    by weight slice and cut into chunks of at most :data:`SLICE_CHUNK` rows (an empty slice
-    keeps one empty chunk), built once per graph."""
-    memo = ("edgewise_slices", kind, per)
-    if memo not in ix.memo:
-        idx, n = _slice_ids(ix, kind, per)
-        dev = idx.device
-        count = torch.bincount(idx, minlength=n)
-        start = torch.cumsum(count, 0) - count
-        chunks = torch.clamp((count + SLICE_CHUNK - 1) // SLICE_CHUNK, min=1)
-        owner = torch.repeat_interleave(torch.arange(n, device=dev), chunks)
-        first = torch.cumsum(chunks, 0) - chunks
-        k = torch.arange(owner.numel(), device=dev) - first.index_select(0, owner)
-        # A chunk ends where the next begins: the last of a slice at the next slice's start.
-        ptr = torch.cat([start.index_select(0, owner) + k * SLICE_CHUNK, count.sum().view(1)])
-        ix.memo[memo] = (ptr, torch.argsort(idx, stable=True), owner, n)
-    return ix.memo[memo]
-
-
-def _slice_ids(ix: GraphIndex, kind: str, per: str):
-    """(each ``kind`` row's weight slice, number of slices) for a sum per ``per``."""
-    if per == "relation":
-        return ix.relation(kind), len(ix.ptr[kind]) - 1
-    if per == "node_type":
-        return ix.node_type(), len(ix.ptr[NODE]) - 1
-    return torch.zeros(ix.rows[kind], dtype=torch.long, device=ix.graph.device), 1
-
-
-def _edgewise_rows(ix: GraphIndex, rows) -> int:
-    return ix.rows[rows] if isinstance(rows, str) else len(_slice_chunks(ix, *rows[1:])[2])
 
 
 def _edgewise_input(ix: GraphIndex, inputs: List[torch.Tensor], x) -> torch.Tensor:
@@ -359,16 +327,9 @@ def run_edgewise(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tens
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
         return eval_body(step.body, inputs, ix)
     ins = [_edgewise_input(ix, inputs, x) for x in ew.inputs]
-    dtype = _promoted(ins)
-    slices = not isinstance(ew.rows, str)
     out = edgewise(ew.program, ins, [edgewise_array(ix, k) for k in ew.arrays],
-                   _edgewise_rows(ix, ew.rows), torch.float32 if slices else dtype,
-                   backend="triton")
-    if slices:   # fp32 partials per chunk -> their slice (chunk-sized: a few per slice)
-        _, _, owner, n = _slice_chunks(ix, *ew.rows[1:])
-        out = out.new_zeros((n,) + out.shape[1:]).index_add(0, owner, out).to(dtype)
-    out = out.reshape((out.shape[0],) + tuple(step.output.shape))
-    return out[0] if slices and ew.rows[2] == "" else out
+                   ix.rows[ew.rows], _promoted(ins), backend="triton")
+    return out.reshape((out.shape[0],) + tuple(step.output.shape))
 
 
 def _bias_row(step, t: torch.Tensor, index: int, ix: GraphIndex) -> torch.Tensor:
@@ -496,7 +457,7 @@ def run_edgewise_body(program, tensors: List[torch.Tensor], ix: GraphIndex) -> t
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return eval_body(body, tensors, ix)
     out = edgewise(ew.program, [_edgewise_input(ix, tensors, x) for x in ew.inputs],
-                   [edgewise_array(ix, k) for k in ew.arrays], _edgewise_rows(ix, ew.rows),
+                   [edgewise_array(ix, k) for k in ew.arrays], ix.rows[ew.rows],
                    _promoted(tensors), backend="triton")
     return out.reshape((out.shape[0],) + tuple(body.shape))
 

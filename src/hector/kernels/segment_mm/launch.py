@@ -143,22 +143,29 @@ def wgrad_rows(sched: GemmSchedule, m: int, tiles_kn: int, device: torch.device)
 
 def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...],
                  x: torch.Tensor, gather: Optional[torch.Tensor], dy: torch.Tensor,
-                 scatter: Optional[torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
-    """``dW`` in the weight's shape and dtype (zero for empty segments)."""
+                 scatter: Optional[torch.Tensor], weight: torch.Tensor, sums: bool = False):
+    """``dW`` in the weight's shape and dtype (zero for empty segments); with ``sums``
+    ``(dW, db)``, ``db [S, N]`` the per-segment sums of the dy rows (a bias gradient) from the
+    same pass over dy."""
     meta = sched.wgrad_meta
     kt, nt = _cdiv(spec.K, meta["BLOCK_K"]), _cdiv(spec.N, meta["BLOCK_N"])
     rows = wgrad_rows(sched, bounds[-1], kt * nt, x.device)
     atomic = any(hi - lo > rows for lo, hi in zip(bounds[:-1], bounds[1:]))
-    dw = torch.zeros(weight.shape, device=x.device,
-                     dtype=torch.float32 if atomic else weight.dtype)
+    acc_dtype = torch.float32 if atomic else weight.dtype
+    dw = torch.zeros(weight.shape, device=x.device, dtype=acc_dtype)
+    db = torch.zeros((len(bounds) - 1, spec.N), device=x.device, dtype=acc_dtype) if sums \
+        else dw
     tiles = tile_map(bounds, rows, x.device)
     if tiles.shape[0] and kt and nt:
-        kernel = registry.kernel("segment_mm_wgrad", atomic=atomic, **gemm_params(spec, True))
+        kernel = registry.kernel("segment_mm_wgrad", atomic=atomic, has_sums=sums,
+                                 **gemm_params(spec, True))
         kernel[(tiles.shape[0], kt, nt)](
             tiles, x, gather if gather is not None else tiles, dy,
-            scatter if scatter is not None else tiles, dw, spec.K, spec.N,
+            scatter if scatter is not None else tiles, dw, db, spec.K, spec.N,
             x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
-            *_weight_strides(dw, spec.transpose_weight), **meta)
+            *_weight_strides(dw, spec.transpose_weight), db.stride(0), **meta)
+    if sums:
+        return dw.to(weight.dtype), db.to(weight.dtype)
     return dw.to(weight.dtype)
 
 
@@ -336,6 +343,25 @@ def _wgrad_fake(x, dy, bounds, device=None):
 
 segment_mm_wgrad_op.register_fake(
     lambda x, dy, gather, scatter, bounds: _wgrad_fake(x, dy, bounds))
+
+
+@torch.library.custom_op("hector::segment_mm_wgrad_sums", mutates_args=())
+def segment_mm_wgrad_sums_op(x: torch.Tensor, dy: torch.Tensor, gather: Optional[torch.Tensor],
+                             scatter: Optional[torch.Tensor],
+                             bounds: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(dW, db)``: ``segment_mm_wgrad``'s ``dW`` and, from the same read of ``dy``, the
+    per-segment row sums ``db [S, N]`` (a typed linear's weight and bias gradients in one
+    launch)."""
+    spec = GemmSpec.of(x, gather, scatter, False, dy.shape[1])
+    sched = default_schedule(spec, interpreting=interpreting())
+    like = _wgrad_fake(x, dy, bounds, "meta")
+    return launch_wgrad(spec, sched, tuple(bounds), x, gather, dy, scatter, like, sums=True)
+
+
+segment_mm_wgrad_sums_op.register_fake(
+    lambda x, dy, gather, scatter, bounds: (
+        _wgrad_fake(x, dy, bounds),
+        torch.empty((len(bounds) - 1, dy.shape[1]), dtype=x.dtype, device=x.device)))
 
 
 def segment_sums(dy: torch.Tensor, bounds: Sequence[int],
