@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -91,5 +92,12 @@ def wrap(model: torch.nn.Module, device: torch.device, unused_parameters: bool =
 
 
 def shutdown() -> None:
+    """Leave the process group.  On the normal path every rank meets at a barrier first:
+    destroying the group while a peer is still finishing its last collective can hang that
+    peer (pytorch/pytorch#75097; seen once in this project's 2-process gloo test).  While an
+    exception propagates (called from a ``finally``) there is no barrier: the peer may never
+    arrive."""
     if dist.is_available() and dist.is_initialized():
+        if sys.exc_info()[0] is None:
+            dist.barrier()
         dist.destroy_process_group()
