@@ -69,7 +69,8 @@ def test_different_params_give_different_hashes_and_files(cache):
     seen = {}
     for name, params in [("segment_mm", GEMM), ("segment_mm", dict(GEMM, has_gather=False)),
                          ("segment_mm", dict(GEMM, input_precision="tf32")),
-                         ("segment_mm_wgrad", dict(WGRAD, atomic=True)),
+                         ("segment_mm_wgrad", dict(WGRAD, atomic=True, has_sums=False)),
+                         ("segment_mm_wgrad", dict(WGRAD, atomic=True, has_sums=True)),
                          ("attention_fwd", SCORE), ("attention_fwd", dict(SCORE, has_src=True))]:
         digest = registry.spec_hash(name, **params)
         assert digest not in seen, (name, params, seen.get(digest))
