@@ -193,10 +193,11 @@ def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
                       f"{stats.rows(rows)} {rows} rows)"
                       f"{'; the node linear is still read elsewhere' if shared else ''}"):
             return None
-        per_rel = (lambda w: N.wsrc(w)) if A.per == "node_type" else (lambda w: w)
+        def per_rel(w: Value) -> Value:     # a node-type slice read per relation
+            return N.wsrc(w) if w.per == "node_type" else w
         out = N.linear(N.gather(x, EDGE, "src"), N.wmul(per_rel(A), B), 1)
         if b is not None:
-            out = N.binary(Op.ADD, out, N.wmul(b if b.per is None else per_rel(b), B))
+            out = N.binary(Op.ADD, out, N.wmul(per_rel(b), B))
         return N.reshape(out, v.heads)
 
     new = rewrite(outputs, rule)

@@ -330,10 +330,14 @@ def segment_mm_wgrad_op(x: torch.Tensor, dy: torch.Tensor, gather: Optional[torc
                         scatter: Optional[torch.Tensor], bounds: List[int]) -> torch.Tensor:
     """``dW [S, K, N]``, ``dW[s] = sum_{r in s} x_{g(r)}^T dy_{c(r)}`` (the compiler's
     weight-gradient steps), tiled by the heuristic schedule."""
+    return _wgrad_heuristic(x, dy, gather, scatter, bounds, sums=False)
+
+
+def _wgrad_heuristic(x, dy, gather, scatter, bounds, sums: bool):
     spec = GemmSpec.of(x, gather, scatter, False, dy.shape[1])
     sched = default_schedule(spec, interpreting=interpreting())
     like = _wgrad_fake(x, dy, bounds, "meta")
-    return launch_wgrad(spec, sched, tuple(bounds), x, gather, dy, scatter, like)
+    return launch_wgrad(spec, sched, tuple(bounds), x, gather, dy, scatter, like, sums=sums)
 
 
 def _wgrad_fake(x, dy, bounds, device=None):
@@ -352,10 +356,7 @@ def segment_mm_wgrad_sums_op(x: torch.Tensor, dy: torch.Tensor, gather: Optional
     """``(dW, db)``: ``segment_mm_wgrad``'s ``dW`` and, from the same read of ``dy``, the
     per-segment row sums ``db [S, N]`` (a typed linear's weight and bias gradients in one
     launch)."""
-    spec = GemmSpec.of(x, gather, scatter, False, dy.shape[1])
-    sched = default_schedule(spec, interpreting=interpreting())
-    like = _wgrad_fake(x, dy, bounds, "meta")
-    return launch_wgrad(spec, sched, tuple(bounds), x, gather, dy, scatter, like, sums=True)
+    return _wgrad_heuristic(x, dy, gather, scatter, bounds, sums=True)
 
 
 segment_mm_wgrad_sums_op.register_fake(
