@@ -54,6 +54,11 @@ class Op:
                                                   "wgrad", "wsum")
     WSCALE = "wscale"
     WSRC = "wsrc"          # a per-node-type weight re-sliced per relation by its source type
+    WCAT = "wcat"          # weights side by side along their output columns
+    WCOLS = "wcols"        # a window of a weight's output columns (the inverse)
+    # horizontal fusion (siblings pass): one GEMM's output read as column windows, and the
+    # adjoint, windows placed side by side
+    COLS, PLACE = "cols", "place"
     # made by fusion
     ATTENTION, KERNEL = "attention", "kernel"
     # the fused attention's backward (made by autodiff of an ``attention`` node)
@@ -64,7 +69,8 @@ class Op:
 UNARY = (Op.NEG, Op.EXP, Op.SIGMOID, Op.TANH, Op.GELU, Op.RELU, Op.LEAKY_RELU, Op.SCALE,
          Op.LEAKY_RELU_GRAD, Op.GELU_GRAD)
 BINARY = (Op.ADD, Op.SUB, Op.MUL)
-WEIGHT_OPS = (Op.PARAM, Op.WMUL, Op.WCOMBINE, Op.BLOCKDIAG, Op.WT, Op.WSCALE, Op.WSRC)
+WEIGHT_OPS = (Op.PARAM, Op.WMUL, Op.WCOMBINE, Op.BLOCKDIAG, Op.WT, Op.WSCALE, Op.WSRC,
+              Op.WCAT, Op.WCOLS)
 #: Values with no computation of their own: passes leave them alone, lowering makes no step.
 LEAVES = (Op.INPUT, Op.PARAM, Op.CONST, Op.SAVED, Op.GRAD_OUTPUT, Op.ARG)
 #: The score terms a fused ``attention`` node can read, in the order its arguments hold them.
@@ -252,6 +258,32 @@ def reshape(x: Value, heads: int) -> Value:
     return Value(Op.RESHAPE, (x,), x.kind, (heads, width // heads))
 
 
+def cols(x: Value, start: int, shape: Tuple[int, int]) -> Value:
+    """Columns ``[start, start + h * d)`` of ``x``'s flattened rows, as ``(h, d)`` rows: a view
+    (the rows keep ``x``'s row stride).  What one GEMM computing several linears' outputs
+    side by side gives each of them (:mod:`~hector.compiler.passes.siblings`)."""
+    width = shape[0] * shape[1]
+    _need(x.kind in ROW_KINDS, f"cols: input must be row-wise, got {x.kind}")
+    _need(isinstance(start, int) and 0 <= start and start + width <= x.heads * x.dim,
+          f"cols: columns [{start}, {start + width}) are not inside {x.heads * x.dim}")
+    return Value(Op.COLS, (x,), x.kind, tuple(shape), _attrs(start=start))
+
+
+def place(pieces: Sequence[Value], starts: Sequence[int], shape: Tuple[int, int]) -> Value:
+    """Rows of ``shape`` holding each piece's flattened row at its column ``starts[i]`` and
+    zeros elsewhere (the adjoint of :func:`cols`; pieces that tile the row make a concat)."""
+    _need(len(pieces) == len(starts) and pieces, "place: one start per piece, at least one")
+    kinds = {p.kind for p in pieces}
+    _need(len(kinds) == 1 and kinds <= set(ROW_KINDS), f"place: pieces on rows {sorted(kinds)}")
+    spans = sorted((s, s + p.heads * p.dim) for p, s in zip(pieces, starts))
+    _need(all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and spans[0][0] >= 0
+          and spans[-1][1] <= shape[0] * shape[1], f"place: pieces at {list(starts)} overlap "
+          f"or leave the row of {shape[0] * shape[1]} columns")
+    order = sorted(range(len(pieces)), key=lambda i: starts[i])
+    return Value(Op.PLACE, tuple(pieces[i] for i in order), pieces[0].kind, tuple(shape),
+                 (("starts", tuple(starts[i] for i in order)),))
+
+
 def expand(x: Value, shape: Tuple[int, int]) -> Value:
     """Broadcast ``x`` up to ``shape`` (the adjoint of :func:`reduce_to`)."""
     return x if x.shape == tuple(shape) else Value(Op.EXPAND, (x,), x.kind, tuple(shape))
@@ -283,6 +315,24 @@ def wsrc(w: Value) -> Value:
     _need(w.kind == WEIGHT and w.per == "node_type",
           f"wsrc: the weight must be sliced per node type, got per={w.per!r}")
     return Value(Op.WSRC, (w,), WEIGHT, w.shape, _attrs(per="relation"))
+
+
+def wcat(ws: Sequence[Value]) -> Value:
+    """Weights side by side along their last (output) axis, sliced alike: ``(K, N_i) ->
+    (K, sum N_i)`` for matrices, ``(N_i,) -> (sum N_i,)`` for bias rows."""
+    _need(len(ws) >= 2 and all(w.kind == WEIGHT for w in ws), "wcat: two or more weights")
+    _need(len({w.per for w in ws}) == 1, f"wcat: slicings {[w.per for w in ws]} differ")
+    _need(len({w.shape[:-1] for w in ws}) == 1 and len(ws[0].shape) in (1, 2),
+          f"wcat: shapes {[w.shape for w in ws]} do not stand side by side")
+    shape = ws[0].shape[:-1] + (sum(w.shape[-1] for w in ws),)
+    return Value(Op.WCAT, tuple(ws), WEIGHT, shape, _attrs(per=ws[0].per))
+
+
+def wcols(w: Value, start: int, n: int) -> Value:
+    """Output columns ``[start, start + n)`` of weight ``w`` (a window of a :func:`wcat`)."""
+    _need(w.kind == WEIGHT and 0 <= start and n > 0 and start + n <= w.shape[-1],
+          f"wcols: columns [{start}, {start + n}) are not inside {w.shape}")
+    return Value(Op.WCOLS, (w,), WEIGHT, w.shape[:-1] + (n,), _attrs(per=w.per, start=start))
 
 
 def wcombine(comp: Value, basis: Value) -> Value:
@@ -377,12 +427,27 @@ def attention_of_bwd(b: Value) -> Value:
     _need(b.op == Op.ATTENTION_BWD, f"attention_of_bwd: not an attention_bwd node ({b.op})")
     n = len(b.attr("roles"))
     return Value(Op.ATTENTION, b.args[:n], NODE, b.shape,
-                 tuple(kv for kv in b.attrs if kv[0] != "needs"))
+                 tuple(kv for kv in b.attrs if kv[0] not in ("needs", "joint")))
+
+
+def joint_kv(b: Value) -> Value:
+    """``attention_bwd`` node ``b`` writing the k and v gradients side by side into one
+    buffer (``pick(.., "kv")``; ``pick`` of k or v reads a view of it): the input of a GEMM
+    over both (the siblings pass fused K and V into one GEMM, whose backward reads them as
+    one matrix)."""
+    _need(b.op == Op.ATTENTION_BWD and {"k", "v"} <= set(b.attr("needs")),
+          "joint_kv: an attention backward needing the k and v gradients")
+    return b.with_attrs(joint=True)
 
 
 def pick(b: Value, role: str) -> Value:
     """Role ``role``'s gradient out of ``attention_bwd`` node ``b`` (rows and shape of the
     role's value)."""
+    if role == "kv":      # the joint buffer of :func:`joint_kv`
+        _need(b.attr("joint", False), "pick: 'kv' needs an attention backward made joint_kv")
+        k, v = (b.args[b.attr("roles").index(r)] for r in ("k", "v"))
+        return Value(Op.PICK, (b,), k.kind, (1, k.heads * k.dim + v.heads * v.dim),
+                     (("role", role),))
     _need(role in b.attr("needs"), f"pick: {role!r} is not among {b.attr('needs')}")
     like = b.args[b.attr("roles").index(role)]
     return Value(Op.PICK, (b,), like.kind, like.shape, (("role", role),))

@@ -114,7 +114,10 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
     if template == "gemm":
         return gemm_spec(body, dtype)
     if template == "select":
-        return None, f"the {body.attr('role')} gradient of the attention backward (no kernel)"
+        role = body.attr("role")
+        return None, (f"the {role} gradient of the attention backward (no kernel)" if role != "kv"
+                      else "the k and v gradients of the attention backward, side by side in "
+                      "one buffer (no kernel)")
     if template == "attention" and body.op == Op.ATTENTION_BWD:
         spec, rows = attention_spec(attention_of_bwd(body), dtype)
         return (spec, rows), (f"backward of the fused attention (op graph: {rows.graph}, "
@@ -224,11 +227,12 @@ def _describe(v: Value, names) -> str:
 
 
 def traversal_spec(body: Value) -> TraversalSpec:
-    if body.op == Op.RESHAPE and body.args[0].op == Op.ARG:
-        # A reshape of a whole input (the rows are contiguous): a view, which the torch
-        # backend's reshape gives; an edgewise kernel would copy every row (HGT's dq: 1.9M x
-        # 64 on mag).
-        return TraversalSpec(space=body.kind, statements=(f"t1 = reshape(in0[{body.kind}])",),
+    if body.op in (Op.RESHAPE, Op.COLS) and body.args[0].op == Op.ARG:
+        # A reshape of a whole input, or a window of its columns: a view, which the torch
+        # backend's reshape / slice gives; an edgewise kernel would copy every row (HGT's
+        # dq: 1.9M x 64 on mag).
+        names = {body: "t1", body.args[0]: f"in0[{body.kind}]"}
+        return TraversalSpec(space=body.kind, statements=(_describe(body, names),),
                              reductions=(), schedule="view")
     names, statements, reductions = {}, [], []
     for i, b in enumerate(toposort([body])):

@@ -61,7 +61,10 @@ def allocate(held: Dict[Value, int], step: Step, makers: Dict[Value, Step], size
 def role_sizes(step: Step, size: Size) -> Dict[str, int]:
     """An attention backward step's gradients' sizes, by role."""
     roles = step.body.attr("roles")
-    return {r: size(step.inputs[roles.index(r)]) for r in step.body.attr("needs")}
+    sizes = {r: size(step.inputs[roles.index(r)]) for r in step.body.attr("needs")}
+    if step.body.attr("joint", False):      # k and v in one buffer (ir.joint_kv)
+        sizes["kv"] = sizes["k"] + sizes["v"]
+    return sizes
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@
                        across aggregations), by a cost model over graph statistics;
 3. ``compact``      -- compact materialization of values that depend only on
                        (src|dst, relation), by row counts;
+   ``siblings``     -- linears reading the same rows as one GEMM (horizontal fusion; off
+                       with ``fuse``);
 4. ``fuse``         -- grouping into kernels of the two templates (segment GEMM, traversal;
                        score + softmax + aggregation as one attention traversal);
 5. ``lower``        -- the fused IR as a :class:`~hector.compiler.plan.Plan` of steps with
@@ -44,7 +46,7 @@ import torch
 
 from .ir import Op, Value, attention_lse, toposort
 from .lower import lower
-from .passes import autodiff, canonicalize, compact, fuse as fusion, reorder
+from .passes import autodiff, canonicalize, compact, fuse as fusion, reorder, siblings
 from .passes.common import Cheaper, Decision, GraphStats
 from . import schedule
 from .plan import Plan
@@ -161,13 +163,15 @@ def _run(name, fn, outputs, stats, enabled, log: List[PassRecord]):
 
 
 def optimize(outputs: Sequence[Value], stats: Optional[GraphStats], *, reorder_on: bool = True,
-             compact_on: bool = True, log: Optional[List[PassRecord]] = None,
-             prefix: str = "") -> Tuple[Value, ...]:
-    """Passes 1-3 (what forward and backward IR both go through before fusion)."""
+             compact_on: bool = True, fuse_on: bool = True,
+             log: Optional[List[PassRecord]] = None, prefix: str = "") -> Tuple[Value, ...]:
+    """Passes 1-3 and horizontal fusion (what forward and backward IR both go through
+    before kernel grouping)."""
     log = [] if log is None else log
     outputs = _run(prefix + "canonicalize", canonicalize.run, outputs, stats, True, log)
     outputs = _run(prefix + "reorder", reorder.run, outputs, stats, reorder_on, log)
     outputs = _run(prefix + "compact", compact.run, outputs, stats, compact_on, log)
+    outputs = _run(prefix + "siblings", siblings.run, outputs, stats, fuse_on, log)
     return outputs
 
 
@@ -180,7 +184,8 @@ def compile_forward(outputs: Sequence[Value], stats: Optional[GraphStats],
     log: List[PassRecord] = []
     if debug_enabled():
         verify(outputs, where="captured IR")
-    optimized = optimize(outputs, stats, reorder_on=reorder, compact_on=compact, log=log)
+    optimized = optimize(outputs, stats, reorder_on=reorder, compact_on=compact, fuse_on=fuse,
+                         log=log)
     materialised: Dict[Value, Value] = {}   # unfused value -> plan value holding it
     fused = _run("fuse", functools.partial(fusion.run, mapping=materialised), optimized,
                  stats, fuse, log)
@@ -218,7 +223,8 @@ def _backward_stage(stage: ForwardStage, stats: GraphStats) -> BackwardStage:
     bwd = autodiff.bind_saved(autodiff.differentiate(forward), forward, materialised)
     log.append(PassRecord("autodiff", forward, bwd.outputs, tuple(fused) + bwd.decisions))
     b_out = optimize(bwd.outputs, stats, reorder_on=opts["reorder"],
-                     compact_on=opts["compact"], log=log, prefix="backward/")
+                     compact_on=opts["compact"], fuse_on=opts["fuse"], log=log,
+                     prefix="backward/")
     b_out = _run("backward/fuse", fusion.run, b_out, stats, opts["fuse"], log)
     plan = schedule.for_memory(lower(b_out, stage.dtype))
     return BackwardStage(_questions(log), plan, bwd.saved_values,

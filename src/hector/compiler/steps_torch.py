@@ -247,6 +247,11 @@ def eval_op(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
         return a[0].mean(1, keepdim=True)
     if op == Op.RESHAPE:
         return a[0].reshape((a[0].shape[0],) + v.shape)
+    if op == Op.COLS:      # a view: the rows keep their stride
+        start, width = v.attr("start"), v.shape[0] * v.shape[1]
+        return a[0].flatten(1)[:, start:start + width].unflatten(1, v.shape)
+    if op == Op.PLACE:
+        return place_columns(v, a)
     if op == Op.EXPAND:
         return a[0].expand((a[0].shape[0],) + v.shape)
     if op == Op.REDUCE_TO:
@@ -297,6 +302,10 @@ def _eval_elementwise_or_weight(v: Value, a: List[torch.Tensor], ix: GraphIndex)
         return full.reshape(full.shape[:-4] + v.shape)
     if op == Op.WT:
         return x.transpose(-1, -2)
+    if op == Op.WCAT:
+        return torch.cat(a, -1)
+    if op == Op.WCOLS:
+        return x[..., v.attr("start"):v.attr("start") + v.shape[-1]]
     if op == Op.WGRAD:
         return _wgrad(v, a[0], a[1], ix)
     if op == Op.WSUM:
@@ -304,6 +313,21 @@ def _eval_elementwise_or_weight(v: Value, a: List[torch.Tensor], ix: GraphIndex)
     if op == Op.CONST:
         return torch.full((ix.rows[v.kind],) + v.shape, v.attr("value"))
     raise NotImplementedError(f"torch backend: no rule for IR op {op!r}")
+
+
+def place_columns(v: Value, pieces: List[torch.Tensor]) -> torch.Tensor:
+    """``place``: the pieces' flattened rows at their columns, zeros between (a concat when
+    they tile the row)."""
+    rows, width = pieces[0].shape[0], v.shape[0] * v.shape[1]
+    flat = [p.flatten(1) for p in pieces]
+    spans = [(s, s + f.shape[1]) for s, f in zip(v.attr("starts"), flat)]
+    if spans[0][0] == 0 and spans[-1][1] == width and \
+            all(a[1] == b[0] for a, b in zip(spans, spans[1:])):
+        return torch.cat(flat, 1).unflatten(1, v.shape)
+    out = flat[0].new_zeros(rows, width)
+    for (lo, hi), f in zip(spans, flat):
+        out[:, lo:hi] = f
+    return out.unflatten(1, v.shape)
 
 
 def _wmul(a: torch.Tensor, b: torch.Tensor, row: bool, b_shape) -> torch.Tensor:
@@ -478,6 +502,8 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
             contrib = contrib.new_zeros((ix.rows[like.kind],) + tuple(contrib.shape[1:])) \
                 .index_add(0, ix.move(like.kind, EDGE, end), contrib)
         grads[role] = contrib.to(t.dtype)
+    if b.attr("joint", False):    # (ir.joint_kv) k and v gradients side by side
+        grads["kv"] = torch.cat([grads["k"].flatten(1), grads["v"].flatten(1)], 1).unsqueeze(1)
     return grads
 
 

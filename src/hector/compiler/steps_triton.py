@@ -524,11 +524,20 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     spec, plan = attention_launch(step, ix)
     g = attention_graph(step.spec[1], ix)
     needs = body.attr("needs")
+    joint = body.attr("joint", False)
     grads = edge_attention_grads_triton(
         g, spec, plan, [r in needs for r in _OP_ROLES], grad, *terms, out, lse,
-        att.attr("scale"), att.attr("slope"), dst_index=_dst_index(step.spec[1], ix))
+        att.attr("scale"), att.attr("slope"), dst_index=_dst_index(step.spec[1], ix),
+        joint_kv=joint)
     result = {}
+    if joint:   # one [rows, H * (Dk + Dv)] buffer in k's slot; k and v are views of it
+        kv = grads[2]
+        k, v = (roles[r][0] for r in ("k", "v"))
+        split = k.heads * k.dim
+        result["kv"] = kv.unsqueeze(1)
+        result["k"] = kv[:, :split].unflatten(1, k.shape)
+        result["v"] = kv[:, split:].unflatten(1, v.shape)
     for role, d in zip(_OP_ROLES, grads):
-        if role in needs:
+        if role in needs and role not in result:
             result[role] = d[..., None] if role in ("a_src", "a_dst") else d
     return result

@@ -44,6 +44,14 @@ def _infer(v: Value) -> Value:
         return N.blockdiag(a[0])
     if op == Op.WT:
         return N.wT(a[0])
+    if op == Op.WCAT:
+        return N.wcat(a)
+    if op == Op.WCOLS:
+        return N.wcols(a[0], v.attr("start"), v.shape[-1])
+    if op == Op.COLS:
+        return N.cols(a[0], v.attr("start"), v.shape)
+    if op == Op.PLACE:
+        return N.place(a, v.attr("starts"), v.shape)
     return v   # unary ops, reductions, kernels: kind/shape carried through, checked below
 
 

@@ -100,6 +100,10 @@ def _adjoints(v: Value, g: Value) -> List[Tuple[Value, Value]]:
         return [(a[0], N.expand(g, a[0].shape))]
     if op in (Op.EXPAND,):
         return [(a[0], N.reduce_to(g, a[0].shape))]
+    if op == Op.COLS:
+        return [(a[0], N.place((g,), (v.attr("start"),), a[0].shape))]
+    if op == Op.PLACE:
+        return [(p, N.cols(g, s, p.shape)) for p, s in zip(a, v.attr("starts"))]
     if op == Op.ATTENTION:
         return _attention_adjoints(v, g)
     raise NotImplementedError(f"autodiff: no adjoint for IR op {op!r}")
@@ -124,6 +128,20 @@ def _attention_adjoints(v: Value, g: Value) -> List[Tuple[Value, Value]]:
     return pairs
 
 
+def _accumulate(prev: Value, contrib: Value) -> Value:
+    """``prev + contrib`` for two gradient contributions; windows of one value placed apart
+    (the gradients of a fused GEMM's column windows) merge into one ``place``, the concat of
+    its pieces, instead of a sum of zero-padded rows."""
+    if prev.op == contrib.op == Op.PLACE:
+        pieces = prev.args + contrib.args
+        starts = prev.attr("starts") + contrib.attr("starts")
+        try:
+            return N.place(pieces, starts, prev.shape)
+        except ValueError:      # overlapping windows: a sum after all
+            pass
+    return N.binary(Op.ADD, prev, contrib)
+
+
 def weight_roots(outputs: Sequence[Value]) -> List[Value]:
     """Weight-only expressions read by row operators (the weight-side gradient targets)."""
     roots = []
@@ -146,7 +164,7 @@ def differentiate(outputs: Sequence[Value]) -> Backward:
         for arg, contrib in _adjoints(v, grads[v]):
             if arg.op == Op.CONST or (arg.kind == WEIGHT and arg not in roots):
                 continue
-            grads[arg] = N.binary(Op.ADD, grads[arg], contrib) if arg in grads else contrib
+            grads[arg] = _accumulate(grads[arg], contrib) if arg in grads else contrib
     targets = [v for v in order if v.op == Op.INPUT] + [r for r in weight_roots(outputs)]
     targets = [t for t in targets if t in grads]
     decisions = [Decision(NAME, f"gradient of {t.op} {t.attr('name') or ''}".strip(), True,

@@ -191,6 +191,8 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
     def inline_ok(a: Value, consumer: Value) -> bool:
         if a.op in _OPAQUE or a.kind == WEIGHT:
             return False
+        if Op.COLS in (a.op, consumer.op) or a.op == Op.PLACE:
+            return False      # a window is a view of its materialised input; a place a concat
         if a in apart:
             decisions.append(Decision(NAME, f"{a.op} into {consumer.op}", False,
                                       "a sum over a CSR that traversal_csr runs by itself "
@@ -306,7 +308,9 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
     def _weight_body(v: Value, inputs: List[Value]) -> Value:
         if v.op in _OPAQUE:
             return _placeholder(v, inputs)
-        return Value(v.op, tuple(_weight_body(a, inputs) if a.kind == WEIGHT
+        # (a weight gradient inside is a GEMM step of its own: siblings' ``wcat`` of them)
+        return Value(v.op, tuple(_weight_body(a, inputs)
+                                 if a.kind == WEIGHT and template_of(a) == "weight"
                                  else gemm_gather(a, v, inputs) if i == 0 and _gemm_gather(a, v)
                                  else _placeholder(materialise(a), inputs)
                                  for i, a in enumerate(v.args)),

@@ -6,6 +6,11 @@ Saved for backward: the inputs themselves (references, no copies), the output ``
 fp32 log-sum-exp per (row, head) -- never the [E, H] attention weights.  The backward
 recomputes ``alpha = exp(s - lse)`` on the fly (FlashAttention style); the row max is folded
 into ``lse``, so it is not stored separately.
+
+k and v may have any row stride (:func:`rows_dense`): a compiler that computes K and V with one
+GEMM into a ``[rows, H*DK + H*DV]`` buffer passes its two column slices as they are, and the
+backward can write dk and dv into one such joint buffer (``joint_kv``), the gradient of that
+GEMM's output, so neither direction copies the slices apart or back together.
 """
 from __future__ import annotations
 
@@ -282,18 +287,72 @@ def _traversal(graph, csr, sched: Schedule, heads: int):
 
 
 def _combine_sum(csr, sched, rows, row_ids, nchunks, part, out):
+    """Add the partials of rows cut by chunk boundaries into ``out``, whose rows may be wider
+    than the partials' (dk or dv as a slice of a joint dk|dv buffer): its row stride is
+    passed."""
     if nchunks > 1:
         width = part.shape[-1]
         block_w = min(1024, next_pow2(width))
         registry.kernel("combine_sum")[(nchunks - 1, -(-width // block_w))](
-            csr.ptr, rows, row_ids, part, out, width, sched.chunk, BLOCK_W=block_w)
+            csr.ptr, rows, row_ids, part, out, width, out.stride(0), sched.chunk,
+            BLOCK_W=block_w)
+
+
+def rows_dense(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``t`` itself when its last two dims are dense (``stride(-1) == 1`` and ``stride(-2) ==
+    shape[-1]``; a dim of size 1 may have any stride), whatever its row stride; else a
+    contiguous copy.  The kernels take k's and v's row strides, so a k and a v that are column
+    slices of one ``[rows, H*DK + H*DV]`` buffer (K and V computed by one GEMM) are read in
+    place, without the copy a ``.contiguous()`` would make."""
+    if t is None:
+        return None
+    last_ok = t.shape[-1] == 1 or t.stride(-1) == 1
+    heads_ok = t.dim() < 2 or t.shape[-2] == 1 or t.stride(-2) == t.shape[-1]
+    return t if last_ok and heads_ok else t.contiguous()
+
+
+def _row_stride(t: Optional[torch.Tensor], dense: int) -> int:
+    """Row stride (elements) of a kernel operand; ``dense`` where the slot holds a dummy."""
+    return t.stride(0) if t is not None else dense
+
+
+def _check_joint(joint_kv: bool, need_k: bool, need_v: bool) -> None:
+    if joint_kv and not (need_k and need_v):
+        raise ValueError("joint_kv=True needs both the k and the v gradient (needs[2] and "
+                         f"needs[0]); got need_k={need_k}, need_v={need_v}")
+
+
+def _joint_kv_buffer(skips: bool, n_src: int, heads: int, dim_k: int, dim_v: int, dtype,
+                     device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dkv ``[n_src, H*DK + H*DV]``, dk, dv): dk and dv are views of its two column slices,
+    so the backward writes the gradient of a joint K|V GEMM output directly (the kernels
+    take dk's and dv's row strides).  Zeros where the traversal ``skips`` rows, like
+    :func:`_rows_out`."""
+    dkv = _rows_out(skips, (n_src, heads * (dim_k + dim_v)), dtype=dtype, device=device)
+    dk = dkv[:, :heads * dim_k].unflatten(1, (heads, dim_k))
+    dv = dkv[:, heads * dim_k:].unflatten(1, (heads, dim_v))
+    return dkv, dk, dv
+
+
+def joint_of(dk: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
+    """The joint ``[n_src, H*DK + H*DV]`` buffer whose column slices are the dk and dv that
+    ``attention_backward(..., joint_kv=True)`` returned (the tensor itself, not a view, when
+    dk still knows it as its base)."""
+    width = dk.shape[1] * dk.shape[2] + dv.shape[1] * dv.shape[2]
+    base = dk._base
+    if base is not None and tuple(base.shape) == (dk.shape[0], width) and \
+            base.data_ptr() == dk.data_ptr():
+        return base
+    return dk.as_strided((dk.shape[0], width), (width, 1), dk.storage_offset())
 
 
 def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
                       v, q, k, a_src, a_dst, bias=None, dst_index=None):
     """(out, lse): the forward traversal (and the combine pass of an edge-parallel one).
     ``bias`` ``[H, Dv]`` (or None): added to every output row by the kernels' epilogue.
-    ``dst_index`` (``spec.dst_edge``): each canonical edge's row of ``a_dst``."""
+    ``dst_index`` (``spec.dst_edge``): each canonical edge's row of ``a_dst``.  ``k``, ``v``:
+    any row stride (:func:`rows_dense`)."""
+    v, k = rows_dense(v), rows_dense(k)
     _, heads, dim_v = v.shape
     n = side_rows(graph, "dst")
     sched = plan.dst
@@ -321,7 +380,7 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
                 _or(a_src, lse), _or(a_dst, lse), _or(dst_index, lse), _or(bias, lse), out,
                 lse, m_part, l_part,
                 acc_part, *_scalars(params, lse), graph.num_edges, heads, spec.dim_qk, dim_v,
-                sched.chunk)
+                _or(k, v).stride(0), v.stride(0), sched.chunk)
         _launch_traversal("attention_fwd", dict(score_params(spec, sched.strategy),
                                                 has_bias=has_bias),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
@@ -335,7 +394,7 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
 
 def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
                        needs: tuple, dout, v, q, k, a_src, a_dst, out, lse, dlse=None,
-                       bias=None, dst_index=None):
+                       bias=None, dst_index=None, joint_kv: bool = False):
     """(dv, dq, dk, d a_src, d a_dst), None where ``needs`` (same order) is False.
     ``dlse``: the gradient of the log-sum-exp output, if it has one.  Since ``d lse_v / d
     s_e = alpha_e``, it joins ``ds_e = alpha_e (<dout_v, v_u> - delta_v)`` as ``delta_v -
@@ -343,8 +402,15 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
     edge's row of ``a_dst``, whose gradient then has ``a_dst``'s rows (summed with atomics).
     Other gradients have their side's rows (:func:`side_rows`: a derived graph's sources or
     destinations).  ``bias``: the forward's epilogue bias, which ``out`` includes
-    (subtracted where delta reads ``out``)."""
+    (subtracted where delta reads ``out``).  ``k``, ``v``: any row stride (:func:`rows_dense`).
+
+    ``joint_kv`` (needs both the k and the v gradient): dk and dv are written into one
+    ``[n_src, H*DK + H*DV]`` buffer (dk's columns first) and returned as views of it
+    (:func:`joint_of` gives it back): the gradient of a GEMM that computed K and V together
+    into such a buffer, with no concatenation afterwards."""
     need_v, need_q, need_k, need_src, need_dst = needs
+    _check_joint(joint_kv, need_k, need_v)
+    v, k = rows_dense(v), rows_dense(k)
     n_src, heads, dim_v = v.shape              # (side_rows(graph, "src"))
     n = side_rows(graph, "dst")
     dim_k = spec.dim_qk
@@ -352,6 +418,9 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
     if graph.num_nodes == 0 or not any((need_v, need_q, need_k, need_src, need_dst)):
         empty = [torch.empty_like(t) if need else None for t, need in
                  ((v, need_v), (q, need_q), (k, need_k), (a_src, need_src), (a_dst, need_dst))]
+        if joint_kv:
+            _, empty[2], empty[0] = _joint_kv_buffer(False, n_src, heads, dim_k, dim_v,
+                                                     k.dtype, v.device)
         return tuple(empty)
     dq = dk = dv = da_src = da_dst = None
     delta = torch.empty(n, heads, dtype=torch.float32, device=v.device)
@@ -384,7 +453,7 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
                    and not per_edge else lse)
         args = (csr.ptr, csr.col, csr.eid, rows, row_ids, *tensors, _or(dq, lse),
                 _or(da_dst, lse), dq_part, dd_part, *_scalars(params, lse), graph.num_edges,
-                heads, dim_k, dim_v, sched.chunk)
+                heads, dim_k, dim_v, tensors[1].stride(0), v.stride(0), sched.chunk)
         _launch_traversal("attention_bwd_dst", dict(score_params(spec, sched.strategy),
                                                     need_dq=need_q, need_ddst=need_dst),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
@@ -406,8 +475,11 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse),
                    _or(dst_index, lse), dout, lse, delta)
         new = dict(device=v.device)
-        dk = _rows_out(skips, (n_src, heads, dim_k), dtype=k.dtype, **new) if need_k else None
-        dv = _rows_out(skips, (n_src, heads, dim_v), dtype=v.dtype, **new) if need_v else None
+        if joint_kv:
+            _, dk, dv = _joint_kv_buffer(skips, n_src, heads, dim_k, dim_v, k.dtype, v.device)
+        else:
+            dk = _rows_out(skips, (n_src, heads, dim_k), dtype=k.dtype, **new) if need_k else None
+            dv = _rows_out(skips, (n_src, heads, dim_v), dtype=v.dtype, **new) if need_v else None
         da_src = (_rows_out(skips, (n_src, heads), dtype=a_src.dtype, **new) if need_src
                   else None)
         grid, rows, nchunks = _traversal(graph, csr, sched, heads)
@@ -416,7 +488,8 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         ds_part = torch.empty(nchunks, 2, heads, **fp32) if need_src and nchunks else lse
         args = (csr.ptr, csr.col, csr.eid, rows, row_ids, *tensors, _or(dk, lse), _or(dv, lse),
                 _or(da_src, lse), dk_part, dv_part, ds_part, *_scalars(params, lse),
-                graph.num_edges, heads, dim_k, dim_v, sched.chunk)
+                graph.num_edges, heads, dim_k, dim_v, tensors[1].stride(0), v.stride(0),
+                _row_stride(dk, heads * dim_k), _row_stride(dv, heads * dim_v), sched.chunk)
         _launch_traversal("attention_bwd_src", dict(score_params(spec, sched.strategy),
                                                     need_dk=need_k, need_dv=need_v,
                                                     need_dsrc=need_src),
@@ -597,30 +670,46 @@ def edge_attention_backward_op(
         needs: List[bool], seed_tensor: Optional[torch.Tensor] = None,
         dlse: Optional[torch.Tensor] = None,
         bias: Optional[torch.Tensor] = None,
-        dst_index: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+        dst_index: Optional[torch.Tensor] = None, joint_kv: bool = False) -> List[torch.Tensor]:
     """[dv, dq, dk, d a_src, d a_dst]; a gradient not asked for is an empty tensor (a
     schema output cannot be None).  ``dlse``: the log-sum-exp output's gradient, if any;
     ``bias``, ``dst_index``: see :func:`attention_backward` (the bias's own
-    gradient is a column sum of ``dout``, taken by the autograd formula)."""
+    gradient is a column sum of ``dout``, taken by the autograd formula).
+
+    ``joint_kv`` (both the k and the v gradient asked for): ``[empty, dq, dkv, d a_src,
+    d a_dst]`` with ``dkv`` ``[n_src, H*DK + H*DV]``, dk's columns first: the gradient of a
+    GEMM that computed K and V into one buffer, written by the kernels in place (no
+    concatenation).  One tensor in dk's slot and an empty one in dv's, since a custom op's
+    outputs must not alias each other."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
                               launch)
-    grads = attention_backward(g, spec, plan, (scale, negative_slope, dropout,
-                                               _seed_of(seed, seed_tensor)),
-                               tuple(needs), dout, v, q, k, a_src, a_dst, out, lse,
-                               None if dlse is None else dlse.float(), bias, dst_index)
+    # Positional: the compiler's tests spy on attention_backward with (graph, spec, plan, *rest).
+    grads = list(attention_backward(g, spec, plan, (scale, negative_slope, dropout,
+                                                    _seed_of(seed, seed_tensor)),
+                                    tuple(needs), dout, v, q, k, a_src, a_dst, out, lse,
+                                    None if dlse is None else dlse.float(), bias, dst_index,
+                                    joint_kv))
+    if joint_kv:
+        grads[0], grads[2] = None, joint_of(grads[2], grads[0])
     return [gr if gr is not None else v.new_empty(0) for gr in grads]
 
 
 @edge_attention_backward_op.register_fake
 def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropout, seed,
-      strategy, launch, needs, seed_tensor=None, dlse=None, bias=None, dst_index=None):
+      strategy, launch, needs, seed_tensor=None, dlse=None, bias=None, dst_index=None,
+      joint_kv=False):
     # Gradients have their side's rows (v's for the sources); a_dst's has its own rows (a
     # per-edge destination term's are (dst, relation) rows).
+    _check_joint(joint_kv, needs[2], needs[0])
     n_src, n = v.shape[0], side_rows(_graph(graph), "dst")
     rows = [n_src, n, n_src, n_src, a_dst.shape[0] if a_dst is not None else n]
-    return [v.new_empty((r,) + tuple(t.shape[1:]), dtype=t.dtype)
-            if need and t is not None else v.new_empty(0)
-            for t, need, r in zip((v, q, k, a_src, a_dst), needs, rows)]
+    grads = [v.new_empty((r,) + tuple(t.shape[1:]), dtype=t.dtype)
+             if need and t is not None else v.new_empty(0)
+             for t, need, r in zip((v, q, k, a_src, a_dst), needs, rows)]
+    if joint_kv:
+        width = k.shape[1] * k.shape[2] + v.shape[1] * v.shape[2]
+        grads[0], grads[2] = v.new_empty(0), v.new_empty((n_src, width), dtype=k.dtype)
+    return grads
 
 
 def _setup_context(ctx, inputs, output):
@@ -659,16 +748,33 @@ edge_attention_op.register_autograd(_autograd_backward, setup_context=_setup_con
 def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan, needs,
                                 dout, v, q, k, a_src, a_dst, out, lse, scale: float,
                                 negative_slope: Optional[float],
-                                dst_index: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+                                dst_index: Optional[torch.Tensor] = None,
+                                joint_kv: bool = False) -> List[torch.Tensor]:
     """The fused backward as the ``hector::edge_attention_backward`` op, called directly by
     the compiler's backward plan (whose IR autodiff differentiated the attention as one
     operator): ``[dv, dq, dk, d a_src, d a_dst]`` for ``needs`` (same order), an empty tensor
     where not asked for.  ``out``, ``lse``: the forward's (``return_lse`` below); no dropout.
-    ``dst_index``: see :func:`attention_backward`."""
-    tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
+    ``dst_index``: see :func:`attention_backward`.  ``k``, ``v``: any row stride (column
+    slices of one K|V GEMM output are not copied: :func:`rows_dense`).  ``joint_kv``: dk and
+    dv as one ``[n_src, H*DK + H*DV]`` tensor in dk's slot, an empty one in dv's (see the
+    op)."""
+    _check_joint(joint_kv, needs[2], needs[0])
+    tensors = [_operand(t, name) for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
     return call(edge_attention_backward_op, graph_handle(graph), dout.contiguous(), *tensors,
                 out.contiguous(), lse.contiguous(), float(scale), negative_slope, 0.0, 0,
-                "auto", launch_handle(graph, spec, plan), list(needs), dst_index=dst_index)
+                "auto", launch_handle(graph, spec, plan), list(needs), dst_index=dst_index,
+                joint_kv=joint_kv)
+
+
+_OPERANDS = ("v", "q", "k", "a_src", "a_dst")
+
+
+def _operand(t: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
+    """An input as the kernels take it: k and v with any row stride (no copy of a slice of
+    a joint K|V buffer), the others contiguous."""
+    if t is None:
+        return None
+    return rows_dense(t) if name in ("k", "v") else t.contiguous()
 
 
 def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0,
@@ -686,8 +792,9 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
     per-destination log-sum-exp ``[N, H]`` fp32) for a caller that runs the backward itself
     (not with a pinned ``schedule``).  ``bias``: ``[H, Dv]``, added by the epilogue.
     ``dst_index``: each canonical edge's row of ``a_dst`` (a per-edge destination term; the
-    caller's ``spec`` says ``dst_edge``)."""
-    tensors = [t.contiguous() if t is not None else None for t in (v, q, k, a_src, a_dst)]
+    caller's ``spec`` says ``dst_edge``).  ``k``, ``v``: any row stride (:func:`rows_dense`:
+    column slices of one K|V GEMM output are read in place)."""
+    tensors = [_operand(t, name) for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
     bias = bias.contiguous() if bias is not None else None
     if schedule is None:
         if spec is None and (plan is not None or dst_index is not None):

@@ -191,6 +191,14 @@ def _side(n: int, cap: int) -> int:
     return min(max(next_pow2(n), 16), cap)
 
 
+def padded_width(n: int) -> int:
+    """Columns the forward kernel computes for an output of ``n`` (tl.dot tiles of at least
+    16, at most 64 wide, as fp32 runs them): what a GEMM's multiply-adds scale with, for a
+    compiler weighing one GEMM of several outputs against one per output."""
+    side = _side(n, 64)
+    return -(-n // side) * side
+
+
 def default_schedule(spec: GemmSpec, interpreting: bool = False) -> GemmSchedule:
     """Heuristic tiles, from H200 measurements (M=2M gathered rows, K=N=128, S=4).
 

@@ -1,0 +1,238 @@
+"""Horizontal fusion: typed linears reading the same rows become one GEMM.
+
+``[reshape](linear(x, W_i) [+ b_i])`` for several ``i`` with the same input rows ``x`` and
+weights sliced alike is ``linear(x, wcat(W_i)) [+ wcat(b_i)]`` read back as column windows
+(``cols``, views of one output): the gathered rows of ``x`` are read once instead of once per
+linear, one launch instead of several.  HGT's K and V on compact (source, relation) rows after
+``reorder`` folded the node-type linears into the relation's: on synthetic mag two GEMMs of
+N = 64 reading the same 10M gathered rows become one of N = 128.
+
+Only linears of *gathered* rows (a node row read per compact or edge row): there the fused
+GEMM saves the scattered reads.  Over node rows the input is read in order anyway, and one
+output would tie its windows' lifetimes: HGT's K, Q and V on a graph of mixed source types,
+where Q is kept for the attention backward and K and V are rebuilt there instead of kept
+(``autodiff.recomputed``), would keep all three alive.
+
+Its backward (autodiff gives a fused linear's gradient as the ``place`` of its windows'
+gradients: a concat) is free where the windows' gradients come from one fused attention
+backward as its k and v gradients: that backward writes them side by side into one buffer
+(``joint_kv``), which the transposed GEMM (dx) and the weight gradient read as one matrix.
+Elsewhere the ``place`` is a concat of its pieces (a copy, run by torch).
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Dict, List, Optional, Tuple
+
+from ...kernels.segment_mm.spec import NARROW, padded_width
+from .. import ir as N
+from ..ir import Op, Value, WEIGHT, rewrite, toposort
+from .common import Decision
+
+NAME = "siblings"
+
+
+def _parts(v: Value, uses: Counter) -> Optional[Tuple[Value, Value, Optional[Value]]]:
+    """(input rows, weight, bias or None) of ``v`` = ``[reshape](linear(x, W) [+ b])`` with a
+    dense weight, whose inner values nothing else reads; else None."""
+    inner = v.args[0] if v.op == Op.RESHAPE else v
+    if inner is not v and uses[inner] > 1:
+        return None
+    bias = None
+    if inner.op == Op.ADD:
+        lin = [a for a in inner.args if a.op == Op.LINEAR]
+        bias = [a for a in inner.args if a.kind == WEIGHT]
+        if len(lin) != 1 or len(bias) != 1 or uses[lin[0]] > 1:
+            return None
+        inner, bias = lin[0], bias[0]
+    if inner.op != Op.LINEAR:
+        return None
+    x, w = inner.args
+    if w.op == Op.WT or len(w.shape) != 2:
+        return None
+    if bias is not None and (len(bias.shape) != 1 or bias.per != w.per
+                             or bias.shape[0] != w.shape[1]):
+        return None
+    return x, w, bias
+
+
+def _widest(order, uses: Counter) -> Dict[Value, Tuple[Value, Value, Optional[Value]]]:
+    """Each candidate's parts, taking a reshape around a linear over the linear itself (the
+    window then has the reshape's heads)."""
+    found = {}
+    for v in order:
+        parts = _parts(v, uses)
+        if parts is None:
+            continue
+        inner = v.args[0] if v.op == Op.RESHAPE else v
+        found.pop(inner, None)
+        if inner.op == Op.ADD:
+            found.pop(next(a for a in inner.args if a.op == Op.LINEAR), None)
+        found[v] = parts
+    return found
+
+
+def _declined(widths: List[int]) -> str:
+    """Why one GEMM of these output widths would cost more than one per width ('' if not).
+    A narrow output (a score term, N <= NARROW) has its own kernel, which reads a row in
+    one step; beside a wide one it would be padded to a tl.dot tile (RGAT's ``z W_r`` and
+    ``z W_r a_src`` on mag: N = 32 + 2 as one 64-wide tile, inference 3.5 -> 5.0 ms).  Nor
+    may the fused output pad to more columns than the separate ones: the fp32 GEMMs are
+    bound by their multiply-adds."""
+    if min(widths) <= NARROW:
+        return (f"an output of {min(widths)} columns runs on the narrow kernel; fused it "
+                "would pad to a full tile")
+    if padded_width(sum(widths)) > sum(padded_width(n) for n in widths):
+        return (f"one GEMM computes {padded_width(sum(widths))} padded columns, separate "
+                f"ones {sum(padded_width(n) for n in widths)}")
+    return ""
+
+
+def fuse_linears(outputs, decisions: List[Decision]):
+    """Groups of linears of one input, slicing and bias-ness -> one GEMM and its windows."""
+    order = toposort(outputs)
+    uses = Counter(a for v in order for a in v.args)
+    uses.update(outputs)               # an output is read by the caller
+    outs = set(outputs)
+    groups: Dict[tuple, List[Tuple[Value, tuple]]] = defaultdict(list)
+    for v, parts in _widest(order, uses).items():
+        x, w, b = parts
+        if x.op == Op.GATHER:
+            groups[(x, w.per, b is not None)].append((v, parts))
+    replace: Dict[Value, Value] = {}
+    for (x, per, biased), found in groups.items():
+        if len(found) < 2:
+            continue
+        members, parts = [m for m, _ in found], [p for _, p in found]
+        ws = [p[1] for p in parts]
+        why = _declined([w.shape[1] for w in ws])
+        if why:
+            decisions.append(Decision(NAME, f"{len(members)} linears of one {x.kind} input",
+                                      False, why))
+            continue
+        fused = N.linear(x, N.wcat(ws))
+        if biased:
+            fused = N.binary(Op.ADD, fused, N.wcat([p[2] for p in parts]))
+        start = 0
+        for m, w in zip(members, ws):
+            replace[m] = N.cols(fused, start, m.shape)
+            start += w.shape[1]
+        decisions.append(Decision(NAME, f"{len(members)} linears of one {x.kind} input", True,
+                                  f"one GEMM of N = {start} (widths "
+                                  f"{'+'.join(str(w.shape[1]) for w in ws)}): the input rows "
+                                  f"read once{', biases in one epilogue' if biased else ''}"
+                                  f"{'; a window is an output' if outs & set(members) else ''}"))
+    if not replace:
+        return outputs
+    return rewrite(outputs, lambda v: replace.get(v))
+
+
+def _kv_place(v: Value) -> Optional[Value]:
+    """The attention backward whose k and v gradients ``v`` places side by side (k first,
+    each whole, filling the row), or None."""
+    if v.op != Op.PLACE or len(v.args) != 2:
+        return None
+    picks = [a.args[0] if a.op == Op.RESHAPE else a for a in v.args]
+    if any(p.op != Op.PICK for p in picks) or picks[0].args[0] is not picks[1].args[0]:
+        return None
+    if (picks[0].attr("role"), picks[1].attr("role")) != ("k", "v"):
+        return None
+    k = picks[0]
+    if v.attr("starts") != (0, k.heads * k.dim):
+        return None
+    bwd = picks[0].args[0]
+    width = sum(p.heads * p.dim for p in picks)
+    return bwd if width == v.heads * v.dim else None
+
+
+def joint_gradients(outputs, decisions: List[Decision]):
+    """``place(pick(B, k), pick(B, v))`` -> ``pick(joint_kv(B), kv)``: the attention backward
+    writes both gradients into one buffer, so the concat is no copy."""
+    targets = {b for v in toposort(outputs) for b in [_kv_place(v)] if b is not None}
+    if not targets:
+        return outputs
+
+    def rule(v: Value):
+        if v.op == Op.ATTENTION_BWD and v in targets:
+            return N.joint_kv(v)
+        b = _kv_place(v)
+        if b is not None and b.attr("joint", False):
+            joint = N.pick(b, "kv")
+            return joint if joint.shape == v.shape else N.reshape(joint, v.heads)
+        return None
+
+    decisions.append(Decision(NAME, "k and v gradients of the attention backward", True,
+                              "written side by side into one buffer: the fused GEMM's "
+                              "backward reads them as one matrix, no concat"))
+    return rewrite(outputs, rule)
+
+
+def _tiles(p: Value) -> bool:
+    """Whether ``place`` ``p``'s pieces fill its row, end to end."""
+    ends = [s + a.heads * a.dim for a, s in zip(p.args, p.attr("starts"))]
+    return p.attr("starts")[0] == 0 and ends[-1] == p.heads * p.dim and \
+        list(p.attr("starts")[1:]) == ends[:-1]
+
+
+def _windows(p: Value):
+    """(piece, start, width) of ``place`` ``p``; a piece as one head, so that a bias sum reads
+    the fused row's columns (not one broadcast per head) and pairs with the weight gradient
+    of the same rows (``lower._bias_sums_with_wgrads``)."""
+    return [(N.reshape(a, 1) if a.heads != 1 else a, s, a.heads * a.dim)
+            for a, s in zip(p.args, p.attr("starts"))]
+
+
+def distribute(outputs, decisions: List[Decision]):
+    """A ``place`` (the concat of a fused GEMM's window gradients) that no kernel writes
+    whole is never built: its readers take the pieces apart, ``linear(place(g_i), W^T) =
+    sum_i linear(g_i, W_i^T)`` (``W_i``: the windows of the fused weight), ``wgrad(x,
+    place(g_i)) = wcat(wgrad(x, g_i))`` and ``wsum(place(g_i)) = wcat(wsum(g_i))``: the
+    backward of separate linears, the forward's one GEMM kept."""
+    done = []
+
+    def rule(v: Value):
+        p = v.args[0] if v.op in (Op.LINEAR, Op.WSUM) else \
+            v.args[1] if v.op == Op.WGRAD else None
+        if p is None or p.op != Op.PLACE or not _tiles(p):
+            return None
+        if v.op == Op.LINEAR:
+            w = v.args[1]
+            if w.op != Op.WT or len(w.shape) != 2:
+                return None
+            parts = [N.linear(g, N.wT(N.wcols(w.args[0], s, n)), v.attr("heads"))
+                     for g, s, n in _windows(p)]
+            out = parts[0]
+            for part in parts[1:]:
+                out = N.binary(Op.ADD, out, part)
+        elif v.op == Op.WGRAD:
+            out = N.wcat([Value(Op.WGRAD, (v.args[0], g), WEIGHT, v.shape[:-1] + (n,),
+                                v.attrs) for g, _, n in _windows(p)])
+        else:
+            if len(v.shape) != 1:
+                return None
+            out = N.wcat([Value(Op.WSUM, (g,), WEIGHT, (n,), v.attrs)
+                          for g, _, n in _windows(p)])
+        done.append(v.op)
+        return out
+
+    new = rewrite(outputs, rule)
+    if done:
+        decisions.append(Decision(NAME, f"{len(done)} readers of a concat of window gradients",
+                                  True, "read piece by piece ("
+                                  + ", ".join(sorted(set(done))) + "): no concat copy"))
+    return new
+
+
+def run(outputs, stats=None, enabled: bool = True):
+    decisions: List[Decision] = []
+    if not enabled:
+        decisions.append(Decision(NAME, "all linears", False,
+                                  "disabled (fuse=False): one GEMM per linear"))
+        return tuple(outputs), decisions
+    outputs = fuse_linears(tuple(outputs), decisions)
+    outputs = joint_gradients(tuple(outputs), decisions)
+    outputs = distribute(tuple(outputs), decisions)
+    if not decisions:
+        decisions.append(Decision(NAME, "all linears", False,
+                                  "no two linears read the same rows with weights sliced alike"))
+    return tuple(outputs), decisions

@@ -1,0 +1,187 @@
+"""The siblings pass (horizontal fusion): linears of one input as one GEMM read back as
+column windows, their gradients as one ``place``, and the attention backward writing HGT's
+k and v gradients side by side; outputs and every gradient against the pass switched off."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hector
+from hector.compiler import ir as N
+from hector.compiler import models
+from hector.compiler.passes import autodiff, siblings
+from hector.compiler.program import compile as hcompile
+from hector.compiler.verify import verify
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
+from helpers import device_for, rel_err  # noqa: E402
+
+
+def _pair(per="relation", bias=(True, True), widths=(32, 32), heads=(1, 2)):
+    x = N.gather(N.input_("x", 6), N.CSRC, "src")
+    outs = []
+    for name, n, b, h in zip("ab", widths, bias, heads):
+        y = N.linear(x, N.param(name, (6, n), per=per), 1)
+        if b:
+            y = N.binary("add", y, N.param(name + "_bias", (n,), per=per))
+        outs.append(N.reshape(y, h) if h != 1 else y)
+    return x, outs
+
+
+def test_linears_of_one_input_become_one_gemm_read_as_windows():
+    x, (a, b) = _pair()
+    (wa, wb), dec = siblings.run((a, b))
+    r = "relation"
+    W = N.wcat([N.param("a", (6, 32), per=r), N.param("b", (6, 32), per=r)])
+    fused = N.binary("add", N.linear(x, W, 1),
+                     N.wcat([N.param("a_bias", (32,), per=r), N.param("b_bias", (32,), per=r)]))
+    assert wa == N.cols(fused, 0, (1, 32)) and wb == N.cols(fused, 32, (2, 16))
+    assert wa.shape == a.shape and wb.shape == b.shape
+    assert dec[0].applied and "N = 64" in dec[0].reason
+    verify((wa, wb))
+
+
+@pytest.mark.parametrize("case", ["slicing", "bias", "read elsewhere", "one", "node rows",
+                                  "narrow", "padding"])
+def test_linears_that_differ_stay_apart(case):
+    x = N.gather(N.input_("x", 6), N.CSRC, "src")
+    if case == "slicing":
+        a = N.linear(x, N.param("a", (6, 32), per="relation"), 1)
+        b = N.linear(x, N.param("b", (6, 32)), 1)
+        outs = (a, b)
+    elif case == "bias":
+        outs = tuple(_pair(bias=(True, False))[1])
+    elif case == "read elsewhere":     # a's bare product is an output too: not a window
+        lin = N.linear(x, N.param("a", (6, 32)), 1)
+        a = N.binary("add", lin, N.param("a_bias", (32,)))
+        b = N.binary("add", N.linear(x, N.param("b", (6, 32)), 1), N.param("b_bias", (32,)))
+        outs = (a, b, lin)
+    elif case == "node rows":          # read in order: nothing to save, lifetimes tied
+        x = N.input_("x", 6)
+        outs = tuple(N.linear(x, N.param(n, (6, 32), per="node_type"), 1) for n in "ab")
+    elif case == "narrow":             # RGAT's z W_r and its score term z W_r a_src
+        outs = tuple(_pair(bias=(False, False), widths=(32, 2), heads=(1, 1))[1])
+    elif case == "padding":            # 16 + 32 pads to 64 columns, separately to 48
+        outs = tuple(_pair(widths=(16, 32), heads=(1, 1))[1])
+    else:
+        outs = (_pair()[1][0],)
+    after, dec = siblings.run(outs)
+    assert after == outs and not any(d.applied for d in dec)
+    if case in ("narrow", "padding"):
+        assert "narrow kernel" in dec[0].reason if case == "narrow" else "padded" in dec[0].reason
+
+
+def test_gradients_of_the_windows_are_one_place():
+    x, (a, b) = _pair(bias=(False, False), heads=(1, 1))
+    (wa, wb), _ = siblings.run((a, b))
+    bwd = autodiff.differentiate((wa, wb))
+    dx = dict(zip(bwd.targets, bwd.outputs))[x.args[0]]
+    assert dx.op == N.Op.SCATTER and dx.args[0].op == N.Op.LINEAR
+    g = dx.args[0].args[0]
+    assert g.op == N.Op.PLACE and g.attr("starts") == (0, 32)
+    assert [p.op for p in g.args] == [N.Op.GRAD_OUTPUT, N.Op.GRAD_OUTPUT]
+    verify(bwd.outputs)
+
+
+def test_place_of_gaps_and_overlaps():
+    x = N.input_("x", 10)
+    p = N.place((N.input_("a", 2), N.input_("b", 3)), (7, 0), (1, 10))
+    assert p.attr("starts") == (0, 7) and [a.attr("name") for a in p.args] == ["b", "a"]
+    with pytest.raises(ValueError, match="overlap"):
+        N.place((N.input_("a", 4), N.input_("b", 3)), (0, 2), (1, 10))
+    with pytest.raises(ValueError, match="not inside"):
+        N.cols(x, 8, (1, 4))
+
+
+def _gated(m, in_dim, out_dim):
+    """Two per-relation linears of the source rows (siblings), read by an elementwise gate:
+    the windows feed traversals and their gradients are a concat (no attention)."""
+    x = m.node_input("x", in_dim)
+    a = m.linear(m.src(x), m.weight("a", (in_dim, out_dim), per="relation")) \
+        + m.weight("a_bias", (out_dim,), per="relation")
+    b = m.linear(m.src(x), m.weight("b", (in_dim, out_dim), per="relation")) \
+        + m.weight("b_bias", (out_dim,), per="relation")
+    return m.aggregate(m.gelu(a) * m.sigmoid(b), "sum", per_relation=True)
+
+
+def _graph(seed=0, num_nodes=20, num_edges=80, relations=3):
+    gen = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, num_nodes, (2, num_edges), generator=gen)
+    et = torch.randint(0, relations, (num_edges,), generator=gen)
+    ntype = (torch.arange(num_nodes) >= 12).long()
+    return hector.Graph(ei, edge_type=et, num_nodes=num_nodes, num_relations=relations,
+                        node_type=ntype)
+
+
+def _run(fn, g, backend, fused, monkeypatch, **kw):
+    if not fused:
+        monkeypatch.setattr(siblings, "run", lambda o, s=None, e=True: (tuple(o), []))
+    dev = device_for(backend)
+    torch.manual_seed(1)
+    m = hcompile(fn, backend=backend, **kw).to(dev)
+    g = g.to(dev)
+    torch.manual_seed(2)
+    x = torch.randn(g.num_nodes, kw["in_dim"]).to(dev).requires_grad_()
+    out = m(g, x=x)
+    (out * torch.linspace(-1, 1, out.numel(), device=dev).view_as(out)).sum().backward()
+    grads = {n: p.grad for n, p in m.named_parameters()}
+    grads["x"] = x.grad
+    monkeypatch.undo()
+    return m.program.compiled_for(g), out.detach().cpu(), {k: v.cpu() for k, v in grads.items()}
+
+
+def _same(a, b):
+    (_, out, grads), (_, ref, ref_grads) = a, b
+    assert rel_err(out, ref) < 1e-5
+    assert set(grads) == set(ref_grads)
+    for name, gr in grads.items():
+        assert gr is not None, name
+        assert rel_err(gr, ref_grads[name]) < 1e-4, name
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_gated_siblings_equal_separate_linears(backend, monkeypatch):
+    kw = dict(in_dim=8, out_dim=16, num_relations=3, num_node_types=2)
+    g = _graph()
+    fused = _run(_gated, g, backend, True, monkeypatch, **kw)
+    _same(fused, _run(_gated, g, "torch", False, monkeypatch, **kw))
+    gemms = [s for s in fused[0].forward_plan.steps if s.template == "gemm"]
+    assert [s.spec[0].N for s in gemms] == [32]            # one GEMM for both
+    bsteps = fused[0].backward_plan.steps
+    assert not [s for s in bsteps if s.body.op == N.Op.PLACE]     # no concat: read apart
+    dx = [s for s in bsteps if s.template == "gemm" and s.body.op != N.Op.WGRAD
+          and s.output.kind == N.CSRC]
+    assert sorted(s.spec[0].K for s in dx) == [16, 16]       # one dx GEMM per window
+
+
+def _typed_graph(num_nodes=20, num_edges=80, num_relations=4, seed=0):
+    """Relation r leaves nodes of type r % 2 (HGT's K and V fold into the relation's)."""
+    gen = torch.Generator().manual_seed(seed)
+    et = torch.randint(0, num_relations, (num_edges,), generator=gen)
+    lo = torch.where(et % 2 == 0, 0, 12)
+    hi = torch.where(et % 2 == 0, 12, num_nodes)
+    src = lo + (torch.rand(num_edges, generator=gen) * (hi - lo)).long()
+    dst = torch.randint(0, num_nodes, (num_edges,), generator=gen)
+    ntype = (torch.arange(num_nodes) >= 12).long()
+    return hector.Graph(torch.stack([src, dst]), edge_type=et, num_nodes=num_nodes,
+                        num_relations=num_relations, node_type=ntype)
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_hgt_keys_and_values_in_one_gemm_and_one_gradient_buffer(backend, heads, monkeypatch):
+    kw = dict(in_dim=8, out_dim=16, heads=heads, num_relations=4, num_node_types=2)
+    g = _typed_graph()
+    fused = _run(models.hgt, g, backend, True, monkeypatch, **kw)
+    _same(fused, _run(models.hgt, g, "torch", False, monkeypatch, **kw))
+    cp = fused[0]
+    compact = [s for s in cp.forward_plan.steps
+               if s.template == "gemm" and s.output.kind == N.CSRC]
+    assert [s.spec[0].N for s in compact] == [32]           # K and V: N = 16 + 16
+    bsteps = cp.backward_plan.steps
+    assert [s.body.attr("role") for s in bsteps if s.template == "select"].count("kv") == 1
+    assert not [s for s in bsteps if s.body.op == N.Op.PLACE]   # no concat: one buffer
+    dx = [s for s in bsteps if s.template == "gemm" and s.spec is not None
+          and s.spec[0] is not None and s.output.kind == N.CSRC]
+    assert [s.spec[0].K for s in dx] == [32]                 # dK and dV in one dx GEMM
