@@ -31,9 +31,10 @@ LENGTHS = (0, 7, 0, 45, 3, 0)
 # Small tiles: several row tiles per segment; wgrad runs of 16 rows split the long segment
 # (atomic merge of partial dW tiles).  WHOLE keeps every segment in one wgrad run (stores).
 TILE = GemmSchedule(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1)
-# Its dW tile (32x32) differs from the forward's.
+# Its dW tile (32x32) and reduction step (32 rows) differ from the forward's.
 WHOLE = GemmSchedule(block_m=16, block_n=16, block_k=16, num_warps=1, num_stages=1,
-                     wgrad_rows=64, wgrad_block_k=32, wgrad_block_n=32, wgrad_warps=2)
+                     wgrad_rows=64, wgrad_block_k=32, wgrad_block_n=32, wgrad_warps=2,
+                     wgrad_block_m=32)
 
 
 def rel_err(got, want):
@@ -264,6 +265,16 @@ def test_specs_and_schedules():
     assert GemmSchedule(block_k=32).wgrad_meta["BLOCK_K"] == 32
     with pytest.raises(ValueError, match="wgrad_rows"):
         GemmSchedule(block_m=32, wgrad_rows=48)
+    with pytest.raises(ValueError, match="block_m=64"):      # the weight gradient's step
+        GemmSchedule(block_m=16, wgrad_block_m=64, wgrad_rows=32)
+    with pytest.raises(ValueError, match="wgrad_block_m"):
+        GemmSchedule(wgrad_block_m=24)
+    # FMA-bound (fp32, ieee) dW tiles of 64 x 64 or less: 32-row steps on 4 warps; wider
+    # ones keep the forward's 64 rows on 8 warps
+    small = GemmSpec(True, False, False, torch.float32, K=64, N=64, input_precision="ieee")
+    wide = GemmSpec(True, False, False, torch.float32, K=64, N=128, input_precision="ieee")
+    meta = [default_schedule(sp).wgrad_meta for sp in (small, wide)]
+    assert [(m["BLOCK_M"], m["num_warps"]) for m in meta] == [(32, 4), (64, 8)]
 
 
 def _bad(**change):

@@ -138,7 +138,8 @@ def wgrad_rows(sched: GemmSchedule, m: int, tiles_kn: int, device: torch.device)
     if sched.wgrad_rows:
         return sched.wgrad_rows
     runs = max(1, num_sms(device) * WGRAD_PROGRAMS_PER_SM // max(tiles_kn, 1))
-    return _cdiv(max(_cdiv(m, runs), 1), sched.block_m) * sched.block_m
+    step = sched.wgrad_meta["BLOCK_M"]
+    return _cdiv(max(_cdiv(m, runs), 1), step) * step
 
 
 def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...],
