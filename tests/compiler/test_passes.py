@@ -189,8 +189,8 @@ def test_hgt_bias_epilogues_equal_the_torch_backend(dims):
     plan = m.program.compiled_for(g).forward_plan
     biased = [s for s in plan.steps if s.template == "gemm" and s.spec[0].has_bias]
     assert len(biased) == (4 if dims["in_dim"] != dims["out_dim"] else 3)
-    assert not [s for s in plan.steps if s.template == "traversal" and
-                {b.op for b in N.toposort([s.body]) if b.op != "arg"} <= {"add", "reshape"}]
+    assert not [s for s in plan.steps if s.template == "traversal" and s.spec.schedule != "view"
+                and {b.op for b in N.toposort([s.body]) if b.op != "arg"} <= {"add", "reshape"}]
     _, out0, grads0 = results["torch"]
     assert rel_err(out.detach(), out0.detach()) < 1e-5
     for name, a, b in zip(["x"] + [n for n, _ in m.named_parameters()], grads, grads0):

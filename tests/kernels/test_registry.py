@@ -9,7 +9,7 @@ import torch
 from hector.kernels import registry
 
 GEMM = dict(has_gather=True, has_scatter=False, dot_fp32=False, input_precision="ieee",
-            accumulate=False, has_bias=False, narrow=False)
+            accumulate=False, has_bias=False, narrow=False, prologue="")
 WGRAD = {k: v for k, v in GEMM.items() if k not in ("accumulate", "has_bias", "narrow")}
 SCORE = dict(has_qk=True, has_src=False, has_dst=True, has_leaky=True, has_dropout=False,
              edge_parallel=False, has_bias=False, dst_edge=False)
@@ -52,6 +52,12 @@ def test_params_are_rendered_in_not_constexpr_flags(cache):
     # Triton would turn into a TF32 tl.dot is not used)
     narrow = registry.source("segment_mm", **dict(GEMM, narrow=True))
     assert "tl.dot(" in plain and "tl.dot(" not in narrow and "axis=2)" in narrow
+    # an input function: applied to the loaded tile, in both GEMM kernels
+    for name, params in (("segment_mm", GEMM), ("segment_mm_wgrad", dict(WGRAD, atomic=False,
+                                                                           has_sums=False))):
+        gelu = registry.source(name, **dict(params, prologue="gelu"))
+        assert "_prologue(" in gelu and "tl.erf" in gelu
+        assert "_prologue(" not in registry.source(name, **params)
     edge = registry.source("attention_fwd", **dict(SCORE, edge_parallel=True))
     assert "m_part + slot" in edge and "m_part + slot" not in registry.source("attention_fwd",
                                                                               **SCORE)
@@ -69,6 +75,7 @@ def test_different_params_give_different_hashes_and_files(cache):
     seen = {}
     for name, params in [("segment_mm", GEMM), ("segment_mm", dict(GEMM, has_gather=False)),
                          ("segment_mm", dict(GEMM, input_precision="tf32")),
+                         ("segment_mm", dict(GEMM, prologue="gelu")),
                          ("segment_mm_wgrad", dict(WGRAD, atomic=True, has_sums=False)),
                          ("segment_mm_wgrad", dict(WGRAD, atomic=True, has_sums=True)),
                          ("attention_fwd", SCORE), ("attention_fwd", dict(SCORE, has_src=True))]:

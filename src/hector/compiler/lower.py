@@ -9,18 +9,29 @@ segmentation for a typed linear, an ``AttentionSpec`` for a fused attention, a
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.edgewise.spec import EdgewiseSpec, node
-from ..kernels.segment_mm.spec import GemmSpec, fp32_dot
+from ..kernels.segment_mm.spec import PROLOGUES, GemmSpec, fp32_dot
 from .ir import (CDST, CSRC, EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, attention_lse,
                  attention_of_bwd, attention_roles, kernel, toposort)
 from ..kernels.traversal.spec import MAX_ADDENDS
 from .plan import (AttentionRows, EdgewiseLowering, LinearTraversal, Plan, RowSegments, Step,
                    TraversalSpec)
+
+#: IR ops a segment GEMM applies to its input tiles (``fuse``'s prologue; the kernels' names).
+PROLOGUE_OPS = tuple(op for op in (Op.GELU, Op.RELU, Op.SIGMOID, Op.TANH) if op in PROLOGUES)
+
+
+def gemm_input(x: Value) -> Tuple[Value, Optional[str]]:
+    """(a GEMM step's input rows, the prologue its kernel applies to them or None)."""
+    if x.op in PROLOGUE_OPS:
+        return x.args[0], x.op
+    return x, None
+
 
 def template_of(v: Value) -> str:
     if v.op == Op.WGRAD:   # segment-grouped outer products: the GEMM template's weight gradient
@@ -153,14 +164,16 @@ def gemm_spec(body: Value, dtype: torch.dtype):
         return None, (f"bias gradient db = sum dy over {body.args[0].kind} rows, segments by "
                       f"{body.per}: the weight-gradient kernel with x a column of ones")
     if body.op == Op.WGRAD:
-        x, dy = body.args
+        x, prologue = gemm_input(body.args[0])
         seg = body.per or "one segment"
         how = (f"; x read in place from {x.args[0].kind} rows by {x.attr('end')}"
                if x.op == Op.GATHER else "")
+        how += f"; {prologue}(x) applied to each loaded tile" if prologue else ""
         return None, (f"weight gradient dW = sum x^T dy over {x.kind} rows, segments by "
                       f"{seg}{how}")
     body, bias = gemm_parts(body)
-    x, w = body.args
+    x, prologue = gemm_input(body.args[0])
+    w = body.args[1]
     transpose = w.op == Op.WT
     wshape = w.args[0].shape if transpose else w.shape
     per_head = len(wshape) == 3
@@ -175,12 +188,13 @@ def gemm_spec(body: Value, dtype: torch.dtype):
                   transpose_weight=transpose, dtype=dtype, K=K, N=N,
                   input_precision=fp32_dot() if dtype == torch.float32 else "ieee",
                   gather_unique=permuted and not gathered, scatter_unique=permuted,
-                  has_bias=bias is not None)
+                  has_bias=bias is not None, prologue=prologue)
     seg = {"relation": f"{x.kind} rel_ptr", "node_type": "node_type_ptr (+node_perm)",
            None: "one segment"}[w.per] + (f"; rows gathered from {x.args[0].kind} by "
                                           f"{x.attr('end')}" if gathered else "")
     return (gs, rows), (f"segments: {seg}{', head-major (per-head weights)' if per_head else ''}"
-                        f"{'; + bias per ' + (w.per or 'row') + ' (epilogue)' if bias else ''}")
+                        f"{'; + bias per ' + (w.per or 'row') + ' (epilogue)' if bias else ''}"
+                        f"{'; ' + prologue + ' of the input rows (prologue)' if prologue else ''}")
 
 
 def attention_spec(body: Value, dtype: torch.dtype) -> Tuple[AttentionSpec, AttentionRows]:

@@ -45,7 +45,7 @@ from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
 from . import ir
 from .ir import (CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_of_bwd, attention_roles,
                  toposort)
-from .lower import edgewise_lowering
+from .lower import edgewise_lowering, gemm_input
 from .plan import AttentionRows, RowSegments
 from .steps_torch import (GraphIndex, _operand, attention_bwd_torch, eval_body,
                           fold_slice_sums)
@@ -76,7 +76,8 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
              bias: Optional[torch.Tensor] = None):
     """A typed-linear step on the segment GEMM template; ``bias``: the weight row ``fuse``
     made its epilogue (sliced as ``w`` is)."""
-    _, rs = step.spec
+    gs, rs = step.spec
+    prologue = gs.prologue or ""      # the kernel applies it to the x tiles it loads
     gather = None
     if rs.gather is not None:   # x holds the source rows; the GEMM reads them by index
         gather = ix.move(rs.gather[0], rs.rows, rs.gather[1])
@@ -92,7 +93,8 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
         out = segment_mm(x.reshape(-1, x.shape[-1]).contiguous(), weight.contiguous(), ptr,
                          gather=read, scatter=write, num_out_rows=H * rows,
                          transpose_weight=rs.transpose_weight, backend=backend,
-                         gather_unique=gather is None, scatter_unique=True)
+                         gather_unique=gather is None, scatter_unique=True,
+                         prologue=prologue or None)
         return out.reshape((rows,) + tuple(step.output.shape))
     ptr, perm = _gemm_layout(ix, rs, rows)
     if bias is not None:
@@ -101,7 +103,8 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
                      gather=perm if gather is None else gather, scatter=perm,
                      num_out_rows=rows if perm is not None else None,
                      transpose_weight=rs.transpose_weight, backend=backend,
-                     gather_unique=gather is None, scatter_unique=True, bias=bias)
+                     gather_unique=gather is None, scatter_unique=True, bias=bias,
+                     prologue=prologue or None)
     return out.reshape((rows,) + tuple(step.output.shape))
 
 
@@ -151,7 +154,8 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     kernel reads them by index: no gathered copy."""
     v = step.body
     headwise = len(v.shape) == 3
-    xv = v.args[0]
+    xv, prologue = gemm_input(v.args[0])     # (a prologue: the kernel applies it to x tiles)
+    prologue = prologue or ""
     gather = (xv.args[0].kind, xv.attr("end")) if xv.op == Op.GATHER else None
     rows = dy.shape[0]
     H = x.shape[1] if headwise else 0
@@ -165,11 +169,11 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     # A custom op (hector::segment_mm_wgrad), so that torch.compile does not trace the launch.
     if step.extra is not None:      # and the bias gradient of the same dy (lower pairs them)
         dw, db = call(segment_mm_wgrad_sums_op, xin.contiguous(), dyin.contiguous(), read_x,
-                      read_dy, list(bounds))
+                      read_dy, list(bounds), prologue)
         db = fold_slice_sums(step.extra.attr("body"), db.view((S,) + tuple(dy.shape[1:])))
         return (dw[0] if v.per is None else dw), (db[0] if v.per is None else db)
     dw = call(segment_mm_wgrad_op, xin.contiguous(), dyin.contiguous(), read_x, read_dy,
-              list(bounds))
+              list(bounds), prologue)
     if headwise:   # [(head, slice), K, N] -> [slice, head, K, N]
         dw = dw.view(H, S // H, K, N).transpose(0, 1).contiguous()
     return dw[0] if v.per is None else dw

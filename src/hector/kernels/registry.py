@@ -53,7 +53,10 @@ _BOOL = (False, True)
 _PRECISIONS = ("ieee", "tf32", "tf32x3")
 _SCORE = dict(has_qk=_BOOL, has_src=_BOOL, has_dst=_BOOL, has_leaky=_BOOL, has_dropout=_BOOL,
               edge_parallel=_BOOL, dst_edge=_BOOL)
-_GEMM = dict(has_gather=_BOOL, has_scatter=_BOOL, dot_fp32=_BOOL, input_precision=_PRECISIONS)
+#: A GEMM input's elementwise function ("": none; hector.kernels.segment_mm.spec.PROLOGUES).
+_PROLOGUES = ("", "gelu", "relu", "sigmoid", "tanh")
+_GEMM = dict(has_gather=_BOOL, has_scatter=_BOOL, dot_fp32=_BOOL, input_precision=_PRECISIONS,
+             prologue=_PROLOGUES)
 #: Traversal kernels: epilogue terms, and whether programs read their rows from a row list.
 _TRAVERSAL = dict(num_addends=(0, 1, 2, 3), has_bias=_BOOL, row_list=_BOOL)
 _SOFTMAX = dict(has_leaky=_BOOL, row_list=_BOOL)

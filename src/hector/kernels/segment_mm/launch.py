@@ -34,7 +34,7 @@ from ...device import interpreting, num_sms
 from .. import autotune
 from .. import registry
 from ..eager import call
-from .spec import GemmSchedule, GemmSpec, default_schedule, tune_configs
+from .spec import PROLOGUES, GemmSchedule, GemmSpec, default_schedule, tune_configs
 
 #: Weight-gradient programs aimed for per SM (long row runs, so a handful are enough).
 WGRAD_PROGRAMS_PER_SM = 4
@@ -89,7 +89,7 @@ def gemm_params(spec: GemmSpec, wgrad: bool = False) -> dict:
     #11584); bf16 products are exact in fp32, so results match the GPU's bf16 MMA."""
     shared = dict(has_gather=spec.has_gather, has_scatter=spec.has_scatter,
                   dot_fp32=interpreting() and spec.dtype == torch.bfloat16,
-                  input_precision=spec.input_precision)
+                  input_precision=spec.input_precision, prologue=spec.prologue or "")
     return shared if wgrad else dict(shared, accumulate=spec.accumulate, has_bias=spec.has_bias,
                                      narrow=spec.narrow)
 
@@ -208,7 +208,8 @@ def _forward(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
 def _backward(spec: GemmSpec, choice: ScheduleChoice, sched: GemmSchedule,
               bounds: Tuple[int, ...], dout, x, weight, gather, scatter,
               need_x: bool, need_w: bool):
-    """(dx or None, dW or None)."""
+    """(dx or None, dW or None).  With a prologue ``f``: ``dW`` from ``f(x)`` (the weight
+    gradient kernel applies it as the forward did) and ``dx = (dy W^T) * f'(x)``."""
     dx = dw = None
     dout = dout.contiguous()
     if need_x:
@@ -217,6 +218,8 @@ def _backward(spec: GemmSpec, choice: ScheduleChoice, sched: GemmSchedule,
         def run(s):
             return launch_gemm(dspec, s, bounds, dout, weight, scatter, gather, x.shape[0])
         dx = run(pick_schedule(dspec, choice, bounds, x.device, run))
+        if spec.prologue:
+            dx = dx * PROLOGUES[spec.prologue][1](x.float()).to(dx.dtype)
     if need_w:
         dw = launch_wgrad(spec, sched, bounds, x, gather, dout, scatter, weight)
     return dx, dw
@@ -253,26 +256,27 @@ class SegmentMMFunction(torch.autograd.Function):
 # the segment bounds as ``int[]`` (they are Python ints already: op.py reads seg_ptr once).
 
 def _spec_of(x, weight, gather, scatter, transpose_weight: bool, unique: Tuple[bool, bool],
-             has_bias: bool = False) -> GemmSpec:
+             has_bias: bool = False, prologue: str = "") -> GemmSpec:
     n = weight.shape[1] if transpose_weight else weight.shape[2]
-    return GemmSpec.of(x, gather, scatter, transpose_weight, n, *unique, has_bias=has_bias)
+    return GemmSpec.of(x, gather, scatter, transpose_weight, n, *unique, has_bias=has_bias,
+                       prologue=prologue)
 
 
 @torch.library.custom_op("hector::segment_mm", mutates_args=())
 def segment_mm_op(x: torch.Tensor, weight: torch.Tensor, gather: Optional[torch.Tensor],
                   scatter: Optional[torch.Tensor], bounds: List[int], num_out_rows: int,
                   transpose_weight: bool, gather_unique: bool = False,
-                  scatter_unique: bool = False, bias: Optional[torch.Tensor] = None
-                  ) -> torch.Tensor:
+                  scatter_unique: bool = False, bias: Optional[torch.Tensor] = None,
+                  prologue: str = "") -> torch.Tensor:
     spec = _spec_of(x, weight, gather, scatter, transpose_weight, (gather_unique, scatter_unique),
-                    bias is not None)
+                    bias is not None, prologue)
     return _forward(spec, None, tuple(bounds), num_out_rows, x, weight, gather, scatter,
                     bias)[0]
 
 
 @segment_mm_op.register_fake
 def _(x, weight, gather, scatter, bounds, num_out_rows, transpose_weight, gather_unique=False,
-      scatter_unique=False, bias=None):
+      scatter_unique=False, bias=None, prologue=""):
     n = weight.shape[1] if transpose_weight else weight.shape[2]
     rows = num_out_rows if scatter is not None else bounds[-1]
     return x.new_empty(rows, n)
@@ -283,9 +287,11 @@ def segment_mm_backward_op(dout: torch.Tensor, x: torch.Tensor, weight: torch.Te
                            gather: Optional[torch.Tensor], scatter: Optional[torch.Tensor],
                            bounds: List[int], transpose_weight: bool, need_x: bool,
                            need_w: bool, gather_unique: bool = False,
-                           scatter_unique: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                           scatter_unique: bool = False,
+                           prologue: str = "") -> Tuple[torch.Tensor, torch.Tensor]:
     """(dx, dW); a gradient not asked for is an empty tensor (a schema output cannot be None)."""
-    spec = _spec_of(x, weight, gather, scatter, transpose_weight, (gather_unique, scatter_unique))
+    spec = _spec_of(x, weight, gather, scatter, transpose_weight, (gather_unique, scatter_unique),
+                    prologue=prologue)
     bounds = tuple(bounds)
     # The forward's schedule: the autotuner's memo returns the same pick for the same key.
     sched = pick_schedule(spec, None, bounds, x.device, lambda s: launch_gemm(
@@ -299,7 +305,7 @@ def segment_mm_backward_op(dout: torch.Tensor, x: torch.Tensor, weight: torch.Te
 
 @segment_mm_backward_op.register_fake
 def _(dout, x, weight, gather, scatter, bounds, transpose_weight, need_x, need_w,
-      gather_unique=False, scatter_unique=False):
+      gather_unique=False, scatter_unique=False, prologue=""):
     return (torch.empty_like(x) if need_x else x.new_empty(0),
             torch.empty_like(weight) if need_w else weight.new_empty(0))
 
@@ -308,6 +314,7 @@ def _setup_context(ctx, inputs, output):
     x, weight, gather, scatter, bounds, _, transpose_weight, *rest = inputs
     ctx.save_for_backward(x, weight, gather, scatter)
     ctx.bounds, ctx.transpose_weight, ctx.unique = list(bounds), transpose_weight, rest[:2]
+    ctx.prologue = rest[3] if len(rest) > 3 else ""
 
 
 def _autograd_backward(ctx, dout):
@@ -316,11 +323,11 @@ def _autograd_backward(ctx, dout):
     dx = dw = None
     if need_x or need_w:
         dx, dw = call(segment_mm_backward_op, dout, x, weight, gather, scatter, ctx.bounds,
-                      ctx.transpose_weight, need_x, need_w, *ctx.unique)
+                      ctx.transpose_weight, need_x, need_w, *ctx.unique, ctx.prologue)
     need_b = len(ctx.needs_input_grad) > 9 and ctx.needs_input_grad[9]
-    # (one gradient per op input: x, weight, seven that have none, the bias)
+    # (one gradient per op input: x, weight, seven that have none, the bias, the prologue)
     return ((dx if need_x else None, dw if need_w else None) + (None,) * 7
-            + (segment_sums(dout, ctx.bounds, scatter) if need_b else None,))
+            + (segment_sums(dout, ctx.bounds, scatter) if need_b else None, None))
 
 
 segment_mm_op.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -328,14 +335,16 @@ segment_mm_op.register_autograd(_autograd_backward, setup_context=_setup_context
 
 @torch.library.custom_op("hector::segment_mm_wgrad", mutates_args=())
 def segment_mm_wgrad_op(x: torch.Tensor, dy: torch.Tensor, gather: Optional[torch.Tensor],
-                        scatter: Optional[torch.Tensor], bounds: List[int]) -> torch.Tensor:
-    """``dW [S, K, N]``, ``dW[s] = sum_{r in s} x_{g(r)}^T dy_{c(r)}`` (the compiler's
-    weight-gradient steps), tiled by the heuristic schedule."""
-    return _wgrad_heuristic(x, dy, gather, scatter, bounds, sums=False)
+                        scatter: Optional[torch.Tensor], bounds: List[int],
+                        prologue: str = "") -> torch.Tensor:
+    """``dW [S, K, N]``, ``dW[s] = sum_{r in s} f(x_{g(r)})^T dy_{c(r)}`` (the compiler's
+    weight-gradient steps; ``f`` the forward's ``prologue``, or none), tiled by the heuristic
+    schedule."""
+    return _wgrad_heuristic(x, dy, gather, scatter, bounds, sums=False, prologue=prologue)
 
 
-def _wgrad_heuristic(x, dy, gather, scatter, bounds, sums: bool):
-    spec = GemmSpec.of(x, gather, scatter, False, dy.shape[1])
+def _wgrad_heuristic(x, dy, gather, scatter, bounds, sums: bool, prologue: str = ""):
+    spec = GemmSpec.of(x, gather, scatter, False, dy.shape[1], prologue=prologue)
     sched = default_schedule(spec, interpreting=interpreting())
     like = _wgrad_fake(x, dy, bounds, "meta")
     return launch_wgrad(spec, sched, tuple(bounds), x, gather, dy, scatter, like, sums=sums)
@@ -347,21 +356,21 @@ def _wgrad_fake(x, dy, bounds, device=None):
 
 
 segment_mm_wgrad_op.register_fake(
-    lambda x, dy, gather, scatter, bounds: _wgrad_fake(x, dy, bounds))
+    lambda x, dy, gather, scatter, bounds, prologue="": _wgrad_fake(x, dy, bounds))
 
 
 @torch.library.custom_op("hector::segment_mm_wgrad_sums", mutates_args=())
 def segment_mm_wgrad_sums_op(x: torch.Tensor, dy: torch.Tensor, gather: Optional[torch.Tensor],
-                             scatter: Optional[torch.Tensor],
-                             bounds: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+                             scatter: Optional[torch.Tensor], bounds: List[int],
+                             prologue: str = "") -> Tuple[torch.Tensor, torch.Tensor]:
     """``(dW, db)``: ``segment_mm_wgrad``'s ``dW`` and, from the same read of ``dy``, the
     per-segment row sums ``db [S, N]`` (a typed linear's weight and bias gradients in one
     launch)."""
-    return _wgrad_heuristic(x, dy, gather, scatter, bounds, sums=True)
+    return _wgrad_heuristic(x, dy, gather, scatter, bounds, sums=True, prologue=prologue)
 
 
 segment_mm_wgrad_sums_op.register_fake(
-    lambda x, dy, gather, scatter, bounds: (
+    lambda x, dy, gather, scatter, bounds, prologue="": (
         _wgrad_fake(x, dy, bounds),
         torch.empty((len(bounds) - 1, dy.shape[1]), dtype=x.dtype, device=x.device)))
 
@@ -384,7 +393,7 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[in
                       num_out_rows: Optional[int] = None, transpose_weight: bool = False,
                       schedule: ScheduleChoice = None, gather_unique: bool = False,
                       scatter_unique: bool = False,
-                      bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      bias: Optional[torch.Tensor] = None, prologue: str = "") -> torch.Tensor:
     """The Triton path of :func:`hector.kernels.segment_mm.op.segment_mm` (inputs already validated;
     ``bounds`` is ``seg_ptr`` as Python ints).  A pinned schedule runs the
     ``autograd.Function``; otherwise the ``hector::segment_mm`` custom op."""
@@ -395,8 +404,8 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[in
     rows = num_out_rows if scatter is not None else bounds[-1]
     if isinstance(schedule, GemmSchedule):
         spec = GemmSpec.of(x, gather, scatter, transpose_weight, n, gather_unique, scatter_unique,
-                           has_bias=bias is not None)
+                           has_bias=bias is not None, prologue=prologue)
         return SegmentMMFunction.apply(spec, schedule, bounds, rows, x, weight, gather, scatter,
                                        bias)
     return call(segment_mm_op, x, weight, gather, scatter, list(bounds), rows, transpose_weight,
-                gather_unique, scatter_unique, bias)
+                gather_unique, scatter_unique, bias, prologue)

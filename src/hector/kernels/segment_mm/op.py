@@ -14,7 +14,7 @@ from ... import checks as C
 from ...device import choose_backend
 from .launch import segment_mm_triton
 from .reference import segment_mm_torch
-from .spec import GemmSchedule
+from .spec import PROLOGUES, GemmSchedule
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -25,7 +25,8 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
                backend: str = "auto",
                schedule: Union[None, str, GemmSchedule] = None,
                gather_unique: bool = False, scatter_unique: bool = False,
-               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+               bias: Optional[torch.Tensor] = None,
+               prologue: Optional[str] = None) -> torch.Tensor:
     r"""Segment GEMM with an optional gather on the input rows and scatter-add on the output
     rows: a typed linear layer whose weight is picked per segment of rows.
 
@@ -68,6 +69,10 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
         bias: ``[S, N]`` added to each logical row of segment ``s`` (before the scatter), by
             the kernel's epilogue; differentiable (its gradient sums ``dy``'s rows per
             segment).
+        prologue: an elementwise function of ``x`` applied as its rows are loaded, one of
+            ``hector.kernels.segment_mm.spec.PROLOGUES`` (``"gelu"``, ``"relu"``,
+            ``"sigmoid"``, ``"tanh"``): the product of ``f(x)`` with no ``f(x)`` tensor;
+            differentiable (``dx = (dy W^T) f'(x)``).
 
     Returns:
         ``[M, N]``, or ``[num_out_rows, N]`` with ``scatter`` (rows never hit are 0).
@@ -78,6 +83,9 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
     """
     bounds, num_out_rows = _check(x, weight, seg_ptr, gather, scatter, num_out_rows,
                                   transpose_weight, gather_unique, scatter_unique, bias)
+    if prologue is not None and prologue not in PROLOGUES:
+        raise ValueError(f"prologue must be None or one of {sorted(PROLOGUES)}, got "
+                         f"{prologue!r}")
     backend = choose_backend(backend, x, "x")
     if not (schedule is None or schedule == "autotune" or isinstance(schedule, GemmSchedule)):
         raise TypeError("schedule must be None, 'autotune' or a "
@@ -87,9 +95,9 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
                                  transpose_weight, schedule, gather_unique, scatter_unique,
                                  # (rows may be strided: the kernel takes a row stride)
                                  bias if bias is None or bias.stride(1) == 1
-                                 else bias.contiguous())
+                                 else bias.contiguous(), prologue or "")
     return segment_mm_torch(x, weight, bounds, gather, scatter, num_out_rows, transpose_weight,
-                            bias)
+                            bias, prologue)
 
 
 def _check_row_index(t: torch.Tensor, name: str, rows: int) -> None:

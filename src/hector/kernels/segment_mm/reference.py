@@ -8,6 +8,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from .spec import PROLOGUES
+
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -16,13 +18,17 @@ def segment_mm_torch(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[int
                      scatter: Optional[torch.Tensor] = None,
                      num_out_rows: Optional[int] = None,
                      transpose_weight: bool = False,
-                     bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     bias: Optional[torch.Tensor] = None,
+                     prologue: Optional[str] = None) -> torch.Tensor:
     """See :func:`hector.kernels.segment_mm.op.segment_mm` (inputs already validated).
 
     ``bounds`` is ``seg_ptr`` as Python ints (the op reads it on the host once).  Half
     precision is multiplied in fp32 and rounded once at the end, the same arithmetic as the
-    kernels (fp32 accumulation, including across the rows a scatter sums)."""
+    kernels (fp32 accumulation, including across the rows a scatter sums); a ``prologue`` is
+    computed in fp32 and rounded to x's dtype, as the kernels load it."""
     work = torch.float32 if x.dtype in _HALF else x.dtype
+    if prologue:
+        x = PROLOGUES[prologue][0](x.float()).to(x.dtype)
     xs = x.to(work)
     ws = weight.to(work)
     if transpose_weight:

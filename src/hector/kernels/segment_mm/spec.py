@@ -41,6 +41,19 @@ def fp32_dot() -> str:
     return mode
 
 
+#: Elementwise functions a GEMM may apply to its input tile as it loads it (``prologue``;
+#: their Triton spelling is the templates' ``prologue_fn`` macro): torch's function and its
+#: derivative (the op-level backward's ``dx``).  ``f(0)`` need not be 0: padded columns meet
+#: zero weight rows, padded rows are masked on store.
+PROLOGUES = {
+    "gelu": (torch.nn.functional.gelu,
+             lambda x: 0.5 * (1.0 + torch.erf(x * 0.7071067811865476))
+             + x * torch.exp(-0.5 * x * x) * 0.3989422804014327),
+    "relu": (torch.relu, lambda x: (x > 0).to(x.dtype)),
+    "sigmoid": (torch.sigmoid, lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x))),
+    "tanh": (torch.tanh, lambda x: 1 - torch.tanh(x) ** 2),
+}
+
 #: Widest output or reduction the forward/``dx`` kernel multiplies without ``tl.dot``.
 NARROW = 8
 #: Elements of a narrow kernel's [BLOCK_M, BLOCK_K, BLOCK_N] product tile (registers).  On
@@ -56,6 +69,7 @@ class GemmSpec:
     """Semantics of one segment GEMM over ``M`` logical rows cut into ``S`` segments::
 
         a_r   = x[gather[r]]                 [has_gather]     else x[r]
+        a_r   = f(a_r)                       [prologue f, elementwise, as the tile is loaded]
         y_r   = a_r @ W_s   (W_s^T when transpose_weight; s = segment of r; fp32 accumulation)
               + b_s                          [has_bias: the kernel's epilogue]
         out[scatter[r]] += y_r               [has_scatter: accumulate into zeroed rows]
@@ -79,11 +93,15 @@ class GemmSpec:
     gather_unique: bool = False
     scatter_unique: bool = False
     has_bias: bool = False
+    prologue: Optional[str] = None
 
     def __post_init__(self):
         if self.input_precision not in INPUT_PRECISIONS:
             raise ValueError(f"GemmSpec.input_precision must be one of {INPUT_PRECISIONS}, "
                              f"got {self.input_precision!r}")
+        if self.prologue is not None and self.prologue not in PROLOGUES:
+            raise ValueError(f"GemmSpec.prologue must be None or one of {sorted(PROLOGUES)}, "
+                             f"got {self.prologue!r}")
 
     @property
     def narrow(self) -> bool:
@@ -105,12 +123,13 @@ class GemmSpec:
         return replace(self, has_gather=self.has_scatter, has_scatter=self.has_gather,
                        gather_unique=self.scatter_unique, scatter_unique=self.gather_unique,
                        transpose_weight=not self.transpose_weight, K=self.N, N=self.K,
-                       has_bias=False)
+                       has_bias=False, prologue=None)
 
     @staticmethod
     def of(x: torch.Tensor, gather: Optional[torch.Tensor], scatter: Optional[torch.Tensor],
            transpose_weight: bool, N: int, gather_unique: bool = False,
-           scatter_unique: bool = False, has_bias: bool = False) -> "GemmSpec":
+           scatter_unique: bool = False, has_bias: bool = False,
+           prologue: Optional[str] = None) -> "GemmSpec":
         # fp32: see fp32_dot.  Half types ignore the setting (their products are exact).
         return GemmSpec(has_gather=gather is not None, has_scatter=scatter is not None,
                         transpose_weight=bool(transpose_weight), dtype=x.dtype,
@@ -118,7 +137,7 @@ class GemmSpec:
                         input_precision=fp32_dot() if x.dtype == torch.float32 else "ieee",
                         gather_unique=gather is not None and bool(gather_unique),
                         scatter_unique=scatter is not None and bool(scatter_unique),
-                        has_bias=bool(has_bias))
+                        has_bias=bool(has_bias), prologue=prologue or None)
 
 
 @dataclass(frozen=True)
