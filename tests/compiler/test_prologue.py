@@ -37,9 +37,10 @@ def _typed_mlp(m, in_dim, out_dim, act="sigmoid"):
 def _run(fn, g, backend, **kw):
     dev = device_for(backend)
     torch.manual_seed(1)
-    m = hcompile(fn, backend=backend, **kw).to(dev)
-    for p in m.parameters():
+    m = hcompile(fn, backend=backend, **kw)
+    for p in m.parameters():        # (on the CPU: the same values on every device)
         torch.nn.init.normal_(p.data, std=0.3)
+    m = m.to(dev)
     g = g.to(dev)
     torch.manual_seed(2)
     x = torch.randn(g.num_nodes, kw["in_dim"]).to(dev).requires_grad_()
