@@ -225,3 +225,21 @@ def test_a_training_forward_evaluates_each_weight_root_once(monkeypatch):
     monkeypatch.setattr(steps_torch, "_eval_elementwise_or_weight", spy)
     m(g, x=x).sum().backward()
     assert seen and len(seen) == len(set(seen))
+
+
+def test_programs_without_node_type_weights_never_ask_for_source_types(monkeypatch):
+    """Only a per-node-type weight can be re-sliced per relation: RGCN's program keeps
+    ``typed_sources`` False without asking the graph (one host read of the edges per new
+    graph without names, every mini-batch block); HGT's asks."""
+    g = _typed_graph()
+    asked = []
+    real = hector.Graph.relation_source_types
+    monkeypatch.setattr(hector.Graph, "relation_source_types",
+                        lambda self: asked.append(1) or real(self))
+    rgcn = hcompile(models.rgcn, in_dim=8, out_dim=8, num_relations=4, backend="torch")
+    rgcn(g, x=torch.randn(20, 8))
+    assert asked == [] and not rgcn.program.stats(g).typed_sources
+    hgt = hcompile(models.hgt, in_dim=8, out_dim=8, heads=1, num_relations=4,
+                   num_node_types=2, backend="torch")
+    hgt(g, x=torch.randn(20, 8))
+    assert asked and hgt.program.stats(g).typed_sources

@@ -53,7 +53,7 @@ def test_plan_cache_keeps_the_most_recently_used_shapes():
     run(p, bs[3])                       # a miss: evicts the least recent, bs[1]
     run(p, bs[4])                       # evicts bs[2]
     kept = {k[0] for k in p._cache}
-    assert kept == {GraphStats.of(b) for b in (bs[0], bs[3], bs[4])}
+    assert kept == {p.stats(b) for b in (bs[0], bs[3], bs[4])}
     out = run(p, bs[1])                 # an evicted shape compiles again and still runs
     assert out.shape == (bs[1].num_nodes, 3) and len(p._cache) == 3
 

@@ -131,9 +131,10 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
                       "one buffer (no kernel)")
     if template == "attention" and body.op == Op.ATTENTION_BWD:
         spec, rows = attention_spec(attention_of_bwd(body), dtype)
+        joint = "; k and v side by side in one buffer" if body.attr("joint") else ""
         return (spec, rows), (f"backward of the fused attention (op graph: {rows.graph}, "
                               f"sources: {rows.source} rows): gradients of "
-                              f"{', '.join(body.attr('needs'))}")
+                              f"{', '.join(body.attr('needs'))}{joint}")
     if template == "attention":
         spec, rows = attention_spec(body, dtype)
         return (spec, rows), f"op graph: {rows.graph}, sources: {rows.source} rows" + (

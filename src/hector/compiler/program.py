@@ -32,7 +32,7 @@ from ..device import BACKENDS, resolve_backend
 from ..graph import Graph
 from .dsl import Traced, trace
 from .execute import execute
-from .ir import NODE, Op, Value
+from .ir import NODE, Op, Value, toposort
 from .passes.common import GraphStats
 from .pipeline import (CompiledPlan, ForwardStage, check_same_plan, compile_backward,
                        compile_forward)
@@ -74,6 +74,11 @@ class Program:
         self.num_relations, self.num_node_types = num_relations, num_node_types
         self.traced: Traced = trace(fn, num_relations=num_relations,
                                     num_node_types=num_node_types, **dims)
+        # Only per-node-type weights can be re-sliced per relation (reorder's typed fold):
+        # other programs never ask a graph for its relations' source types (one host read
+        # of the edges for a new graph without names: every mini-batch block).
+        self._typed = any(v.op == Op.PARAM and v.per == "node_type"
+                          for v in toposort(self.traced.outputs))
         if plan_cache_size is None:
             plan_cache_size = _default_cache_size()
         if C.check_count(plan_cache_size, "plan_cache_size") < 1:
@@ -87,7 +92,7 @@ class Program:
                      backward: bool = True) -> CompiledPlan:
         """The compiled entry for ``graph``'s shape and ``dtype``; with ``backward`` (and
         ``autodiff='ir'``) its backward plan is lowered too, once."""
-        stats = GraphStats.of(graph)
+        stats = self.stats(graph)
         key = (stats, dtype)
         cp = self._cache.get(key)
         if cp is None:
@@ -103,8 +108,12 @@ class Program:
         """The pipeline run on ``graph``'s own statistics, outside both caches: what
         ``explain`` prints, whose decisions then cite this graph's row counts (a shared
         stage's cite the graph that built it; its plans are the same)."""
-        cp = self._compile(GraphStats.of(graph), dtype)
+        cp = self._compile(self.stats(graph), dtype)
         return compile_backward(cp) if backward else cp
+
+    def stats(self, graph) -> GraphStats:
+        """``graph``'s statistics as this program's passes read them."""
+        return GraphStats.of(graph, self._typed)
 
     def _compile(self, stats: GraphStats, dtype: torch.dtype) -> CompiledPlan:
         return compile_forward(self.traced.outputs, stats, dtype, **self.options,
@@ -185,7 +194,7 @@ class Program:
         leaves = {v: t.to(work) for v, t in leaves.items()}
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in leaves.values())
         backward = needs_grad and self.autodiff == "ir"
-        key = (GraphStats.of(graph), work)
+        key = (self.stats(graph), work)
         cp = self._cache.get(key)
         if cp is None or (backward and cp.differentiable and cp.backward_plan is None):
             cp = _plan_outside_tracing(self, graph, work, backward, leaves, backend,

@@ -46,10 +46,13 @@ class GraphStats:
     typed_sources: bool = False
 
     @staticmethod
-    def of(graph) -> "GraphStats":
+    def of(graph, typed: bool = True) -> "GraphStats":
+        """``typed``: ask the graph for ``typed_sources`` (on a graph without names, one read
+        of its edges); a program without per-node-type weights passes False (never needs
+        it)."""
         return GraphStats(graph.num_nodes, graph.num_edges, graph.compact_src.num_rows,
                           graph.compact_dst.num_rows, graph.num_relations, graph.num_node_types,
-                          graph.relation_source_types() is not None)
+                          typed and graph.relation_source_types() is not None)
 
     def rows(self, kind: str) -> int:
         return {NODE: self.num_nodes, EDGE: self.num_edges, CSRC: self.compact_src_rows,
