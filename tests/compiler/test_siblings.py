@@ -185,3 +185,57 @@ def test_hgt_keys_and_values_in_one_gemm_and_one_gradient_buffer(backend, heads,
     dx = [s for s in bsteps if s.template == "gemm" and s.spec is not None
           and s.spec[0] is not None and s.output.kind == N.CSRC]
     assert [s.spec[0].K for s in dx] == [32]                 # dK and dV in one dx GEMM
+
+
+def _attention_layer(m, x, in_dim, d, name):
+    """One HGT-like layer (typed K, Q, V; per-relation K and V; dot-product attention)."""
+    def typed(part):
+        return (m.linear(x, m.weight(name + part, (in_dim, d), per="node_type"))
+                + m.weight(name + part + "_b", (d,), per="node_type"))
+    k, q, v = typed("k"), typed("q"), typed("v")
+    k_r = m.linear(m.src(k), m.weight(name + "k_rel", (1, d, d), per="relation"))
+    v_r = m.linear(m.src(v), m.weight(name + "v_rel", (1, d, d), per="relation"))
+    alpha = m.edge_softmax(m.dot(m.dst(q), k_r))
+    return m.aggregate(alpha * v_r, "sum")
+
+
+def _two_layers(m, in_dim, out_dim):
+    x = m.node_input("x", in_dim)
+    return _attention_layer(m, _attention_layer(m, x, in_dim, out_dim, "a"), out_dim,
+                            out_dim, "b")
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_stacked_layers_fuse_each_group(backend, monkeypatch):
+    """The second layer's K and V read the first's output (rebuilt by the first group's
+    rewrite): both groups fuse, and both attention backwards write k and v jointly."""
+    kw = dict(in_dim=8, out_dim=16, num_relations=4, num_node_types=2)
+    g = _typed_graph()
+    fused = _run(_two_layers, g, backend, True, monkeypatch, **kw)
+    _same(fused, _run(_two_layers, g, "torch", False, monkeypatch, **kw))
+    cp = fused[0]
+    compact = [s.spec[0].N for s in cp.forward_plan.steps
+               if s.template == "gemm" and s.output.kind == N.CSRC]
+    assert compact == [32, 32]
+    bsteps = cp.backward_plan.steps
+    assert [s.body.attr("role") for s in bsteps if s.template == "select"].count("kv") == 2
+    assert not [s for s in bsteps if s.body.op == N.Op.PLACE]
+    applied = [d.what for r in cp.log for d in r.decisions if r.name.endswith("siblings")
+               and d.applied]
+    assert sum("linears" in w for w in applied) == 2 and \
+        "k and v gradients of 2 attention backward(s)" in applied
+
+
+def test_a_joint_backward_counts_its_buffer_once():
+    from hector.compiler.memory import role_sizes, step_allocs
+    g = _typed_graph()
+    m = hcompile(models.hgt, in_dim=8, out_dim=16, heads=2, num_relations=4,
+                 num_node_types=2, backend="torch")
+    m(g, x=torch.randn(g.num_nodes, 8, requires_grad=True)).sum().backward()
+    cp = m.program.compiled_for(g)
+    (step,) = [s for s in cp.backward_plan.steps if s.body.op == N.Op.ATTENTION_BWD]
+    assert step.body.attr("joint")
+    size = lambda v: 100 * v.shape[0] * v.shape[1]        # noqa: E731
+    roles = role_sizes(step, size)
+    assert roles["kv"] == roles["k"] + roles["v"]
+    assert step_allocs(step, size) == {step.output: roles["v"] + roles["q"] + roles["k"]}

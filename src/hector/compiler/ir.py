@@ -477,14 +477,16 @@ def toposort(outputs) -> Tuple[Value, ...]:
     return tuple(order)
 
 
-def rewrite(outputs, fn, memo=None):
+def rewrite(outputs, fn, memo=None, original: bool = False):
     """Bottom-up rewrite: ``fn(value_with_rewritten_args)`` returns a replacement or None.
-    ``memo`` (optional dict) receives original value -> its replacement."""
+    ``memo`` (optional dict) receives original value -> its replacement.  With ``original``,
+    ``fn(original_value, value_with_rewritten_args, memo)``: for rules keyed by values of the
+    graph as it was, whose replacements are built from rewritten ones."""
     memo = {} if memo is None else memo
     for v in toposort(outputs):
         args = tuple(memo[a] for a in v.args)
         new = v if args == v.args else Value(v.op, args, v.kind, v.shape, v.attrs)
-        out = fn(new)
+        out = fn(v, new, memo) if original else fn(new)
         memo[v] = new if out is None else out
     return tuple(memo[o] for o in outputs)
 

@@ -15,15 +15,16 @@ import torch
 
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.edgewise.spec import EdgewiseSpec, node
-from ..kernels.segment_mm.spec import PROLOGUES, GemmSpec, fp32_dot
+from ..kernels.segment_mm.spec import GemmSpec, fp32_dot
 from .ir import (CDST, CSRC, EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, attention_lse,
                  attention_of_bwd, attention_roles, kernel, toposort)
 from ..kernels.traversal.spec import MAX_ADDENDS
 from .plan import (AttentionRows, EdgewiseLowering, LinearTraversal, Plan, RowSegments, Step,
                    TraversalSpec)
 
-#: IR ops a segment GEMM applies to its input tiles (``fuse``'s prologue; the kernels' names).
-PROLOGUE_OPS = tuple(op for op in (Op.GELU, Op.RELU, Op.SIGMOID, Op.TANH) if op in PROLOGUES)
+#: IR ops a segment GEMM applies to its input tiles (``fuse``'s prologue), spelled as the
+#: kernels name them (``segment_mm.spec.PROLOGUES``; a test checks they agree).
+PROLOGUE_OPS = (Op.GELU, Op.RELU, Op.SIGMOID, Op.TANH)
 
 
 def gemm_input(x: Value) -> Tuple[Value, Optional[str]]:

@@ -40,7 +40,8 @@ def step_allocs(step: Step, size: Size) -> Dict[Value, int]:
     if step.template == "select":
         return {step.output: 0}
     if step.template == "attention" and step.body.op == Op.ATTENTION_BWD:
-        return {step.output: sum(role_sizes(step, size).values())}
+        # (a joint buffer's "kv" share is k's and v's, counted once)
+        return {step.output: sum(b for r, b in role_sizes(step, size).items() if r != "kv")}
     out = {step.output: size(step.output)}
     if step.extra is not None:
         out[step.extra] = size(step.extra)

@@ -76,8 +76,7 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
              bias: Optional[torch.Tensor] = None):
     """A typed-linear step on the segment GEMM template; ``bias``: the weight row ``fuse``
     made its epilogue (sliced as ``w`` is)."""
-    gs, rs = step.spec
-    prologue = gs.prologue or ""      # the kernel applies it to the x tiles it loads
+    gs, rs = step.spec     # (gs.prologue: the kernel applies it to the x tiles it loads)
     gather = None
     if rs.gather is not None:   # x holds the source rows; the GEMM reads them by index
         gather = ix.move(rs.gather[0], rs.rows, rs.gather[1])
@@ -94,7 +93,7 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
                          gather=read, scatter=write, num_out_rows=H * rows,
                          transpose_weight=rs.transpose_weight, backend=backend,
                          gather_unique=gather is None, scatter_unique=True,
-                         prologue=prologue or None)
+                         prologue=gs.prologue)
         return out.reshape((rows,) + tuple(step.output.shape))
     ptr, perm = _gemm_layout(ix, rs, rows)
     if bias is not None:
@@ -104,7 +103,7 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
                      num_out_rows=rows if perm is not None else None,
                      transpose_weight=rs.transpose_weight, backend=backend,
                      gather_unique=gather is None, scatter_unique=True, bias=bias,
-                     prologue=prologue or None)
+                     prologue=gs.prologue)
     return out.reshape((rows,) + tuple(step.output.shape))
 
 

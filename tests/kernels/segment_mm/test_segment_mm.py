@@ -486,8 +486,28 @@ def test_wgrad_ops_apply_the_prologue(sums):
 
 
 def test_prologue_names_are_checked_and_registered():
+    from hector.compiler.lower import PROLOGUE_OPS
     from hector.kernels import registry
     case = make_case()
     with pytest.raises(ValueError, match="prologue must be None or one of"):
         segment_mm(**case, prologue="softplus")
     assert set(registry.KERNELS["segment_mm"].params["prologue"]) == set(PROLOGUES) | {""}
+    assert set(PROLOGUE_OPS) == set(PROLOGUES)      # the compiler's IR op names
+
+
+def test_prologue_in_float64_is_exact_on_the_torch_backend():
+    """The reference computes f in x's own precision when it is wider than fp32."""
+    case = as_f64(make_case(gather=True, scatter=False))
+    got = segment_mm(**case, backend="torch", prologue="gelu")
+    want = naive(torch.nn.functional.gelu(case["x"]), **{k: v for k, v in case.items()
+                                                         if k != "x"})
+    assert rel_err(got, want) < 1e-12
+
+
+def test_tune_configs_keep_the_heuristics_weight_gradient_tiles():
+    spec = GemmSpec(True, False, False, torch.float32, K=64, N=64, input_precision="ieee")
+    want = default_schedule(spec).wgrad_meta
+    for cfg in tune_configs(spec):
+        got = cfg.wgrad_meta
+        assert (got["BLOCK_M"], got["BLOCK_N"], got["BLOCK_K"], got["num_warps"]) == \
+            (want["BLOCK_M"], want["BLOCK_N"], want["BLOCK_K"], want["num_warps"])

@@ -15,9 +15,10 @@ where Q is kept for the attention backward and K and V are rebuilt there instead
 
 Its backward (autodiff gives a fused linear's gradient as the ``place`` of its windows'
 gradients: a concat) is free where the windows' gradients come from one fused attention
-backward as its k and v gradients: that backward writes them side by side into one buffer
-(``joint_kv``), which the transposed GEMM (dx) and the weight gradient read as one matrix.
-Elsewhere the ``place`` is a concat of its pieces (a copy, run by torch).
+backward as its k and v gradients (k's window first): that backward writes them side by
+side into one buffer (``joint_kv``), which the transposed GEMM (dx) and the weight gradient
+read as one matrix.  Elsewhere the ``place`` is never built: its readers take the pieces
+apart (:func:`distribute`).
 """
 from __future__ import annotations
 
@@ -99,7 +100,8 @@ def fuse_linears(outputs, decisions: List[Decision]):
         x, w, b = parts
         if x.op == Op.GATHER:
             groups[(x, w.per, b is not None)].append((v, parts))
-    replace: Dict[Value, Value] = {}
+    window: Dict[Value, Tuple[int, int]] = {}      # member -> (group, its first column)
+    fused_groups: List[List[tuple]] = []
     for (x, per, biased), found in groups.items():
         if len(found) < 2:
             continue
@@ -110,21 +112,35 @@ def fuse_linears(outputs, decisions: List[Decision]):
             decisions.append(Decision(NAME, f"{len(members)} linears of one {x.kind} input",
                                       False, why))
             continue
-        fused = N.linear(x, N.wcat(ws))
-        if biased:
-            fused = N.binary(Op.ADD, fused, N.wcat([p[2] for p in parts]))
         start = 0
         for m, w in zip(members, ws):
-            replace[m] = N.cols(fused, start, m.shape)
+            window[m] = (len(fused_groups), start)
             start += w.shape[1]
+        fused_groups.append(parts)
         decisions.append(Decision(NAME, f"{len(members)} linears of one {x.kind} input", True,
                                   f"one GEMM of N = {start} (widths "
                                   f"{'+'.join(str(w.shape[1]) for w in ws)}): the input rows "
                                   f"read once{', biases in one epilogue' if biased else ''}"
                                   f"{'; a window is an output' if outs & set(members) else ''}"))
-    if not replace:
+    if not window:
         return outputs
-    return rewrite(outputs, lambda v: replace.get(v))
+    built: Dict[int, Value] = {}
+
+    def rule(v: Value, new: Value, memo: Dict[Value, Value]):
+        # Keyed by the graph as it was (a later group reads an earlier group's windows, so
+        # its members were rebuilt); the fused GEMM is built from the rewritten inputs.
+        if v not in window:
+            return None
+        group, start = window[v]
+        if group not in built:
+            parts = fused_groups[group]
+            x = memo[parts[0][0]]      # (weights: not visited yet for later members, and
+            fused = N.linear(x, N.wcat([memo.get(p[1], p[1]) for p in parts]))   # unchanged)
+            if parts[0][2] is not None:
+                fused = N.binary(Op.ADD, fused, N.wcat([memo.get(p[2], p[2]) for p in parts]))
+            built[group] = fused
+        return N.cols(built[group], start, v.shape)
+    return rewrite(outputs, rule, original=True)
 
 
 def _kv_place(v: Value) -> Optional[Value]:
@@ -133,7 +149,7 @@ def _kv_place(v: Value) -> Optional[Value]:
     if v.op != Op.PLACE or len(v.args) != 2:
         return None
     picks = [a.args[0] if a.op == Op.RESHAPE else a for a in v.args]
-    if any(p.op != Op.PICK for p in picks) or picks[0].args[0] is not picks[1].args[0]:
+    if any(p.op != Op.PICK for p in picks) or picks[0].args[0] != picks[1].args[0]:
         return None
     if (picks[0].attr("role"), picks[1].attr("role")) != ("k", "v"):
         return None
@@ -151,20 +167,24 @@ def joint_gradients(outputs, decisions: List[Decision]):
     targets = {b for v in toposort(outputs) for b in [_kv_place(v)] if b is not None}
     if not targets:
         return outputs
+    done = []
 
-    def rule(v: Value):
-        if v.op == Op.ATTENTION_BWD and v in targets:
-            return N.joint_kv(v)
-        b = _kv_place(v)
+    def rule(v: Value, new: Value, memo):
+        # (targets are backward nodes of the graph as it was; the places read rebuilt ones)
+        if v in targets:
+            return N.joint_kv(new)
+        b = _kv_place(new)
         if b is not None and b.attr("joint", False):
+            done.append(v)
             joint = N.pick(b, "kv")
             return joint if joint.shape == v.shape else N.reshape(joint, v.heads)
         return None
 
-    decisions.append(Decision(NAME, "k and v gradients of the attention backward", True,
-                              "written side by side into one buffer: the fused GEMM's "
+    new_outputs = rewrite(outputs, rule, original=True)
+    decisions.append(Decision(NAME, f"k and v gradients of {len(done)} attention backward(s)",
+                              True, "written side by side into one buffer: the fused GEMM's "
                               "backward reads them as one matrix, no concat"))
-    return rewrite(outputs, rule)
+    return new_outputs
 
 
 def _tiles(p: Value) -> bool:

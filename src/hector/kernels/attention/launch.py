@@ -341,8 +341,14 @@ def joint_of(dk: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
     width = dk.shape[1] * dk.shape[2] + dv.shape[1] * dv.shape[2]
     base = dk._base
     if base is not None and tuple(base.shape) == (dk.shape[0], width) and \
-            base.data_ptr() == dk.data_ptr():
+            base.data_ptr() == dk.data_ptr() and base.is_contiguous():
         return base
+    # Rebuilt from the views only if they are exactly its two column slices.
+    if dk.shape[0] and (dk.stride(0) != width or dv.stride(0) != width or
+                        dv.data_ptr() != dk.data_ptr() + dk.shape[1] * dk.shape[2]
+                        * dk.element_size()):
+        raise RuntimeError("joint_of: dk and dv are not the column slices of one "
+                           "[rows, H*DK + H*DV] buffer")
     return dk.as_strided((dk.shape[0], width), (width, 1), dk.storage_offset())
 
 

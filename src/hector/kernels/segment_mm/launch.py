@@ -219,7 +219,8 @@ def _backward(spec: GemmSpec, choice: ScheduleChoice, sched: GemmSchedule,
             return launch_gemm(dspec, s, bounds, dout, weight, scatter, gather, x.shape[0])
         dx = run(pick_schedule(dspec, choice, bounds, x.device, run))
         if spec.prologue:
-            dx = dx * PROLOGUES[spec.prologue][1](x.float()).to(dx.dtype)
+            work = torch.promote_types(x.dtype, torch.float32)
+            dx = dx * PROLOGUES[spec.prologue][1](x.to(work)).to(dx.dtype)
     if need_w:
         dw = launch_wgrad(spec, sched, bounds, x, gather, dout, scatter, weight)
     return dx, dw

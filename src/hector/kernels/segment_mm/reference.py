@@ -27,8 +27,9 @@ def segment_mm_torch(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[int
     kernels (fp32 accumulation, including across the rows a scatter sums); a ``prologue`` is
     computed in fp32 and rounded to x's dtype, as the kernels load it."""
     work = torch.float32 if x.dtype in _HALF else x.dtype
-    if prologue:
-        x = PROLOGUES[prologue][0](x.float()).to(x.dtype)
+    if prologue:     # (computed in fp32 at least, rounded to x's dtype as the kernels load it)
+        x = PROLOGUES[prologue][0](x.to(torch.promote_types(x.dtype, torch.float32))) \
+            .to(x.dtype)
     xs = x.to(work)
     ws = weight.to(work)
     if transpose_weight:

@@ -303,7 +303,8 @@ def tune_configs(spec: GemmSpec, interpreting: bool = False) -> Tuple[GemmSchedu
         cfg = replace(cfg, block_n=min(cfg.block_n, _side(spec.N, 256)),
                       block_k=min(cfg.block_k, _side(spec.K, 256)),
                       wgrad_block_k=heuristic.wgrad_block_k,
-                      wgrad_block_n=heuristic.wgrad_block_n, wgrad_warps=heuristic.wgrad_warps)
+                      wgrad_block_n=heuristic.wgrad_block_n, wgrad_warps=heuristic.wgrad_warps,
+                      wgrad_block_m=heuristic.wgrad_block_m)
         if cfg not in seen:
             seen.append(cfg)
     return tuple(seen)
