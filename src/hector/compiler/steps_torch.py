@@ -6,13 +6,13 @@ relation; node types through ``node_type_ptr``/``node_perm``), so each slice mul
 contiguous segment."""
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 
 from ..graph.build import counts_of, counts_to_ptr, sort_key, sorted_ptr, take_rows
+from ..kernels.activations import gelu_grad
 from ..kernels.traversal.reference import edge_softmax_torch
 from .ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, attention_roles, toposort
 
@@ -190,11 +190,6 @@ def _operand(t: torch.Tensor, v: Value, rows_kind: str, ix: GraphIndex) -> torch
     per_slice = per_slice.reshape((per_slice.shape[0],) + shape[1:])
     idx = _slice_index(ix, v, rows_kind)
     return per_slice if idx is None else take_rows(per_slice, idx)
-
-
-def gelu_grad(x: torch.Tensor) -> torch.Tensor:
-    cdf = 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
-    return cdf + x * torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
 
 
 def edge_softmax(s: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ from typing import Dict, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..activations import gelu_grad
 from ..traversal.reference import edge_softmax_torch
 from .spec import EdgewiseSpec, Node
 
@@ -17,13 +18,8 @@ _UNARY = {
     "scale": lambda x, a: x * a["factor"],
     "leaky_relu_grad": lambda x, a: torch.where(x > 0, torch.ones_like(x),
                                                 torch.full_like(x, a["slope"])),
-    "gelu_grad": lambda x, a: _gelu_grad(x),
+    "gelu_grad": lambda x, a: gelu_grad(x),
 }
-
-
-def _gelu_grad(x):
-    cdf = 0.5 * (1.0 + torch.erf(x * 0.7071067811865476))
-    return cdf + x * torch.exp(-0.5 * x * x) * 0.3989422804014327
 
 
 def edgewise_torch(spec: EdgewiseSpec, inputs: Sequence[torch.Tensor],

@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..activations import gelu_grad
 from ..sizes import next_pow2
 
 #: fp32 dot modes accepted by ``tl.dot(input_precision=...)`` in Triton 3.6 (the H200 box) and
@@ -46,9 +47,7 @@ def fp32_dot() -> str:
 #: derivative (the op-level backward's ``dx``).  ``f(0)`` need not be 0: padded columns meet
 #: zero weight rows, padded rows are masked on store.
 PROLOGUES = {
-    "gelu": (torch.nn.functional.gelu,
-             lambda x: 0.5 * (1.0 + torch.erf(x * 0.7071067811865476))
-             + x * torch.exp(-0.5 * x * x) * 0.3989422804014327),
+    "gelu": (torch.nn.functional.gelu, gelu_grad),
     "relu": (torch.relu, lambda x: (x > 0).to(x.dtype)),
     "sigmoid": (torch.sigmoid, lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x))),
     "tanh": (torch.tanh, lambda x: 1 - torch.tanh(x) ** 2),
