@@ -284,6 +284,13 @@ def place(pieces: Sequence[Value], starts: Sequence[int], shape: Tuple[int, int]
                  (("starts", tuple(starts[i] for i in order)),))
 
 
+def place_tiles(p: Value) -> bool:
+    """Whether ``place`` ``p``'s pieces fill its row end to end (then it is their concat)."""
+    starts = p.attr("starts")
+    ends = [s + a.heads * a.dim for a, s in zip(p.args, starts)]
+    return starts[0] == 0 and ends[-1] == p.heads * p.dim and list(starts[1:]) == ends[:-1]
+
+
 def expand(x: Value, shape: Tuple[int, int]) -> Value:
     """Broadcast ``x`` up to ``shape`` (the adjoint of :func:`reduce_to`)."""
     return x if x.shape == tuple(shape) else Value(Op.EXPAND, (x,), x.kind, tuple(shape))

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from ..graph.build import counts_of, counts_to_ptr, sort_key, sorted_ptr, take_rows
 from ..kernels.activations import gelu_grad
 from ..kernels.traversal.reference import edge_softmax_torch
-from .ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, attention_roles, toposort
+from .ir import (CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, attention_roles, place_tiles,
+                 toposort)
 
 
 class GraphIndex:
@@ -313,15 +314,12 @@ def _eval_elementwise_or_weight(v: Value, a: List[torch.Tensor], ix: GraphIndex)
 def place_columns(v: Value, pieces: List[torch.Tensor]) -> torch.Tensor:
     """``place``: the pieces' flattened rows at their columns, zeros between (a concat when
     they tile the row)."""
-    rows, width = pieces[0].shape[0], v.shape[0] * v.shape[1]
     flat = [p.flatten(1) for p in pieces]
-    spans = [(s, s + f.shape[1]) for s, f in zip(v.attr("starts"), flat)]
-    if spans[0][0] == 0 and spans[-1][1] == width and \
-            all(a[1] == b[0] for a, b in zip(spans, spans[1:])):
+    if place_tiles(v):
         return torch.cat(flat, 1).unflatten(1, v.shape)
-    out = flat[0].new_zeros(rows, width)
-    for (lo, hi), f in zip(spans, flat):
-        out[:, lo:hi] = f
+    out = flat[0].new_zeros(pieces[0].shape[0], v.shape[0] * v.shape[1])
+    for s, f in zip(v.attr("starts"), flat):
+        out[:, s:s + f.shape[1]] = f
     return out.unflatten(1, v.shape)
 
 

@@ -187,13 +187,6 @@ def joint_gradients(outputs, decisions: List[Decision]):
     return new_outputs
 
 
-def _tiles(p: Value) -> bool:
-    """Whether ``place`` ``p``'s pieces fill its row, end to end."""
-    ends = [s + a.heads * a.dim for a, s in zip(p.args, p.attr("starts"))]
-    return p.attr("starts")[0] == 0 and ends[-1] == p.heads * p.dim and \
-        list(p.attr("starts")[1:]) == ends[:-1]
-
-
 def _windows(p: Value):
     """(piece, start, width) of ``place`` ``p``; a piece as one head, so that a bias sum reads
     the fused row's columns (not one broadcast per head) and pairs with the weight gradient
@@ -213,7 +206,7 @@ def distribute(outputs, decisions: List[Decision]):
     def rule(v: Value):
         p = v.args[0] if v.op in (Op.LINEAR, Op.WSUM) else \
             v.args[1] if v.op == Op.WGRAD else None
-        if p is None or p.op != Op.PLACE or not _tiles(p):
+        if p is None or p.op != Op.PLACE or not N.place_tiles(p):
             return None
         if v.op == Op.LINEAR:
             w = v.args[1]
