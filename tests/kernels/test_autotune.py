@@ -165,3 +165,36 @@ def test_tuned_edge_attention_stays_exact(forced_tuning):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     saved = json.loads((registry.cache_dir() / autotune.FILE_NAME).read_text())
     assert {k.split("/")[0] for k in saved} >= {"attention_fwd", "attention_bwd_src"}
+
+
+@needs_triton
+def test_tuned_attention_destination_term_per_edge_stays_exact(forced_tuning):
+    """RGAT's destination term is per (dst, relation) row and its gradient is summed into
+    those rows with atomics: every autotune trial must start from zeros (they summed into
+    one another's: the GPU's first RGAT backward per shape had d a_dst several times over)."""
+    from hector import Graph
+    from hector.kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
+                                                 edge_attention_triton, make_plan)
+    from hector.kernels.attention.spec import AttentionSpec
+    gen = torch.Generator().manual_seed(2)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    n, e, heads, groups = 12, 40, 2, 7
+    g = Graph(torch.randint(0, n, (2, e), generator=gen), num_nodes=n).to(device)
+    t = {r: torch.randn(*s, generator=gen).to(device) for r, s in
+         dict(v=(n, heads, 3), a_src=(n, heads), a_dst=(groups, heads)).items()}
+    dst_index = torch.randint(0, groups, (e,), generator=gen).to(device)
+    dout = torch.randn(n, heads, 3, generator=gen).to(device)
+    spec = AttentionSpec.of(t["v"], None, t["a_src"], t["a_dst"], 0.2, dst_index=dst_index)
+    tuned = make_plan(g, spec, "node")
+    results = []
+    for plan in (tuned, AttentionPlan(tuned.dst, tuned.src)):     # tuned, then pinned
+        out, lse = edge_attention_triton(g, t["v"], None, None, t["a_src"], t["a_dst"],
+                                         scale=1.0, negative_slope=0.2, spec=spec, plan=plan,
+                                         return_lse=True, dst_index=dst_index)
+        results.append(edge_attention_grads_triton(
+            g, spec, plan, [True, False, False, True, True], dout, t["v"], None, None,
+            t["a_src"], t["a_dst"], out, lse, 1.0, 0.2, dst_index=dst_index))
+    assert len(forced_tuning) >= 3   # the destination-side backward was really tuned
+    for name, got, want in zip(("dv", "dq", "dk", "da_src", "da_dst"), *results):
+        if want is not None:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)

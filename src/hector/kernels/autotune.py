@@ -11,7 +11,8 @@ Every config of a list must be valid for every shape it may meet (the kernels ma
 tile edges), so a wrong pick can only be slower, never wrong.  ``run(config)`` is called
 several times on the real inputs; it must be repeatable: a launch that accumulates into its
 output with atomics must get a freshly zeroed output on every call (the GEMM runtime
-allocates its outputs inside ``run``; the attention kernels only store).
+allocates its outputs inside ``run``; the attention launch zeroes the one output it sums
+into, RGAT's per-(dst, relation) destination-term gradient, before every run).
 """
 from __future__ import annotations
 

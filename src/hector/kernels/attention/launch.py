@@ -255,15 +255,22 @@ def _tiles(sched: Schedule) -> dict:
 
 
 def _launch_traversal(name: str, params: dict, plan: AttentionPlan, sched: Schedule, grid,
-                      args: tuple, shape: tuple, device: torch.device) -> None:
+                      args: tuple, shape: tuple, device: torch.device,
+                      accumulates: Optional[torch.Tensor] = None) -> None:
     """Launch traversal kernel ``name``, its edge tile and warps autotuned around ``sched``
-    when the plan allows it.  Trials may run on the real outputs: these kernels only store
-    (no atomics), so every run leaves the same values."""
+    when the plan allows it.  Trials run on the real outputs: stores leave the same values
+    whichever run was last, but an output the kernel sums into with atomics
+    (``accumulates``: the destination term's gradient per (dst, relation) row) is zeroed
+    before every run, or each autotune trial would add its sums again."""
     if grid[0] == 0:       # a side with no rows (a derived graph's): nothing to traverse
+        if accumulates is not None:
+            accumulates.zero_()
         return
     kernel = registry.kernel(name, **params)
 
     def run(s: Schedule):
+        if accumulates is not None:
+            accumulates.zero_()
         kernel[grid](*args, **_tiles(s))
     if plan.tune and autotune.enabled(device):
         # Looked up by this key first: the config list and spec hash cost more host time
@@ -449,8 +456,8 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
                    _or(dst_index, lse), dout, lse, delta)
         dq = _rows_out(skips, (n, heads, dim_k), dtype=q.dtype, device=v.device) if need_q else None
         per_edge = need_dst and spec.dst_edge     # summed per edge into a_dst's rows
-        if per_edge:
-            da_dst = torch.zeros(a_dst.shape[0], heads, **fp32)
+        if per_edge:     # zeroed by the launch (before every autotune trial too)
+            da_dst = torch.empty(a_dst.shape[0], heads, **fp32)
         elif need_dst:
             da_dst = _rows_out(skips, (n, heads), dtype=a_dst.dtype, device=v.device)
         grid, rows, nchunks = _traversal(graph, csr, sched, heads)
@@ -463,7 +470,7 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         _launch_traversal("attention_bwd_dst", dict(score_params(spec, sched.strategy),
                                                     need_dq=need_q, need_ddst=need_dst),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
-                          v.device)
+                          v.device, accumulates=da_dst if per_edge else None)
         for flag, part, grad in ((need_q, dq_part, dq),
                                  (need_dst and not per_edge, dd_part, da_dst)):
             if flag:
