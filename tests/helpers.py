@@ -53,6 +53,19 @@ READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "non
          "numpy")
 
 
+def forward_backward(m, g, dev, in_dim):
+    """One forward of compiled module ``m`` on graph ``g`` (seeded input ``x`` of ``in_dim``
+    features) and the backward of a weighted sum of its output: (output, gradients by
+    parameter name and ``"x"``), on the CPU."""
+    torch.manual_seed(2)
+    x = torch.randn(g.num_nodes, in_dim).to(dev).requires_grad_()
+    out = m(g, x=x)
+    (out * torch.linspace(-1, 1, out.numel(), device=dev).view_as(out)).sum().backward()
+    grads = {n: p.grad for n, p in m.named_parameters()}
+    grads["x"] = x.grad
+    return out.detach().cpu(), {k: v.cpu() for k, v in grads.items()}
+
+
 @contextlib.contextmanager
 def host_reads(functions=()):
     """Yields a list that collects (method, tensor, caller) for every read from hector code;

@@ -15,7 +15,7 @@ from hector.compiler.program import compile as hcompile
 from hector.compiler.verify import verify
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
-from helpers import device_for, rel_err  # noqa: E402
+from helpers import device_for, forward_backward, rel_err  # noqa: E402
 
 
 def _pair(per="relation", bias=(True, True), widths=(32, 32), heads=(1, 2)):
@@ -121,14 +121,9 @@ def _run(fn, g, backend, fused, monkeypatch, **kw):
     torch.manual_seed(1)
     m = hcompile(fn, backend=backend, **kw).to(dev)
     g = g.to(dev)
-    torch.manual_seed(2)
-    x = torch.randn(g.num_nodes, kw["in_dim"]).to(dev).requires_grad_()
-    out = m(g, x=x)
-    (out * torch.linspace(-1, 1, out.numel(), device=dev).view_as(out)).sum().backward()
-    grads = {n: p.grad for n, p in m.named_parameters()}
-    grads["x"] = x.grad
+    out, grads = forward_backward(m, g, dev, kw["in_dim"])
     monkeypatch.undo()
-    return m.program.compiled_for(g), out.detach().cpu(), {k: v.cpu() for k, v in grads.items()}
+    return m.program.compiled_for(g), out, grads
 
 
 def _same(a, b):

@@ -175,8 +175,11 @@ def _explain_attention(layer, graph, dtype, features) -> str:
                 f"BLOCK_DK={sched.block_dk} BLOCK_DV={sched.block_dv} num_warps={sched.num_warps}"
                 + (f", chunk={sched.chunk} edges" if sched.strategy == "edge" else ""),
                 "  kernels:"]
+        # GAT adds its bias in the forward kernel's epilogue when heads are concatenated.
+        bias = getattr(layer, "bias", None) is not None and getattr(layer, "concat", False) \
+            and type(layer).__name__ == "GATConv"
         for name in names:
-            out.extend("    " + line for line in kernels.traversal(name, spec, sched))
+            out.extend("    " + line for line in kernels.traversal(name, spec, sched, bias))
         out.append("")
     return "\n".join(out + kernels.sources())
 
@@ -205,10 +208,12 @@ class _Kernels:
                              f"{_config_text(rec.get('config', {}))}")
         return lines
 
-    def traversal(self, name: str, spec, sched) -> List[str]:
+    def traversal(self, name: str, spec, sched, bias: bool = False) -> List[str]:
+        """``bias``: the forward adds an epilogue bias (the layer's, or a compiled
+        attention's ``bias`` role)."""
         params = score_params(spec, sched.strategy)
         if name == "attention_fwd":
-            params.update(has_bias=False)        # the compiler's attention has no epilogue
+            params.update(has_bias=bias)
         elif name == "attention_bwd_dst":
             params.update(need_dq=spec.has_qk, need_ddst=spec.has_dst)
         elif name == "attention_bwd_src":
@@ -245,13 +250,14 @@ def _step_kernels(step, graph, kernels: _Kernels) -> List[str]:
         # The very objects run_attention launches (memoised on the graph's index).
         spec, plan = attention_launch(step, GraphIndex.of(graph))
         rows = step.spec[1]
+        bias = "bias" in step.body.attr("roles", ())
         lines = [f"launch spec: {spec}", f"op graph: {rows}"]
         for side, sched, names in (("forward + destination-side backward", plan.dst,
                                     ("attention_fwd", "attention_bwd_dst")),
                                    ("source-side backward", plan.src, ("attention_bwd_src",))):
             lines += [f"{side}: {sched}"]
             for name in names:
-                lines.extend("  " + line for line in kernels.traversal(name, spec, sched))
+                lines.extend("  " + line for line in kernels.traversal(name, spec, sched, bias))
         return lines
     return []
 

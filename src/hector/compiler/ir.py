@@ -74,7 +74,7 @@ WEIGHT_OPS = (Op.PARAM, Op.WMUL, Op.WCOMBINE, Op.BLOCKDIAG, Op.WT, Op.WSCALE, Op
 #: Values with no computation of their own: passes leave them alone, lowering makes no step.
 LEAVES = (Op.INPUT, Op.PARAM, Op.CONST, Op.SAVED, Op.GRAD_OUTPUT, Op.ARG)
 #: The score terms a fused ``attention`` node can read, in the order its arguments hold them.
-ATTENTION_ROLES = ("v", "q", "k", "a_src", "a_dst", "p")
+ATTENTION_ROLES = ("v", "q", "k", "a_src", "a_dst", "p", "bias")
 
 
 @dataclass(frozen=True)
@@ -390,9 +390,10 @@ def const(kind: str, shape: Tuple[int, ...], value: float) -> Value:
 def attention(roles: Dict[str, Value], shape: Tuple[int, int], scale: float,
               slope: Optional[float]) -> Value:
     """The fused ``attention`` operator: ``sum over incoming edges of softmax(act(score)) *
-    v_src`` with ``score = scale <q_dst, k_src> [* p] + a_src + a_dst``; ``roles`` maps the
-    terms present (:data:`ATTENTION_ROLES`) to their values.  Read them back with
-    :func:`attention_roles`."""
+    v_src [+ bias]`` with ``score = scale <q_dst, k_src> [* p] + a_src + a_dst``; ``roles``
+    maps the terms present (:data:`ATTENTION_ROLES`) to their values (``bias``: a weight row
+    of ``heads * dim`` added to every output row by the kernel's epilogue, rows without
+    edges included).  Read them back with :func:`attention_roles`."""
     _need("v" in roles and set(roles) <= set(ATTENTION_ROLES),
           f"attention: roles must include 'v' and be among {ATTENTION_ROLES}, got {sorted(roles)}")
     _need(("q" in roles) == ("k" in roles), "attention: q and k come together")
@@ -423,7 +424,8 @@ def attention_bwd(att: Value, grad: Value, lse: Value, needs: Tuple[str, ...]) -
     Arguments: the attention's own, then ``grad``, ``att`` (its output), ``lse``."""
     roles = att.attr("roles")
     _need(att.op == Op.ATTENTION, f"attention_bwd: not an attention node ({att.op})")
-    _need(set(needs) <= set(roles) - {"p"}, f"attention_bwd: needs {needs} not among {roles}")
+    _need(set(needs) <= set(roles) - {"p", "bias"},
+          f"attention_bwd: needs {needs} not among {roles}")
     return Value(Op.ATTENTION_BWD, att.args + (grad, att, lse), NODE, att.shape,
                  att.attrs + (("needs", tuple(needs)),))
 

@@ -445,9 +445,12 @@ def attention_torch_lse(v: Value, a: List[torch.Tensor], ix: GraphIndex):
     dst = ix.move(NODE, EDGE, "dst")
     lse = _lse(score, dst, ix.rows[NODE])
     alpha = torch.exp(score.float() - lse[dst][..., None]).to(score.dtype)
-    value, t = attention_roles(v, tuple(zip(v.args, a)))["v"]
+    roles = attention_roles(v, tuple(zip(v.args, a)))
+    value, t = roles["v"]
     msg = alpha * edge_side(t, value, "src", ix)
     out = msg.new_zeros((ix.rows[NODE],) + tuple(msg.shape[1:])).index_add(0, dst, msg)
+    if "bias" in roles:         # the epilogue bias (fuse: RGAT's output bias)
+        out = out + roles["bias"][1].reshape(out.shape[1:]).to(out.dtype)
     return out, lse
 
 
@@ -474,6 +477,8 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
     g_e = grad.index_select(0, dst).float()
     value, vt = roles["v"]
     d_alpha = (g_e * edge_side(vt, value, "src", ix).float()).sum(-1, keepdim=True)
+    if "bias" in roles:         # ``out`` includes the epilogue bias; delta is <g, attention>
+        out = out - roles["bias"][1].reshape(out.shape[1:]).to(out.dtype)
     delta = (grad.float() * out.float()).sum(-1, keepdim=True).index_select(0, dst)
     ds = alpha * (d_alpha - delta)
     slope = att.attr("slope")

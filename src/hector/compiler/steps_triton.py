@@ -476,7 +476,13 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
     spec, plan = attention_launch(step, ix)
     g = attention_graph(rows, ix)
     return edge_attention_triton(g, *terms, scale=scale, negative_slope=slope, spec=spec,
-                                 plan=plan, return_lse=True, dst_index=_dst_index(rows, ix))
+                                 plan=plan, return_lse=True, dst_index=_dst_index(rows, ix),
+                                 bias=_bias(roles, terms[0]))
+
+
+def _bias(roles, v: torch.Tensor) -> Optional[torch.Tensor]:
+    """The epilogue bias ``[H, Dv]`` of an attention step (its ``bias`` role), or None."""
+    return roles["bias"][1].reshape(v.shape[1:]) if "bias" in roles else None
 
 
 def _dst_index(rows: AttentionRows, ix: GraphIndex) -> Optional[torch.Tensor]:
@@ -531,7 +537,7 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     grads = edge_attention_grads_triton(
         g, spec, plan, [r in needs for r in _OP_ROLES], grad, *terms, out, lse,
         att.attr("scale"), att.attr("slope"), dst_index=_dst_index(step.spec[1], ix),
-        joint_kv=joint)
+        joint_kv=joint, bias=_bias(roles, terms[0]))
     result = {}
     if joint:   # one [rows, H * (Dk + Dv)] buffer in k's slot; k and v are views of it
         kv = grads[2]

@@ -762,7 +762,8 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
                                 dout, v, q, k, a_src, a_dst, out, lse, scale: float,
                                 negative_slope: Optional[float],
                                 dst_index: Optional[torch.Tensor] = None,
-                                joint_kv: bool = False) -> List[torch.Tensor]:
+                                joint_kv: bool = False,
+                                bias: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """The fused backward as the ``hector::edge_attention_backward`` op, called directly by
     the compiler's backward plan (whose IR autodiff differentiated the attention as one
     operator): ``[dv, dq, dk, d a_src, d a_dst]`` for ``needs`` (same order), an empty tensor
@@ -770,13 +771,14 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
     ``dst_index``: see :func:`attention_backward`.  ``k``, ``v``: any row stride (column
     slices of one K|V GEMM output are not copied: :func:`rows_dense`).  ``joint_kv``: dk and
     dv as one ``[n_src, H*DK + H*DV]`` tensor in dk's slot, an empty one in dv's (see the
-    op)."""
+    op).  ``bias``: the forward's epilogue bias ``[H, Dv]`` (``out`` includes it); its own
+    gradient is the caller's."""
     _check_joint(joint_kv, needs[2], needs[0])
     tensors = [_operand(t, name) for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
     return call(edge_attention_backward_op, graph_handle(graph), dout.contiguous(), *tensors,
                 out.contiguous(), lse.contiguous(), float(scale), negative_slope, 0.0, 0,
                 "auto", launch_handle(graph, spec, plan), list(needs), dst_index=dst_index,
-                joint_kv=joint_kv)
+                joint_kv=joint_kv, bias=None if bias is None else bias.contiguous())
 
 
 _OPERANDS = ("v", "q", "k", "a_src", "a_dst")
