@@ -96,6 +96,7 @@ def test_no_pyg_times_hector_alone_without_importing_pyg(monkeypatch):
     (dict(scale=0.0), "--scale"),
     (dict(threads=0), "--threads"),
     (dict(device="gpu"), "--device"),
+    (dict(dtype="fp64"), "--dtype"),
 ])
 def test_bad_options(kw, option):
     with pytest.raises(ValueError, match=option):
@@ -128,3 +129,17 @@ def test_oom_is_recorded_not_raised():
     assert res == {"oom": "inference"}
     assert report.cells(dict(layer="l", dataset="d", peer="x", **res))[
         report.COLUMNS.index("inference ms")] == "OOM"
+
+
+def test_bf16_runs_every_peer_in_bf16_and_checks_with_its_tolerance():
+    """--dtype bf16: features and parameters of every peer in bf16 (PyG's reference too),
+    hector's output in bf16, checked against PyG's at the bf16 tolerance, and the floor
+    counted in 2-byte elements."""
+    from hector.bench.runner import DTYPES
+    res = run_bench(tiny(layers="rgcn", dtype="bf16"))
+    assert res["meta"]["dtype"] == "bf16" and res["meta"]["rtol"] == DTYPES["bf16"][1]
+    rows = {r["peer"]: r for r in res["rows"]}
+    assert rows["hector"]["check"] == "ok" and 0 < rows["hector"]["rel_err"] < 3e-2, rows
+    assert "bf16" in report.table(res)
+    from hector.bench import floor
+    assert floor.floor_ms("rgcn", 10, 40, 8, 1e9, 2) * 2 == floor.floor_ms("rgcn", 10, 40, 8, 1e9)

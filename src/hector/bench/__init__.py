@@ -64,6 +64,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-capture", action="store_true",
                    help="do not time hector captured in CUDA graphs (on CUDA it is timed by "
                         "default)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="storage dtype of the features, parameters and messages of every peer "
+                        "(hector accumulates in fp32); the check's tolerance follows it "
+                        "(default fp32)")
     p.add_argument("--no-grad-check", action="store_true",
                    help="check hector's output only, not its input gradient")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -81,7 +85,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        compile_pyg=False if getattr(args, "no_compile", False) else None,
                        capture=False if getattr(args, "no_capture", False) else None,
                        check_grad=not getattr(args, "no_grad_check", False),
-                       threads=getattr(args, "threads", None))
+                       threads=getattr(args, "threads", None),
+                       dtype=getattr(args, "dtype", "fp32"))
 
 
 def run(args: argparse.Namespace) -> int:

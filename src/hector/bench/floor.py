@@ -45,5 +45,6 @@ def copy_bandwidth(device: torch.device, nbytes: int = COPY_BYTES) -> float:
     return 2 * nbytes / (ms * 1e-3)
 
 
-def floor_ms(layer: str, nodes: int, edges: int, features: int, bandwidth: float) -> float:
-    return floor_bytes(layer, nodes, edges, features) / bandwidth * 1e3
+def floor_ms(layer: str, nodes: int, edges: int, features: int, bandwidth: float,
+             dtype_bytes: int = 4) -> float:
+    return floor_bytes(layer, nodes, edges, features, dtype_bytes) / bandwidth * 1e3

@@ -19,6 +19,11 @@ from .timing import CPU_MAX_S, MIN_RUNS, NOISE_IQR, timed
 #: takes minutes, so the compiled peer is skipped (with a note) for RGCN and RGAT
 COMPILE_MAX_RELATIONS = 64
 RTOL = 1e-4                        # relative max-abs error allowed against PyG (fp32)
+#: --dtype: the storage dtype of features, parameters and messages for every peer, and the
+#: check's tolerance in it (hector accumulates in fp32; PyG's half-precision ops round
+#: their own way, so two half-precision results differ by a few of their ulps)
+DTYPES = {"fp32": (torch.float32, RTOL), "bf16": (torch.bfloat16, 3e-2),
+          "fp16": (torch.float16, 5e-3)}
 
 
 @dataclass
@@ -41,6 +46,7 @@ class BenchConfig:
     check_grad: bool = True            # also compare the input gradient against PyG's
     datasets: Optional[List[str]] = None  # with --suite: only these datasets (profile names)
     threads: Optional[int] = None      # torch CPU threads while timing; None: 1 on the CPU
+    dtype: str = "fp32"                # storage dtype of every peer: fp32, bf16, fp16
 
 
 def require(module: str, what: str):
@@ -103,6 +109,8 @@ def resolve(cfg: BenchConfig) -> BenchConfig:
     if cfg.scale is not None and not (cfg.scale > 0):
         raise ValueError(f"--scale must be > 0, got {cfg.scale!r}")
     _positive_int("repeats", cfg.repeats)
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
     # One CPU thread by default: the verdicts compare hector with PyG on the same work, and
     # one thread keeps that comparison independent of the core count and of other load (on a
     # busy 2-core machine a GAT epoch took 364 ms with 2 threads, 112 ms with 1).
@@ -251,7 +259,7 @@ def _grad_of_x(call, x: torch.Tensor, cot: torch.Tensor) -> torch.Tensor:
 
 
 def _check(peer: suites.Peer, x: torch.Tensor, ref_out, ref_grad, cot, device,
-           check_grad: bool) -> dict:
+           check_grad: bool, rtol: float = RTOL) -> dict:
     """{check, rel_err[, grad_err]}: hector's output (and input gradient, with the same random
     cotangent) against PyG's; an exception is recorded as OOM / ERR."""
     row: dict = {}
@@ -263,10 +271,10 @@ def _check(peer: suites.Peer, x: torch.Tensor, ref_out, ref_grad, cot, device,
             return dict(check="no ref")
         row["rel_err"] = rel_err(out, ref_out)
         del out
-        ok = row["rel_err"] < RTOL
+        ok = row["rel_err"] < rtol
         if check_grad and ref_grad is not None:
             row["grad_err"] = rel_err(_grad_of_x(peer.call, x, cot), ref_grad)
-            ok = ok and row["grad_err"] < RTOL
+            ok = ok and row["grad_err"] < rtol
             peer.module.zero_grad(set_to_none=True)
         row["check"] = "ok" if ok else "MISMATCH"
     except Exception as exc:                     # noqa: BLE001 - recorded, never a crash
@@ -337,9 +345,10 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                      "on the CPU takes minutes)" if not cuda else "PyG compile skipped "
                      "(--no-compile)")
     bandwidth = floor.copy_bandwidth(device, floor.COPY_BYTES if cuda else 1 << 26)
+    dtype, rtol = DTYPES[cfg.dtype]
     meta = dict(device=str(device), backend=backend, repeats=cfg.repeats if not cuda else None,
                 torch=torch.__version__, torch_geometric=pyg_version,
-                rtol=RTOL, suite=cfg.suite, copy_GBps=bandwidth / 1e9, workloads={},
+                rtol=rtol, dtype=cfg.dtype, suite=cfg.suite, copy_GBps=bandwidth / 1e9, workloads={},
                 threads=torch.get_num_threads(), cpus=os.cpu_count())
     if cuda:
         meta["gpu"] = torch.cuda.get_device_name(device)
@@ -361,7 +370,7 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                                         seed=cfg.seed)
                     W_key = case.workload_key
                 meta["workloads"][f"{case.dataset}@{case.scale or 1}"] = W.describe()
-                x = W.x(case.features)
+                x = W.x(case.features).to(dtype)
                 compile_here = cfg.compile_pyg and not cfg.no_pyg
                 if compile_here and case.layer in suites.RELATIONAL and \
                         W.graph.num_relations > COMPILE_MAX_RELATIONS:
@@ -380,6 +389,9 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                 ref, peers = suites.peers(case.layer, W, case.features, case.heads, backend,
                                           with_pyg=not cfg.no_pyg, compile_pyg=compile_here,
                                           capture=bool(cfg.capture))
+                for module in [ref] + [p.module for p in peers]:
+                    if module is not None:       # (in place: compiled peers wrap these)
+                        module.to(dtype)
             except Exception as exc:             # noqa: BLE001
                 what = "OOM" if is_oom(exc) else f"{type(exc).__name__}: {str(exc)[:300]}"
                 rows.append(dict(base, peer="*", check="OOM" if is_oom(exc) else "ERR",
@@ -395,7 +407,7 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
             elif ref is not None and ref_grad is None and cfg.check_grad:
                 notes.append(f"{base['case']}: PyG gradient failed; output checked only")
             fl_ms = floor.floor_ms(case.layer, W.graph.num_nodes, W.graph.num_edges,
-                                   case.features, bandwidth)
+                                   case.features, bandwidth, dtype.itemsize)
             for peer in peers:
                 bar.set_postfix_str(f"{base['case']} / {peer.name}")
                 row = dict(base, peer=peer.name)
@@ -404,7 +416,8 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                 if peer.kind == "pyg":
                     row["check"] = "ref"
                 else:
-                    row.update(_check(peer, x, ref_out, ref_grad, cot, device, cfg.check_grad))
+                    row.update(_check(peer, x, ref_out, ref_grad, cot, device, cfg.check_grad,
+                                      rtol))
                 if row.get("check") in ("ref", "ok", "no ref", "MISMATCH"):
                     row.update(measure(peer, x, device, cfg.repeats))
                 if "error" in row and row.get("check") in ("ok", "ref", "no ref"):
