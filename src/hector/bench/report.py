@@ -92,7 +92,10 @@ def _legend(meta: dict) -> str:
             "speedup = PyG eager ms / peer ms; floor = "
             f"forward's memory floor at the measured copy bandwidth "
             f"({meta.get('copy_GBps', 0):.0f} GB/s) / inference ms; check: max |hector - PyG| / "
-            f"max |PyG| < {meta['rtol']:g} for the output and the input gradient")
+            f"max |PyG| < {meta['rtol']:g} for the output and the input gradient"
+            + ("" if meta.get("dtype", "fp32") == "fp32" else
+               f" (PyG eager in fp32 is the reference: every {meta['dtype']} peer, PyG's too, "
+               "is checked against it)"))
 
 
 def markdown(result: dict) -> str:

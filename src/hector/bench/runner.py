@@ -19,11 +19,10 @@ from .timing import CPU_MAX_S, MIN_RUNS, NOISE_IQR, timed
 #: takes minutes, so the compiled peer is skipped (with a note) for RGCN and RGAT
 COMPILE_MAX_RELATIONS = 64
 RTOL = 1e-4                        # relative max-abs error allowed against PyG (fp32)
-#: --dtype: the storage dtype of features, parameters and messages for every peer, and the
-#: check's tolerance in it (hector accumulates in fp32; PyG's half-precision ops round
-#: their own way, so two half-precision results differ by a few of their ulps)
-DTYPES = {"fp32": (torch.float32, RTOL), "bf16": (torch.bfloat16, 3e-2),
-          "fp16": (torch.float16, 5e-3)}
+#: --dtype: the storage dtype of features, parameters and messages for every peer
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: the check's tolerance in half precision (against PyG in fp32; fp32 runs use RTOL)
+HALF_RTOL = {"bf16": 3e-2, "fp16": 5e-3}
 
 
 @dataclass
@@ -345,7 +344,7 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                      "on the CPU takes minutes)" if not cuda else "PyG compile skipped "
                      "(--no-compile)")
     bandwidth = floor.copy_bandwidth(device, floor.COPY_BYTES if cuda else 1 << 26)
-    dtype, rtol = DTYPES[cfg.dtype]
+    dtype, rtol = DTYPES[cfg.dtype], HALF_RTOL.get(cfg.dtype, RTOL)
     meta = dict(device=str(device), backend=backend, repeats=cfg.repeats if not cuda else None,
                 torch=torch.__version__, torch_geometric=pyg_version,
                 rtol=rtol, dtype=cfg.dtype, suite=cfg.suite, copy_GBps=bandwidth / 1e9, workloads={},
@@ -370,7 +369,7 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                                         seed=cfg.seed)
                     W_key = case.workload_key
                 meta["workloads"][f"{case.dataset}@{case.scale or 1}"] = W.describe()
-                x = W.x(case.features).to(dtype)
+                x32 = W.x(case.features)
                 compile_here = cfg.compile_pyg and not cfg.no_pyg
                 if compile_here and case.layer in suites.RELATIONAL and \
                         W.graph.num_relations > COMPILE_MAX_RELATIONS:
@@ -389,9 +388,6 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                 ref, peers = suites.peers(case.layer, W, case.features, case.heads, backend,
                                           with_pyg=not cfg.no_pyg, compile_pyg=compile_here,
                                           capture=bool(cfg.capture))
-                for module in [ref] + [p.module for p in peers]:
-                    if module is not None:       # (in place: compiled peers wrap these)
-                        module.to(dtype)
             except Exception as exc:             # noqa: BLE001
                 what = "OOM" if is_oom(exc) else f"{type(exc).__name__}: {str(exc)[:300]}"
                 rows.append(dict(base, peer="*", check="OOM" if is_oom(exc) else "ERR",
@@ -399,8 +395,14 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                 bar.update(n_peers[case])
                 _cleanup(device)
                 continue
-            ref_out, ref_grad, cot, ref_note = (_reference(ref, case, W, x, cfg.check_grad)
+            # The reference is PyG eager in fp32 whatever --dtype is: a half-precision run is
+            # checked against the exact result, PyG's own half-precision run included.
+            ref_out, ref_grad, cot, ref_note = (_reference(ref, case, W, x32, cfg.check_grad)
                                                 if ref is not None else (None,) * 4)
+            x = x32.to(dtype)
+            for module in [ref] + [p.module for p in peers]:
+                if module is not None:          # (in place: compiled peers wrap these)
+                    module.to(dtype)
             if ref_note:
                 notes.append(f"{base['case']}: PyG reference failed ({ref_note}); hector not "
                              "checked against it")
@@ -413,7 +415,7 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                 row = dict(base, peer=peer.name)
                 if peer.note:
                     row["note"] = peer.note
-                if peer.kind == "pyg":
+                if peer.kind == "pyg" and dtype == torch.float32:
                     row["check"] = "ref"
                 else:
                     row.update(_check(peer, x, ref_out, ref_grad, cot, device, cfg.check_grad,
