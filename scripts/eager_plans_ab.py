@@ -8,8 +8,8 @@ cProfile of each.
 
 The layers, their inputs and their calls are the bench's (``hector.bench.suites``).
 
-Prints ms per eager forward + backward step (``--inference``: forward) for each round and variant, the medians, and
-optimised / unoptimised.
+Prints ms per eager forward + backward step (``--inference``: forward) for each round and
+variant, the medians, and optimised / unoptimised.
 """
 import argparse
 import cProfile

@@ -347,8 +347,8 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
     dtype, rtol = DTYPES[cfg.dtype], HALF_RTOL.get(cfg.dtype, RTOL)
     meta = dict(device=str(device), backend=backend, repeats=cfg.repeats if not cuda else None,
                 torch=torch.__version__, torch_geometric=pyg_version,
-                rtol=rtol, dtype=cfg.dtype, suite=cfg.suite, copy_GBps=bandwidth / 1e9, workloads={},
-                threads=torch.get_num_threads(), cpus=os.cpu_count())
+                rtol=rtol, dtype=cfg.dtype, suite=cfg.suite, copy_GBps=bandwidth / 1e9,
+                workloads={}, threads=torch.get_num_threads(), cpus=os.cpu_count())
     if cuda:
         meta["gpu"] = torch.cuda.get_device_name(device)
     cases = sorted(cases, key=lambda c: str(c.workload_key))   # one workload alive at a time

@@ -175,9 +175,7 @@ def _explain_attention(layer, graph, dtype, features) -> str:
                 f"BLOCK_DK={sched.block_dk} BLOCK_DV={sched.block_dv} num_warps={sched.num_warps}"
                 + (f", chunk={sched.chunk} edges" if sched.strategy == "edge" else ""),
                 "  kernels:"]
-        # GAT adds its bias in the forward kernel's epilogue when heads are concatenated.
-        bias = getattr(layer, "bias", None) is not None and getattr(layer, "concat", False) \
-            and type(layer).__name__ == "GATConv"
+        bias = getattr(layer, "bias_in_kernel", False)      # (GAT with concatenated heads)
         for name in names:
             out.extend("    " + line for line in kernels.traversal(name, spec, sched, bias))
         out.append("")

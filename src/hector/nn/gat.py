@@ -69,6 +69,12 @@ class GATConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    @property
+    def bias_in_kernel(self) -> bool:
+        """Whether the attention kernels add the output bias as they store each row (heads
+        concatenated: no broadcast pass over [N, H*C]); averaged heads add it after."""
+        return self.bias is not None and self.concat
+
     def forward(self, x, edge_index, edge_attr=None):
         no_edge_features(edge_attr, "GATConv")
         x, edge_index, _, rows, loops = as_one_graph(x, edge_index,
@@ -78,9 +84,7 @@ class GATConv(nn.Module):
         H, C = self.heads, self.out_channels
         z = self.lin(x).view(-1, H, C)
         a_src, a_dst = self._scores(z)
-        # With concatenated heads the output bias is added by the attention kernels as they
-        # store each row (no broadcast pass over [N, H*C]); averaged heads add it after.
-        fold = self.bias is not None and self.concat
+        fold = self.bias_in_kernel
         out = edge_attention(graph, z, a_src=a_src, a_dst=a_dst, negative_slope=self.negative_slope,
                              dropout=self.dropout, training=self.training, strategy=self.strategy,
                              backend=self.backend, bias=self.bias if fold else None)
