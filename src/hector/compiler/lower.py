@@ -182,18 +182,26 @@ def gemm_spec(body: Value, dtype: torch.dtype):
     K = x.dim if per_head else x.heads * x.dim
     N = body.dim if per_head else body.heads * body.dim
     gathered = x.op == Op.GATHER
+    csr = None
+    if x.op == Op.SCATTER:     # fuse's CSR prologue: one moved source, nothing added
+        (csr,) = linear_traversal(x)[0].sources
     rows = RowSegments(rows=x.kind, segments=w.per, per_head=per_head, transpose_weight=transpose,
-                       gather=(x.args[0].kind, x.attr("end")) if gathered else None)
-    # (steps_triton.run_gemm: node_perm or the head-major order, permutations both)
-    permuted = w.per == "node_type" or per_head
+                       gather=(x.args[0].kind, x.attr("end")) if gathered else None, csr=csr)
+    # (steps_triton.run_gemm: node_perm or the head-major order, permutations both; a CSR
+    # prologue's rows in order of length within each segment, a permutation too)
+    permuted = w.per == "node_type" or per_head or csr is not None
     gs = GemmSpec(has_gather=permuted or gathered, has_scatter=permuted,
                   transpose_weight=transpose, dtype=dtype, K=K, N=N,
                   input_precision=fp32_dot() if dtype == torch.float32 else "ieee",
                   gather_unique=permuted and not gathered, scatter_unique=permuted,
-                  has_bias=bias is not None, prologue=prologue)
+                  has_bias=bias is not None, prologue=prologue, has_csr=csr is not None)
     seg = {"relation": f"{x.kind} rel_ptr", "node_type": "node_type_ptr (+node_perm)",
            None: "one segment"}[w.per] + (f"; rows gathered from {x.args[0].kind} by "
                                           f"{x.attr('end')}" if gathered else "")
+    if csr is not None:
+        seg += ("; input rows summed through the CSR of " + LinearTraversal(
+            sources=(csr,)).describe().split("; ", 1)[1] + " as they are loaded (CSR prologue; "
+                "rows ordered by length within each segment)")
     return (gs, rows), (f"segments: {seg}{', head-major (per-head weights)' if per_head else ''}"
                         f"{'; + bias per ' + (w.per or 'row') + ' (epilogue)' if bias else ''}"
                         f"{'; ' + prologue + ' of the input rows (prologue)' if prologue else ''}")

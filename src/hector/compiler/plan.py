@@ -40,6 +40,9 @@ class RowSegments:
     per_head: bool
     transpose_weight: bool
     gather: Optional[Tuple[str, str]] = None   # (source row kind, endpoint) folded into the GEMM
+    #: the CSR prologue (``fuse``): (input index, movements, coefficient) of the one-source
+    #: linear traversal whose output rows the GEMM sums as it loads them
+    csr: Optional[Tuple[int, Tuple[tuple, ...], float]] = None
 
 
 @dataclass(frozen=True)

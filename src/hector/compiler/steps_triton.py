@@ -38,7 +38,7 @@ from ..kernels.eager import call
 from ..kernels.edgewise.op import edgewise
 from ..kernels.segment_mm.launch import (segment_mm_wgrad_op, segment_mm_wgrad_sums_op,
                                          segment_sums)
-from ..kernels.segment_mm.op import segment_mm
+from ..kernels.segment_mm.op import segment_mm, segment_mm_csr
 from ..kernels.traversal.csr import (WeightedCSR, compose, from_groups, narrow_cols,
                                       one_per_row, scaled)
 from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
@@ -72,11 +72,51 @@ def _gemm_layout(ix: GraphIndex, rs, rows: int):
     return ix.memo[key]
 
 
+def _csr_order(ix: GraphIndex, rs, m: WeightedCSR) -> torch.Tensor:
+    """The CSR prologue's row order: within each weight segment, rows by length (stable), so
+    a tile's rows walk about as many entries each (the kernel runs a tile for its longest
+    row).  One device sort per graph, memoised; nothing read on the host."""
+    key = ("csr_prologue_order", rs.rows, rs.segments, rs.csr)
+    if key not in ix.memo:
+        bounds, _ = _gemm_layout(ix, rs, m.rows)
+        dev = m.ptr.device
+        sizes = torch.tensor([hi - lo for lo, hi in zip(bounds[:-1], bounds[1:])], device=dev)
+        seg = torch.repeat_interleave(torch.arange(sizes.numel(), device=dev), sizes,
+                                      output_size=m.rows)
+        order = torch.argsort(seg * (m.nnz + 1) + (m.ptr[1:] - m.ptr[:-1]), stable=True)
+        ix.memo[key] = order.to(torch.int32 if m.rows < 2 ** 31 else torch.int64)
+    return ix.memo[key]
+
+
 def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str,
              bias: Optional[torch.Tensor] = None):
     """A typed-linear step on the segment GEMM template; ``bias``: the weight row ``fuse``
-    made its epilogue (sliced as ``w`` is)."""
+    made its epilogue (sliced as ``w`` is).  A CSR prologue (``rs.csr``) sums the input rows
+    in the kernel; on a CSR with hub rows (longer than the traversal's chunk: a tile would
+    walk a hub's entries alone) the traversal kernel sums them first instead."""
     gs, rs = step.spec     # (gs.prologue: the kernel applies it to the x tiles it loads)
+    if rs.csr is not None:
+        _, movements, coef = rs.csr
+        m = movement_csr(ix, movements, coef)
+        rows_in = x.reshape(x.shape[0], -1)
+        if m.layout.num_chunks:
+            return _run_gemm(step, rs, traverse(m, rows_in, backend="triton"), w, ix,
+                             backend, bias)
+        weight = w if rs.segments is not None else w.unsqueeze(0)
+        ptr, _ = _gemm_layout(ix, rs, m.rows)
+        order = _csr_order(ix, rs, m)
+        out = segment_mm_csr(rows_in.contiguous(), weight.contiguous(), ptr, m.ptr, m.col,
+                             m.val, gather=order, scatter=order, num_out_rows=m.rows,
+                             transpose_weight=rs.transpose_weight, backend=backend,
+                             gather_unique=True, scatter_unique=True,
+                             bias=None if bias is None else bias.reshape(weight.shape[0], -1))
+        return out.reshape((m.rows,) + tuple(step.output.shape))
+    return _run_gemm(step, rs, x, w, ix, backend, bias)
+
+
+def _run_gemm(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str,
+              bias: Optional[torch.Tensor] = None):
+    gs = step.spec[0]
     gather = None
     if rs.gather is not None:   # x holds the source rows; the GEMM reads them by index
         gather = ix.move(rs.gather[0], rs.rows, rs.gather[1])

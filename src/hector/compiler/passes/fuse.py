@@ -14,7 +14,14 @@
    the readers that cannot inline it: so no reader late in a plan holds it alive.
 3. **GEMM prologue**: an elementwise function (gelu, relu, sigmoid, tanh) of a dense typed
    linear's input rows, or of its weight gradient's, is applied by the GEMM to each tile it
-   loads: HGT's ``gelu(aggregate)`` is never written (0.47 ms per forward on mag).
+   loads: HGT's ``gelu(aggregate)`` is never written (0.47 ms per forward on mag).  A sum
+   over a CSR of one input's rows (a traversal with one moved source, nothing added) read by
+   a typed linear alone is the GEMM's *CSR prologue*: the kernel sums each input row as it
+   loads it, so RGCN's per-(destination, relation) mean is never written (on a graph where
+   those rows are nearly as many as the edges, wikikg2, two compact-row tensors of traffic).
+   Opt-in (``HECTOR_CSR_PROLOGUE=1``) until long rows are split off: a tile walks its rows'
+   entries in lockstep, so a hub row serialises it (slower than the traversal kernel on
+   wikikg2, biokg and am; faster on fb15k).
 4. **attention epilogue**: ``[reshape](attention) + b`` (``b`` one weight row, the
    attention read by nothing else) is the attention's ``bias`` role: its kernel adds ``b``
    as it stores each output row (RGAT's output bias: one pass over the node rows less, 0.24
@@ -28,6 +35,7 @@
 """
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
@@ -280,6 +288,8 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
                 args.append(gemm_gather(a, v, inputs))
             elif i == 0 and _prologue(a, v):
                 args.append(prologue(a, v, inputs))
+            elif i == 0 and csr_prologue_ok(a, v):
+                args.append(csr_prologue(a, v, inputs))
             elif inline_ok(a, v):
                 if trail is not None:
                     trail.append((a, v))
@@ -377,6 +387,32 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
         return Value(a.op, (_placeholder(materialise(a.args[0]), inputs),), a.kind, a.shape,
                      a.attrs)
 
+    def csr_prologue_ok(a: Value, gemm: Value) -> bool:
+        """``a`` (a sum over a CSR of one input's rows, read by this typed linear alone) can
+        be the GEMM's CSR prologue: the kernel sums each input row as it loads it.  Opt-in
+        (``HECTOR_CSR_PROLOGUE=1``): measured slower than the traversal kernel and a plain
+        GEMM wherever a graph has long rows (docs/perf-notes.md, "Session 19")."""
+        if not csr_prologue_enabled():
+            return False
+        if not (_csr_gemm(gemm) and a.op == Op.SCATTER and a.kind != WEIGHT
+                and template_of(a) == "traversal" and consumers[a] == 1
+                and a not in is_output):
+            return False
+        mark = len(decisions)
+        lt, _ = linear_traversal(build(a, []))
+        del decisions[mark:]
+        return lt is not None and len(lt.sources) == 1 and not lt.addends and lt.bias is None
+
+    def csr_prologue(a: Value, gemm: Value, inputs: List[Value]) -> Value:
+        decisions.append(Decision(NAME, f"{a.op} into {gemm.op}", True,
+                                  "CSR prologue: the segment GEMM sums each input row through "
+                                  "the traversal's CSR as it loads it (no summed rows written "
+                                  "and read back)"))
+        mark = len(decisions)
+        body = build(a, inputs)
+        del decisions[mark:]        # (its inner fusions are the traversal's usual ones)
+        return body
+
     def gemm_gather(a: Value, gemm: Value, inputs: List[Value]) -> Value:
         """``a`` (a gather of node rows) kept in the GEMM's body over its node rows."""
         decisions.append(Decision(NAME, f"gather {a.args[0].kind}->{a.kind} into {gemm.op}",
@@ -395,6 +431,23 @@ def _gemm_gather(a: Value, gemm: Value) -> bool:
     per = gemm.per if gemm.op == Op.WGRAD else gemm.args[1].per if gemm.op == Op.LINEAR else ""
     return (a.op == Op.GATHER and a.args[0].kind == NODE and a.attr("norm") is None
             and per != "node_type" and gemm.op in (Op.LINEAR, Op.WGRAD))
+
+
+#: Environment switch of the GEMM's CSR prologue (off unless "1").
+CSR_PROLOGUE_ENV = "HECTOR_CSR_PROLOGUE"
+
+
+def csr_prologue_enabled() -> bool:
+    return os.environ.get(CSR_PROLOGUE_ENV, "0") == "1"
+
+
+def _csr_gemm(gemm: Value) -> bool:
+    """A typed linear whose input can be a CSR prologue: one weight per relation or a shared
+    one, not per head (its rows are head-major permuted) nor per node type (``node_perm``)."""
+    if gemm.op != Op.LINEAR:
+        return False
+    w = gemm.args[1].args[0] if gemm.args[1].op == Op.WT else gemm.args[1]
+    return len(w.shape) == 2 and w.per in (None, "relation")
 
 
 def _prologue(a: Value, gemm: Value) -> bool:

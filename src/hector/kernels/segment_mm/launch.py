@@ -34,6 +34,7 @@ from ...device import interpreting, num_sms
 from .. import autotune
 from .. import registry
 from ..eager import call
+from .reference import csr_rows_torch, csr_rows_transposed_torch
 from .spec import PROLOGUES, GemmSchedule, GemmSpec, default_schedule, tune_configs
 
 #: Weight-gradient programs aimed for per SM (long row runs, so a handful are enough).
@@ -91,14 +92,17 @@ def gemm_params(spec: GemmSpec, wgrad: bool = False) -> dict:
                   dot_fp32=interpreting() and spec.dtype == torch.bfloat16,
                   input_precision=spec.input_precision, prologue=spec.prologue or "")
     return shared if wgrad else dict(shared, accumulate=spec.accumulate, has_bias=spec.has_bias,
-                                     narrow=spec.narrow)
+                                     narrow=spec.narrow, has_csr=spec.has_csr)
 
 
 def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x: torch.Tensor,
                 weight: torch.Tensor, gather: Optional[torch.Tensor],
                 scatter: Optional[torch.Tensor], num_out_rows: int,
-                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                bias: Optional[torch.Tensor] = None,
+                csr: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+                ) -> torch.Tensor:
     """One forward-template launch; returns ``[M or num_out_rows, N]`` in ``spec.dtype``.
+    ``csr`` (``spec.has_csr``): (ptr, col, val) whose rows the prologue sums.
 
     A scatter accumulates in a zeroed fp32 buffer (fp32 atomics; half-precision atomics would
     round at every add) that is rounded once at the end; a permutation (``scatter_unique``)
@@ -124,7 +128,7 @@ def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x:
         kernel[grid](
             tiles, x, gather if gather is not None else tiles, weight,
             bias if bias is not None else tiles, scatter if scatter is not None else tiles,
-            out, spec.K, n, x.stride(0), x.stride(1), *_weight_strides(weight, transpose),
+            out, *(csr if csr is not None else (tiles,) * 3), spec.K, n, x.stride(0), x.stride(1), *_weight_strides(weight, transpose),
             bias.stride(0) if bias is not None else 0, out.stride(0), out.stride(1),
             **sched.meta)
     return out.to(spec.dtype)
@@ -257,10 +261,10 @@ class SegmentMMFunction(torch.autograd.Function):
 # the segment bounds as ``int[]`` (they are Python ints already: op.py reads seg_ptr once).
 
 def _spec_of(x, weight, gather, scatter, transpose_weight: bool, unique: Tuple[bool, bool],
-             has_bias: bool = False, prologue: str = "") -> GemmSpec:
+             has_bias: bool = False, prologue: str = "", has_csr: bool = False) -> GemmSpec:
     n = weight.shape[1] if transpose_weight else weight.shape[2]
     return GemmSpec.of(x, gather, scatter, transpose_weight, n, *unique, has_bias=has_bias,
-                       prologue=prologue)
+                       prologue=prologue, has_csr=has_csr)
 
 
 @torch.library.custom_op("hector::segment_mm", mutates_args=())
@@ -374,6 +378,60 @@ segment_mm_wgrad_sums_op.register_fake(
     lambda x, dy, gather, scatter, bounds, prologue="": (
         _wgrad_fake(x, dy, bounds),
         torch.empty((len(bounds) - 1, dy.shape[1]), dtype=x.dtype, device=x.device)))
+
+
+@torch.library.custom_op("hector::segment_mm_csr", mutates_args=())
+def segment_mm_csr_op(x: torch.Tensor, weight: torch.Tensor, csr_ptr: torch.Tensor,
+                      csr_col: torch.Tensor, csr_val: torch.Tensor,
+                      gather: Optional[torch.Tensor], scatter: Optional[torch.Tensor],
+                      bounds: List[int], num_out_rows: int, transpose_weight: bool,
+                      gather_unique: bool = False, scatter_unique: bool = False,
+                      bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The segment GEMM whose input rows are CSR sums of ``x``'s rows (``GemmSpec.has_csr``):
+    ``a_r = sum_e csr_val[e] x[csr_col[e]]`` over CSR row ``gather[r]`` (or ``r``), then
+    ``a_r W_s [+ b_s]`` as :func:`segment_mm_op`."""
+    spec = _spec_of(x, weight, gather, scatter, transpose_weight, (gather_unique, scatter_unique),
+                    bias is not None, has_csr=True)
+    bounds_t, csr = tuple(bounds), (csr_ptr, csr_col, csr_val)
+
+    def run(sched):
+        return launch_gemm(spec, sched, bounds_t, x, weight, gather, scatter, num_out_rows,
+                           bias, csr)
+    return run(pick_schedule(spec, None, bounds_t, x.device, run))
+
+
+@segment_mm_csr_op.register_fake
+def _(x, weight, csr_ptr, csr_col, csr_val, gather, scatter, bounds, num_out_rows,
+      transpose_weight, gather_unique=False, scatter_unique=False, bias=None):
+    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    return x.new_empty(num_out_rows if scatter is not None else bounds[-1], n)
+
+
+def _csr_setup_context(ctx, inputs, output):
+    x, weight, ptr, col, val, gather, scatter, bounds, _, transpose, *unique = inputs
+    ctx.save_for_backward(x, weight, ptr, col, val, gather, scatter)
+    ctx.bounds, ctx.transpose_weight, ctx.unique = list(bounds), transpose, unique[:2]
+
+
+def _csr_backward(ctx, dout):
+    """Through the summed rows ``a`` (rebuilt with torch ops: the compiler differentiates its
+    plans itself and never records this op, so this path serves direct callers): ``(da, dW)``
+    by the plain GEMM's backward on ``a``, then ``dx = CSR^T da``."""
+    x, weight, ptr, col, val, gather, scatter = ctx.saved_tensors
+    need_x, need_w = ctx.needs_input_grad[:2]
+    dx = dw = None
+    if need_x or need_w:
+        a = csr_rows_torch(x, ptr, col, val)
+        da, dw = call(segment_mm_backward_op, dout, a, weight, gather, scatter, ctx.bounds,
+                      ctx.transpose_weight, need_x, need_w, *ctx.unique)
+        if need_x:
+            dx = csr_rows_transposed_torch(da, ptr, col, val, x.shape[0])
+    need_b = ctx.needs_input_grad[12]
+    return ((dx if need_x else None, dw if need_w else None) + (None,) * 10
+            + (segment_sums(dout, ctx.bounds, scatter) if need_b else None,))
+
+
+segment_mm_csr_op.register_autograd(_csr_backward, setup_context=_csr_setup_context)
 
 
 def segment_sums(dy: torch.Tensor, bounds: Sequence[int],

@@ -12,8 +12,9 @@ import torch
 
 from ... import checks as C
 from ...device import choose_backend
-from .launch import segment_mm_triton
-from .reference import segment_mm_torch
+from ..eager import call
+from .launch import segment_mm_csr_op, segment_mm_triton
+from .reference import csr_rows_torch, segment_mm_torch
 from .spec import PROLOGUES, GemmSchedule
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -98,6 +99,80 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
                                  else bias.contiguous(), prologue or "")
     return segment_mm_torch(x, weight, bounds, gather, scatter, num_out_rows, transpose_weight,
                             bias, prologue)
+
+
+def segment_mm_csr(x: torch.Tensor, weight: torch.Tensor, seg_ptr, csr_ptr: torch.Tensor,
+                   csr_col: torch.Tensor, csr_val: Optional[torch.Tensor] = None, *,
+                   gather: Optional[torch.Tensor] = None,
+                   scatter: Optional[torch.Tensor] = None,
+                   num_out_rows: Optional[int] = None, transpose_weight: bool = False,
+                   backend: str = "auto", gather_unique: bool = False,
+                   scatter_unique: bool = False,
+                   bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    r""":func:`segment_mm` whose input rows are sums over a CSR of ``x``'s rows, formed by
+    the kernel as it loads them (its *CSR prologue*): the summed rows are never written.
+
+    .. math::
+        a_r = \sum_{e = p_i}^{p_{i+1} - 1} v_e\, x_{c_e}, \quad i = g(r), \qquad
+        y_r = a_r W_s \;[+\, b_s], \qquad \text{out}_{c(r)} \mathrel{+}= y_r
+
+    with :math:`p` = ``csr_ptr``, :math:`c` = ``csr_col``, :math:`v` = ``csr_val`` (ones when
+    None; ``1 / length`` per entry gives a mean) and :math:`g(r)` = ``gather[r]`` (or
+    :math:`r`).  RGCN's per-(destination, relation) mean followed by its relation weight is
+    one such call.  Sums run in fp32 and are rounded once to ``x``'s dtype.  Each program
+    walks its rows' entries in lockstep up to its longest row: callers order rows by length
+    within each segment (a ``gather`` permutation; ``scatter`` the same permutation puts
+    the outputs back in CSR order).  Differentiable in ``x``, ``weight`` and ``bias`` (not in
+    ``csr_val``).
+
+    Args:
+        x: ``[X, K]`` rows the CSR's columns index.
+        weight, seg_ptr, scatter, num_out_rows, transpose_weight, backend, gather_unique,
+            scatter_unique, bias: as in :func:`segment_mm`, where ``gather`` indexes the
+            CSR's rows instead of ``x``'s.
+        csr_ptr: ``[R + 1]`` int32/int64 row bounds, ``csr_ptr[0] = 0``.
+        csr_col: ``[nnz]`` int32/int64 rows of ``x`` (``nnz = csr_ptr[-1]``).
+        csr_val: ``[nnz]`` float32 weight of each entry, or None for ones.
+
+    Returns:
+        ``[M, N]``, or ``[num_out_rows, N]`` with ``scatter``.
+    """
+    C.check_index(csr_ptr, "csr_ptr", 1)
+    _check_index_dtype(csr_ptr, "csr_ptr")
+    C.check_index(csr_col, "csr_col", 1)
+    _check_index_dtype(csr_col, "csr_col")
+    if csr_ptr.numel() < 1:
+        raise ValueError("csr_ptr must have R + 1 >= 1 entries, got 0")
+    if csr_val is None:
+        csr_val = torch.ones(csr_col.shape, dtype=torch.float32, device=csr_col.device)
+    C.check_tensor(csr_val, "csr_val")
+    if csr_val.dtype != torch.float32 or csr_val.shape != csr_col.shape:
+        raise ValueError(f"csr_val must be float32 with csr_col's shape {tuple(csr_col.shape)}, "
+                         f"got {csr_val.dtype} {tuple(csr_val.shape)}")
+    C.check_tensor(x, "x")
+    if x.dim() != 2:
+        raise ValueError(f"x must have shape [rows, K], got {tuple(x.shape)}")
+    C.check_same_device([("x", x), ("csr_ptr", csr_ptr), ("csr_col", csr_col),
+                         ("csr_val", csr_val)])
+    # The summed rows stand where segment_mm's x would: R of them (a K-element stand-in).
+    rows = x.new_zeros(1, x.shape[1]).expand(csr_ptr.numel() - 1, x.shape[1])
+    bounds, num_out_rows = _check(rows, weight, seg_ptr, gather, scatter, num_out_rows,
+                                  transpose_weight, gather_unique, scatter_unique, bias)
+    if os.environ.get("HECTOR_DEBUG", "0") not in ("", "0"):
+        if int(csr_ptr[0]) != 0 or int(csr_ptr[-1]) != csr_col.numel() or bool(
+                (csr_ptr[1:] < csr_ptr[:-1]).any()):
+            raise ValueError("csr_ptr must start at 0, not decrease and end at csr_col.numel()")
+        C.check_range(csr_col, "csr_col", x.shape[0], "x.shape[0]")
+    backend = choose_backend(backend, x, "x")
+    if backend == "triton":
+        return call(segment_mm_csr_op, x, weight, csr_ptr.contiguous(), csr_col.contiguous(),
+                    csr_val.contiguous(), None if gather is None else gather.contiguous(),
+                    None if scatter is None else scatter.contiguous(), list(bounds),
+                    num_out_rows if scatter is not None else bounds[-1], transpose_weight,
+                    gather_unique, scatter_unique,
+                    bias if bias is None or bias.stride(1) == 1 else bias.contiguous())
+    return segment_mm_torch(csr_rows_torch(x, csr_ptr, csr_col, csr_val), weight, bounds,
+                            gather, scatter, num_out_rows, transpose_weight, bias)
 
 
 def _check_row_index(t: torch.Tensor, name: str, rows: int) -> None:

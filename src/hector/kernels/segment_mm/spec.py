@@ -68,6 +68,8 @@ class GemmSpec:
     """Semantics of one segment GEMM over ``M`` logical rows cut into ``S`` segments::
 
         a_r   = x[gather[r]]                 [has_gather]     else x[r]
+        a_r   = sum_e val[e] x[col[e]]       [has_csr: over the entries e of CSR row
+                                              gather[r] (or r); rounded once to x's dtype]
         a_r   = f(a_r)                       [prologue f, elementwise, as the tile is loaded]
         y_r   = a_r @ W_s   (W_s^T when transpose_weight; s = segment of r; fp32 accumulation)
               + b_s                          [has_bias: the kernel's epilogue]
@@ -93,6 +95,7 @@ class GemmSpec:
     scatter_unique: bool = False
     has_bias: bool = False
     prologue: Optional[str] = None
+    has_csr: bool = False
 
     def __post_init__(self):
         if self.input_precision not in INPUT_PRECISIONS:
@@ -101,6 +104,8 @@ class GemmSpec:
         if self.prologue is not None and self.prologue not in PROLOGUES:
             raise ValueError(f"GemmSpec.prologue must be None or one of {sorted(PROLOGUES)}, "
                              f"got {self.prologue!r}")
+        if self.has_csr and self.prologue is not None:
+            raise ValueError("GemmSpec: a CSR prologue (has_csr) takes no elementwise prologue")
 
     @property
     def narrow(self) -> bool:
@@ -118,17 +123,18 @@ class GemmSpec:
     def grad_input_spec(self) -> "GemmSpec":
         """The same template computing ``dx``: ``da_r = dy_{scatter[r]} @ W_s^T`` written to
         ``dx[gather[r]]`` -- gather and scatter swap roles, the weight is read transposed and
-        the reduction runs over ``N``."""
+        the reduction runs over ``N``.  With a CSR prologue that is the gradient of the
+        summed rows ``a`` (one row per CSR row); the caller spreads it over ``x``'s rows."""
         return replace(self, has_gather=self.has_scatter, has_scatter=self.has_gather,
                        gather_unique=self.scatter_unique, scatter_unique=self.gather_unique,
                        transpose_weight=not self.transpose_weight, K=self.N, N=self.K,
-                       has_bias=False, prologue=None)
+                       has_bias=False, prologue=None, has_csr=False)
 
     @staticmethod
     def of(x: torch.Tensor, gather: Optional[torch.Tensor], scatter: Optional[torch.Tensor],
            transpose_weight: bool, N: int, gather_unique: bool = False,
            scatter_unique: bool = False, has_bias: bool = False,
-           prologue: Optional[str] = None) -> "GemmSpec":
+           prologue: Optional[str] = None, has_csr: bool = False) -> "GemmSpec":
         # fp32: see fp32_dot.  Half types ignore the setting (their products are exact).
         return GemmSpec(has_gather=gather is not None, has_scatter=scatter is not None,
                         transpose_weight=bool(transpose_weight), dtype=x.dtype,
@@ -136,7 +142,8 @@ class GemmSpec:
                         input_precision=fp32_dot() if x.dtype == torch.float32 else "ieee",
                         gather_unique=gather is not None and bool(gather_unique),
                         scatter_unique=scatter is not None and bool(scatter_unique),
-                        has_bias=bool(has_bias), prologue=prologue or None)
+                        has_bias=bool(has_bias), prologue=prologue or None,
+                        has_csr=bool(has_csr))
 
 
 @dataclass(frozen=True)
@@ -190,7 +197,11 @@ class GemmSchedule:
                              f"{self.wgrad_rows}")
 
     def check_fits(self, spec: "GemmSpec") -> None:
-        """Tiles narrower than 16 only for a narrow spec (the others multiply with tl.dot)."""
+        """Tiles narrower than 16 only for a narrow spec (the others multiply with tl.dot); a
+        CSR prologue's reduction tile spans the whole ``K``."""
+        if spec.has_csr and self.block_k < spec.K:
+            raise ValueError(f"GemmSchedule: block_k={self.block_k} must be >= K={spec.K} "
+                             "with a CSR prologue (its summed rows are formed whole)")
         if not spec.narrow and min(self.block_n, self.block_k) < 16:
             raise ValueError(f"GemmSchedule: block_n={self.block_n}, block_k={self.block_k} "
                              f"must be >= 16 for K={spec.K}, N={spec.N} (tiles narrower than "
@@ -235,15 +246,20 @@ def default_schedule(spec: GemmSpec, interpreting: bool = False) -> GemmSchedule
     the interpreter the smallest tiles are fastest (numpy work grows with the padded tile)."""
     if spec.narrow:      # a narrow output: tall tiles on 8 warps; a narrow reduction: 128, 4
         tall = spec.N <= NARROW
-        return _narrow_schedule(spec, 16 if interpreting else 256 if tall else 128,
-                                interpreting, 8 if tall else 4)
+        return _csr_tiles(spec, _narrow_schedule(spec, 16 if interpreting else 256 if tall
+                                                 else 128, interpreting, 8 if tall else 4))
     if interpreting:
-        return GemmSchedule(block_m=16, block_n=_side(spec.N, 32), block_k=_side(spec.K, 32),
-                            num_warps=1, num_stages=1)
+        return _csr_tiles(spec, GemmSchedule(block_m=16, block_n=_side(spec.N, 32),
+                                             block_k=_side(spec.K, 32), num_warps=1,
+                                             num_stages=1))
     fma = spec.dtype == torch.float32 and spec.input_precision == "ieee"
     wide = spec.dtype == torch.float32        # fp32 tiles: twice the bytes per stage
     block_n = _side(spec.N, 64 if fma else 128)
     block_k = _side(spec.K, 32 if fma or wide else 64)
+    if spec.has_csr:
+        # Each column tile walks the rows' CSR entries again: the whole output width (up to
+        # 128) in one program; the reduction is whole (``_csr_tiles``).
+        block_n = _side(spec.N, 128)
     num_warps = 8 if block_n * 64 >= 8192 else 4
     wk, wn = _side(spec.K, 64 if fma else 128), _side(spec.N, 128)
     # An FMA-bound dW tile of 64 x 64 or less: 4 warps over 32-row steps keep ~32 products
@@ -251,10 +267,16 @@ def default_schedule(spec: GemmSpec, interpreting: bool = False) -> GemmSchedule
     # gradients on mag (1.94M rows, K = N = 64, fp32): 0.535 -> 0.417 ms; its 64 x 128
     # compact one stays on 8 warps (1.25 ms; 1.35 on 32-row steps).
     small = fma and wk * wn <= 4096
-    return GemmSchedule(block_m=64, block_n=block_n, block_k=block_k, num_warps=num_warps,
-                        num_stages=3, wgrad_block_k=wk, wgrad_block_n=wn,
-                        wgrad_warps=4 if small or not (fma or wide) else 8,
-                        wgrad_block_m=32 if small else 0)
+    return _csr_tiles(spec, GemmSchedule(
+        block_m=64, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=3,
+        wgrad_block_k=wk, wgrad_block_n=wn, wgrad_warps=4 if small or not (fma or wide) else 8,
+        wgrad_block_m=32 if small else 0))
+
+
+def _csr_tiles(spec: GemmSpec, sched: GemmSchedule) -> GemmSchedule:
+    """A CSR prologue's schedule: the reduction tile spans all of ``K`` (``check_fits``)."""
+    return replace(sched, block_k=max(next_pow2(spec.K), sched.block_k)) if spec.has_csr \
+        else sched
 
 
 def _narrow_schedule(spec: GemmSpec, block_m: int, interpreting: bool = False,
@@ -294,7 +316,7 @@ def tune_configs(spec: GemmSpec, interpreting: bool = False) -> Tuple[GemmSchedu
     seen = [heuristic]
     if spec.narrow:     # other row tiles and warps
         for block_m, warps in ((256, 8), (128, 4), (64, 4), (128, 8)):
-            cfg = _narrow_schedule(spec, block_m, interpreting, warps)
+            cfg = _csr_tiles(spec, _narrow_schedule(spec, block_m, interpreting, warps))
             if cfg not in seen:
                 seen.append(cfg)
         return tuple(seen)
@@ -304,6 +326,7 @@ def tune_configs(spec: GemmSpec, interpreting: bool = False) -> Tuple[GemmSchedu
                       wgrad_block_k=heuristic.wgrad_block_k,
                       wgrad_block_n=heuristic.wgrad_block_n, wgrad_warps=heuristic.wgrad_warps,
                       wgrad_block_m=heuristic.wgrad_block_m)
+        cfg = _csr_tiles(spec, cfg)
         if cfg not in seen:
             seen.append(cfg)
     return tuple(seen)
