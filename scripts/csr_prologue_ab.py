@@ -14,7 +14,6 @@ from hector.compiler.steps_torch import GraphIndex
 from hector.compiler.steps_triton import movement_csr
 from hector.kernels.segment_mm.op import segment_mm, segment_mm_csr
 from hector.kernels.traversal.op import traverse
-from hector.kernels.traversal.csr import WeightedCSR
 
 chain = (("gather", "node", "edge", "src", None), ("scatter", "compact_dst", "edge", "dst", "mean"))
 for name in sys.argv[1:]:
