@@ -327,6 +327,10 @@ def tune_configs(spec: GemmSpec, interpreting: bool = False) -> Tuple[GemmSchedu
                       wgrad_block_n=heuristic.wgrad_block_n, wgrad_warps=heuristic.wgrad_warps,
                       wgrad_block_m=heuristic.wgrad_block_m)
         cfg = _csr_tiles(spec, cfg)
+        if spec.has_csr and cfg.num_warps < 4:
+            # Triton 3.6 rejects the CSR walk on 2 warps ("'tt.load' op failed to verify that
+            # mask type matches ptr type", H200): the tuner would log a compile error each time.
+            continue
         if cfg not in seen:
             seen.append(cfg)
     return tuple(seen)
