@@ -145,3 +145,32 @@ def test_bf16_runs_every_peer_in_bf16_and_checks_with_its_tolerance():
     assert "bf16" in report.table(res)
     from hector.bench import floor
     assert floor.floor_ms("rgcn", 10, 40, 8, 1e9, 2) * 2 == floor.floor_ms("rgcn", 10, 40, 8, 1e9)
+
+
+def test_optimised_and_unoptimised_plans_are_timed_interleaved(result):
+    """The relational case's two hector plans are timed in alternating rounds (pooled runs)
+    and the worst optimised / unoptimised ratio is a target; a layer without an unoptimised
+    peer is timed on its own."""
+    from hector.bench import targets, timing
+    rows = {(r["layer"], r["peer"]): r for r in result["rows"]}
+    opt, plain = rows[("rgcn", "hector")], rows[("rgcn", "hector unopt")]
+    assert opt["timing"] == "interleaved with hector unopt"
+    assert plain["timing"] == "interleaved with hector"
+    for r in (opt, plain):      # every round adds at least MIN_RUNS runs
+        assert r["training_spread"]["runs"] >= timing.ROUNDS * timing.MIN_RUNS
+    assert "timing" not in rows[("gat", "hector")]
+    (t,) = [t for t in targets.evaluate(result) if t["target"].startswith("optimised")]
+    worst = max(opt[f"{s}_ms"] / plain[f"{s}_ms"] for s in ("inference", "training"))
+    assert t["value"] == pytest.approx(worst) and t["required"] == targets.UNOPT_RATIO
+
+
+def test_interleaved_alternates_the_order():
+    from hector.bench import timing
+    import torch
+    calls = []
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(timing, "_cpu_times", lambda fn, repeats, budget_s=None: [fn() or 1.0] * 3)
+        out = timing.interleaved(fns, torch.device("cpu"), 1, rounds=3)
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    assert out["a"]["runs"] == 9 and out["a"]["ms"] == 1.0

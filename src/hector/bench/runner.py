@@ -13,7 +13,7 @@ import torch
 from . import floor, suites, targets
 from ..checks import check_device_option
 from .paper import ATTENTION_PROFILES, ATTENTION_REAL, HETERO_PROFILES, SUITES, suite
-from .timing import CPU_MAX_S, MIN_RUNS, NOISE_IQR, timed
+from .timing import CPU_MAX_S, MIN_RUNS, NOISE_IQR, interleaved, timed
 
 #: torch.compile unrolls PyG's per-relation Python loop: past this many relations compiling
 #: takes minutes, so the compiled peer is skipped (with a note) for RGCN and RGAT
@@ -166,11 +166,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(d / ref.detach().float().abs().max().clamp_min(1e-12))
 
 
-def measure(peer: suites.Peer, x: torch.Tensor, device: torch.device, repeats: int) -> dict:
-    """{inference_ms, training_ms, peak_MiB}; an OOM leaves {'oom': stage}, other exceptions
-    {'error': text}, keeping what was measured before."""
-    res: dict = {}
-    stage = "inference"
+def _stages(peer: suites.Peer, x: torch.Tensor):
+    """(inference call, training step, the step's input) of ``peer`` on ``x``."""
     module, call = peer.module, peer.call
     xg = x.detach().clone().requires_grad_()
 
@@ -185,15 +182,33 @@ def measure(peer: suites.Peer, x: torch.Tensor, device: torch.device, repeats: i
 
     if peer.extra.get("captured"):
         infer, step = captured(infer, step, module, xg)
+    return infer, step, xg
 
-    def record(stage: str, stats: dict) -> None:
-        res[f"{stage}_ms"] = stats["ms"]
-        res[f"{stage}_spread"] = {k: stats[k] for k in ("min_ms", "max_ms", "runs", "iqr")}
-        if stats["noisy"]:
-            res.setdefault("noisy", []).append(stage)
 
+def record(res: dict, stage: str, stats: dict) -> None:
+    """A timing ``summary`` into a result row as ``{stage}_ms``, its spread, and ``noisy``."""
+    res[f"{stage}_ms"] = stats["ms"]
+    res[f"{stage}_spread"] = {k: stats[k] for k in ("min_ms", "max_ms", "runs", "iqr")}
+    if stats["noisy"] and stage not in res.get("noisy", ()):
+        res.setdefault("noisy", []).append(stage)
+    elif not stats["noisy"] and stage in res.get("noisy", ()):
+        res["noisy"].remove(stage)
+
+
+def measure(peer: suites.Peer, x: torch.Tensor, device: torch.device, repeats: int,
+            time_it: bool = True) -> dict:
+    """{inference_ms, training_ms, peak_MiB}; an OOM leaves {'oom': stage}, other exceptions
+    {'error': text}, keeping what was measured before.  ``time_it`` False: one run of each
+    stage and the peak memory only (the runner times the peer with another, interleaved)."""
+    res: dict = {}
+    stage = "inference"
+    module = peer.module
+    infer, step, xg = _stages(peer, x)
     try:
-        record("inference", timed(infer, device, repeats))
+        if time_it:
+            record(res, "inference", timed(infer, device, repeats))
+        else:
+            infer()
         stage = "training"
         if device.type == "cuda":
             step()
@@ -205,7 +220,10 @@ def measure(peer: suites.Peer, x: torch.Tensor, device: torch.device, repeats: i
             step()
             sync(device)
             res["peak_MiB"] = (torch.cuda.max_memory_allocated(device) - base) / 2 ** 20
-        record("training", timed(step, device, repeats))
+        if time_it:
+            record(res, "training", timed(step, device, repeats))
+        else:
+            step()
     except Exception as exc:                      # noqa: BLE001 - recorded, never a crash
         if is_oom(exc):
             res["oom"] = stage
@@ -215,6 +233,37 @@ def measure(peer: suites.Peer, x: torch.Tensor, device: torch.device, repeats: i
             res["error"] = f"{stage}: {type(exc).__name__}: {str(exc)[:300]}"
     module.zero_grad(set_to_none=True)
     return res
+
+
+#: Peers timed together, in interleaved rounds (``timing.interleaved``): the optimised and the
+#: unoptimised plan, whose ratio is a target (``targets``: at most 5% slower).
+PAIRED = ("hector", "hector unopt")
+
+
+def measure_paired(peers: List[suites.Peer], rows: Dict[str, dict], x: torch.Tensor,
+                   device: torch.device, repeats: int) -> None:
+    """Time ``PAIRED`` peers' inference and training in interleaved rounds, into their rows
+    (left alone where a row failed: it keeps what ``measure`` found)."""
+    pair = [p for p in peers if p.name in PAIRED and p.name in rows
+            and rows[p.name].get("check") in ("ref", "ok", "no ref", "MISMATCH")
+            and not {"oom", "error"} & set(rows[p.name])]
+    if not pair:
+        return
+    try:
+        stages = {p.name: _stages(p, x)[:2] for p in pair}
+        for i, stage in enumerate(("inference", "training")):
+            stats = interleaved({n: fns[i] for n, fns in stages.items()}, device, repeats)
+            for name, st in stats.items():
+                record(rows[name], stage, st)
+                others = [n for n in stats if n != name]
+                if others:
+                    rows[name]["timing"] = f"interleaved with {', '.join(others)}"
+    except Exception as exc:                      # noqa: BLE001 - recorded, never a crash
+        for p in pair:
+            rows[p.name]["error"] = f"interleaved timing: {type(exc).__name__}: {str(exc)[:300]}"
+    finally:
+        for p in pair:
+            p.module.zero_grad(set_to_none=True)
 
 
 def captured(infer, step, module, xg):
@@ -410,6 +459,7 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                 notes.append(f"{base['case']}: PyG gradient failed; output checked only")
             fl_ms = floor.floor_ms(case.layer, W.graph.num_nodes, W.graph.num_edges,
                                    case.features, bandwidth, dtype.itemsize)
+            paired = set(PAIRED) <= {p.name for p in peers}
             for peer in peers:
                 bar.set_postfix_str(f"{base['case']} / {peer.name}")
                 row = dict(base, peer=peer.name)
@@ -421,14 +471,20 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                     row.update(_check(peer, x, ref_out, ref_grad, cot, device, cfg.check_grad,
                                       rtol))
                 if row.get("check") in ("ref", "ok", "no ref", "MISMATCH"):
-                    row.update(measure(peer, x, device, cfg.repeats))
+                    row.update(measure(peer, x, device, cfg.repeats,
+                                       time_it=not (paired and peer.name in PAIRED)))
+                rows.append(row)
+                bar.update(1)
+                _cleanup(device)
+            case_rows = {r["peer"]: r for r in rows if r["case"] == base["case"]}
+            if paired:
+                measure_paired(peers, case_rows, x, device, cfg.repeats)
+            for row in case_rows.values():
                 if "error" in row and row.get("check") in ("ok", "ref", "no ref"):
                     row["check"] = row["check"] + " (ERR)"
                 if row.get("inference_ms"):
                     row["floor_fraction"] = fl_ms / row["inference_ms"]
-                rows.append(row)
-                bar.update(1)
-                _cleanup(device)
+            _cleanup(device)
             del ref, peers, ref_out, ref_grad, cot
             _cleanup(device)
             if on_case is not None:

@@ -27,6 +27,9 @@ LARGEST = ("synthetic:mag", "synthetic:wikikg2", "synthetic:reddit", "synthetic:
 PYG = ("PyG eager", "PyG compile", "PyG compile RO")
 HECTOR = ("hector", "hector captured")
 REPLAYED = ("PyG compile RO", "hector captured")     # CUDA graph replays: no peak of their own
+#: issue 12: the optimised plan at most this much slower than the unoptimised one (eager
+#: against eager, timed in interleaved rounds by the runner)
+UNOPT_RATIO = 1.05
 
 
 def family(layer: str) -> str:
@@ -112,6 +115,7 @@ def evaluate(result: dict) -> List[dict]:
         out.append(dict(target=f"{fam}: no hector OOM", value=len(ooms), op="=",
                         required=0,
                         met=not ooms, detail=", ".join(ooms) or f"{len(fam_cases)} cases"))
+    out += _against_unoptimised(result["rows"])
     mem = [(c["case"], c["hector"]["peak_MiB"] / c["pyg_peak"]) for c in entries
            if c["pyg_peak"] and c["hector"].get("peak_MiB") is not None]
     if mem:
@@ -132,6 +136,35 @@ def evaluate(result: dict) -> List[dict]:
                         detail=f"worst {worst[0]}; " + ", ".join(
                             f"{k} {v:.0%}" for k, v in floors)))
     return out
+
+
+def _against_unoptimised(rows: List[dict]) -> List[dict]:
+    """The worst ratio of the optimised plan's time to the unoptimised plan's (both eager, in
+    the same case and stage), over the cases that ran both."""
+    by_case: Dict[str, Dict[str, dict]] = {}
+    for r in rows:
+        by_case.setdefault(r["case"], {})[r["peer"]] = r
+    ratios, shaky = [], []
+    for case, peers in by_case.items():
+        opt, plain = peers.get("hector"), peers.get("hector unopt")
+        if opt is None or plain is None:
+            continue
+        for stage in ("inference", "training"):
+            a, b = opt.get(f"{stage}_ms"), plain.get(f"{stage}_ms")
+            if a and b:
+                ratios.append((f"{case} {stage}", a / b))
+                if noisy(opt, stage) or noisy(plain, stage):
+                    shaky.append(f"{case} {stage}")
+    if not ratios:
+        return []
+    worst = max(ratios, key=lambda t: t[1])
+    over = [k for k, v in ratios if v > UNOPT_RATIO]
+    return [dict(target="optimised / unoptimised plan time (worst)", value=worst[1], op="<=",
+                 required=UNOPT_RATIO, noisy=bool(shaky and over),
+                 met=None if shaky and over else worst[1] <= UNOPT_RATIO,
+                 detail=f"worst {worst[0]}; {len(ratios) - len(over)} of {len(ratios)} within"
+                        + (f"; over: {', '.join(over)}" if over else "")
+                        + (f"; noisy timings: {', '.join(shaky)}" if shaky else ""))]
 
 
 def table(targets: List[dict]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -22,6 +22,7 @@ MIN_RUNS = 3            # fewer runs than this: the spread is unknown, the timin
 NOISE_IQR = 0.10        # relative interquartile range above which a timing is noisy
 SLOW_MS = 250.0         # CUDA: a run slower than this is timed SLOW_REPEATS times
 SLOW_REPEATS = 3
+ROUNDS = 4              # interleaved timing: alternating rounds per peer
 
 
 def spread(times: List[float]) -> float:
@@ -40,7 +41,8 @@ def summary(times: List[float]) -> dict:
                 noisy=len(times) < MIN_RUNS or iqr > NOISE_IQR)
 
 
-def _cpu_times(fn, repeats: int) -> List[float]:
+def _cpu_times(fn, repeats: int, budget_s: Optional[float] = None) -> List[float]:
+    budget_s = CPU_MAX_S if budget_s is None else budget_s     # (read at call time)
     fn()                                       # warm-up: caches, lazy initialisation
     times: List[float] = []
     start = time.perf_counter()
@@ -50,7 +52,7 @@ def _cpu_times(fn, repeats: int) -> List[float]:
         times.append((time.perf_counter() - t0) * 1e3)
         settled = len(times) >= max(repeats, MIN_RUNS) and spread(times) <= NOISE_IQR
         # a slow or noisy case must not blow up the run: stop at the budget, even after one
-        if settled or time.perf_counter() - start > CPU_MAX_S:
+        if settled or time.perf_counter() - start > budget_s:
             break
     return times
 
@@ -77,11 +79,32 @@ def _cuda_times(fn, device: torch.device) -> List[float]:
     return times
 
 
+def run_times(fn, device: torch.device, repeats: int,
+              budget_s: Optional[float] = None) -> List[float]:
+    """The raw run times (ms) behind :func:`timed` (``budget_s``: the CPU's time budget,
+    ``CPU_MAX_S`` when None)."""
+    if device.type == "cuda":
+        return _cuda_times(fn, device)
+    return _cpu_times(fn, repeats, budget_s)
+
+
+def interleaved(fns: Dict[str, Callable[[], object]], device: torch.device, repeats: int,
+                rounds: int = ROUNDS) -> Dict[str, dict]:
+    """``summary`` of each of ``fns``' run times, timed in ``rounds`` alternating rounds (the
+    order reversed every round) and pooled: two peers compared this way see the same
+    clocks, host load and thermal state, where back-to-back measurements drift apart (the
+    eager small-graph rows of an optimised and an unoptimised plan flipped between runs)."""
+    names = list(fns)
+    times: Dict[str, List[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            times[n] += run_times(fns[n], device, max(repeats // rounds, 1), CPU_MAX_S / rounds)
+    return {n: summary(t) for n, t in times.items()}
+
+
 def timed(fn, device: torch.device, repeats: int) -> dict:
     """``summary`` of ``fn``'s run times in milliseconds.  CUDA: events, through triton's
     do_bench (warm-up, then about 100 ms of runs), except that a run slower than SLOW_MS is
     timed SLOW_REPEATS times (PyG on the large profiles takes seconds a run).  CPU:
     time.perf_counter after one warm-up, ``repeats`` runs or more (see the module doc)."""
-    if device.type == "cuda":
-        return summary(_cuda_times(fn, device))
-    return summary(_cpu_times(fn, repeats))
+    return summary(run_times(fn, device, repeats))
