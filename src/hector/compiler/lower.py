@@ -171,6 +171,9 @@ def gemm_spec(body: Value, dtype: torch.dtype):
         how = (f"; x read in place from {x.args[0].kind} rows by {x.attr('end')}"
                if x.op == Op.GATHER else "")
         how += f"; {prologue}(x) applied to each loaded tile" if prologue else ""
+        dy = body.args[1]
+        how += (f"; dy read in place from {dy.args[0].kind} rows by {dy.attr('end')}"
+                if dy.op == Op.GATHER else "")
         return None, (f"weight gradient dW = sum x^T dy over {x.kind} rows, segments by "
                       f"{seg}{how}")
     body, bias = gemm_parts(body)

@@ -190,15 +190,19 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     relation pointers of the rows' kind, node-type pointers with ``node_perm`` as gather and
     scatter, or one segment; per-head weights make each (head, slice) a segment.  When the
     step's x is a gather of node rows (fusion folded it), ``x`` holds the node rows and the
-    kernel reads them by index: no gathered copy."""
+    kernel reads them by index: no gathered copy; the same for dy."""
     v = step.body
     headwise = len(v.shape) == 3
     xv, prologue = gemm_input(v.args[0])     # (a prologue: the kernel applies it to x tiles)
     prologue = prologue or ""
     gather = (xv.args[0].kind, xv.attr("end")) if xv.op == Op.GATHER else None
-    rows = dy.shape[0]
+    dv = v.args[1]                           # (a gather of node rows: read in place too)
+    dy_index = ix.move(dv.args[0].kind, dv.kind, dv.attr("end")) if dv.op == Op.GATHER else None
+    rows = dy.shape[0] if dy_index is None else dy_index.shape[0]
     H = x.shape[1] if headwise else 0
     bounds, read_x, read_dy = _wgrad_layout(ix, xv.kind, v.per, rows, H, gather)
+    if dy_index is not None:   # (fuse: relation or no segments, so no node permutation)
+        read_dy = dy_index
     if headwise:   # rows (r, h) in place; the head-major order is in the index
         xin, dyin = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
     else:

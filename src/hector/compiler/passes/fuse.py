@@ -28,6 +28,9 @@
    ms per forward on synthetic mag).  Done where the attention is formed, for the forward
    and for autodiff alike, so the backward reads the biased output it saved (the kernels
    subtract ``b`` again where they need the attention's own output).
+   A weight gradient reads its ``dy`` rows through a plain gather of node rows in place too
+   (RGCN's backward: the destinations' gradient per compact (dst, relation) row; on
+   wikikg2 a 3.3 GB copy, and the traversal writing it).
 5. **GEMM epilogue**: a bias add of a typed linear read by nothing else (``[reshape](add(
    linear(x, W), b))``, ``b`` a weight vector sliced as ``W`` is) is the segment GEMM's
    epilogue: no traversal reads the linear's rows back to add ``b`` (HGT's K, Q, V and
@@ -374,6 +377,7 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
         return Value(v.op, tuple(_weight_body(a, inputs)
                                  if a.kind == WEIGHT and template_of(a) == "weight"
                                  else gemm_gather(a, v, inputs) if i == 0 and _gemm_gather(a, v)
+                                 else dy_gather(a, v, inputs) if i == 1 and _dy_gather(a, v)
                                  else prologue(a, v, inputs) if i == 0 and _prologue(a, v)
                                  else _placeholder(materialise(a), inputs)
                                  for i, a in enumerate(v.args)),
@@ -413,6 +417,14 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value]):
         del decisions[mark:]        # (its inner fusions are the traversal's usual ones)
         return body
 
+    def dy_gather(a: Value, wgrad: Value, inputs: List[Value]) -> Value:
+        """``a`` (a gather of node rows) kept in a weight gradient's body as its dy rows."""
+        decisions.append(Decision(NAME, f"gather {a.args[0].kind}->{a.kind} into wgrad (dy)",
+                                  True, "the weight-gradient kernel reads dy's node rows "
+                                  "through the gather's index: no gathered copy"))
+        return Value(a.op, (_placeholder(materialise(a.args[0]), inputs),), a.kind, a.shape,
+                     a.attrs)
+
     def gemm_gather(a: Value, gemm: Value, inputs: List[Value]) -> Value:
         """``a`` (a gather of node rows) kept in the GEMM's body over its node rows."""
         decisions.append(Decision(NAME, f"gather {a.args[0].kind}->{a.kind} into {gemm.op}",
@@ -439,6 +451,15 @@ CSR_PROLOGUE_ENV = "HECTOR_CSR_PROLOGUE"
 
 def csr_prologue_enabled() -> bool:
     return os.environ.get(CSR_PROLOGUE_ENV, "0") == "1"
+
+
+def _dy_gather(a: Value, wgrad: Value) -> bool:
+    """A plain gather of node rows as a weight gradient's ``dy`` (RGCN's: the incoming
+    gradient of each compact (destination, relation) row's destination) is read by the
+    kernel through an index, as its ``x`` is (one weight per relation or a shared one, not
+    per head: those read dy in a head-major or ``node_perm`` order)."""
+    return (wgrad.op == Op.WGRAD and len(wgrad.shape) == 2 and wgrad.per in (None, "relation")
+            and a.op == Op.GATHER and a.args[0].kind == NODE and a.attr("norm") is None)
 
 
 def _csr_gemm(gemm: Value) -> bool:
