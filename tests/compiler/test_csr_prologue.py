@@ -42,8 +42,8 @@ def _opt_in(monkeypatch):
 def _run(g, backend, dtype=torch.float32, **opts):
     dev = device_for(backend)
     torch.manual_seed(1)
-    m = hcompile(models.rgcn, backend=backend, in_dim=8, out_dim=12, num_relations=3,
-                 **opts)
+    m = hcompile(models.rgcn, backend=backend, in_dim=8, out_dim=12,
+                 num_relations=g.num_relations, **opts)
     for p in m.parameters():
         torch.nn.init.normal_(p.data, std=0.3)
     m = m.to(dev, dtype)

@@ -153,7 +153,9 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
 def gemm_parts(body: Value) -> Tuple[Value, Value]:
     """(the typed linear, its bias argument or None) of a GEMM step's body: ``linear``, or
     ``[reshape](add(linear, bias))`` when fusion gave the linear its bias add as the
-    kernel's epilogue (``fuse``)."""
+    kernel's epilogue, or ``scatter(linear)`` (its scatter epilogue; ``fuse``)."""
+    if body.op == Op.SCATTER:
+        return body.args[0], None
     if body.op == Op.RESHAPE:
         body = body.args[0]
     if body.op == Op.ADD:
@@ -176,6 +178,7 @@ def gemm_spec(body: Value, dtype: torch.dtype):
                 if dy.op == Op.GATHER else "")
         return None, (f"weight gradient dW = sum x^T dy over {x.kind} rows, segments by "
                       f"{seg}{how}")
+    out_scatter = (body.kind, body.attr("end")) if body.op == Op.SCATTER else None
     body, bias = gemm_parts(body)
     x, prologue = gemm_input(body.args[0])
     w = body.args[1]
@@ -189,18 +192,23 @@ def gemm_spec(body: Value, dtype: torch.dtype):
     if x.op == Op.SCATTER:     # fuse's CSR prologue: one moved source, nothing added
         (csr,) = linear_traversal(x)[0].sources
     rows = RowSegments(rows=x.kind, segments=w.per, per_head=per_head, transpose_weight=transpose,
-                       gather=(x.args[0].kind, x.attr("end")) if gathered else None, csr=csr)
+                       gather=(x.args[0].kind, x.attr("end")) if gathered else None, csr=csr,
+                       scatter=out_scatter)
     # (steps_triton.run_gemm: node_perm or the head-major order, permutations both; a CSR
     # prologue's rows in order of length within each segment, a permutation too)
     permuted = w.per == "node_type" or per_head or csr is not None
-    gs = GemmSpec(has_gather=permuted or gathered, has_scatter=permuted,
+    gs = GemmSpec(has_gather=permuted or gathered, has_scatter=permuted or bool(out_scatter),
                   transpose_weight=transpose, dtype=dtype, K=K, N=N,
                   input_precision=fp32_dot() if dtype == torch.float32 else "ieee",
-                  gather_unique=permuted and not gathered, scatter_unique=permuted,
+                  gather_unique=permuted and not gathered,
+                  scatter_unique=permuted and not out_scatter,
                   has_bias=bias is not None, prologue=prologue, has_csr=csr is not None)
     seg = {"relation": f"{x.kind} rel_ptr", "node_type": "node_type_ptr (+node_perm)",
            None: "one segment"}[w.per] + (f"; rows gathered from {x.args[0].kind} by "
                                           f"{x.attr('end')}" if gathered else "")
+    if out_scatter is not None:
+        seg += (f"; output rows summed into their {out_scatter[0]} rows by {out_scatter[1]} "
+                "(scatter epilogue, fp32 atomics)")
     if csr is not None:
         seg += ("; input rows summed through the CSR of " + LinearTraversal(
             sources=(csr,)).describe().split("; ", 1)[1] + " as they are loaded (CSR prologue; "

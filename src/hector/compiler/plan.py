@@ -43,6 +43,9 @@ class RowSegments:
     #: the CSR prologue (``fuse``): (input index, movements, coefficient) of the one-source
     #: linear traversal whose output rows the GEMM sums as it loads them
     csr: Optional[Tuple[int, Tuple[tuple, ...], float]] = None
+    #: the scatter epilogue (``fuse``): (row kind summed into, endpoint): each output row is
+    #: added into its node row with atomics
+    scatter: Optional[Tuple[str, str]] = None
 
 
 @dataclass(frozen=True)

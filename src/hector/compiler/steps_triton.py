@@ -105,13 +105,24 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
         weight = w if rs.segments is not None else w.unsqueeze(0)
         ptr, _ = _gemm_layout(ix, rs, m.rows)
         order = _csr_order(ix, rs, m)
+        scatter, num_out = _out_rows(ix, rs, m.rows, order)
         out = segment_mm_csr(rows_in.contiguous(), weight.contiguous(), ptr, m.ptr, m.col,
-                             m.val, gather=order, scatter=order, num_out_rows=m.rows,
+                             m.val, gather=order, scatter=scatter, num_out_rows=num_out,
                              transpose_weight=rs.transpose_weight, backend=backend,
-                             gather_unique=True, scatter_unique=True,
+                             gather_unique=True, scatter_unique=rs.scatter is None,
                              bias=None if bias is None else bias.reshape(weight.shape[0], -1))
-        return out.reshape((m.rows,) + tuple(step.output.shape))
+        return out.reshape((num_out,) + tuple(step.output.shape))
     return _run_gemm(step, rs, x, w, ix, backend, bias)
+
+
+def _out_rows(ix: GraphIndex, rs, rows: int, perm: Optional[torch.Tensor]):
+    """(scatter index, output rows) of a GEMM step's ``rows`` logical rows: ``perm`` (a
+    permutation, or None) stores them; a scatter epilogue (``rs.scatter``) sums them into
+    their node rows (through ``perm`` when the rows are read permuted)."""
+    if rs.scatter is None:
+        return perm, rows
+    node = ix.move(NODE, rs.rows, rs.scatter[1])
+    return (node if perm is None else node.index_select(0, perm.long())), ix.rows[NODE]
 
 
 def _run_gemm(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str,
@@ -138,13 +149,15 @@ def _run_gemm(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backen
     ptr, perm = _gemm_layout(ix, rs, rows)
     if bias is not None:
         bias = bias.reshape(weight.shape[0], -1)
+    # (a scatter epilogue comes only with relation or no segments: perm is None then)
+    scatter, num_out = _out_rows(ix, rs, rows, None) if rs.scatter else (perm, rows)
     out = segment_mm(x.flatten(1).contiguous(), weight.contiguous(), ptr,   # (flatten: 0 rows ok)
-                     gather=perm if gather is None else gather, scatter=perm,
-                     num_out_rows=rows if perm is not None else None,
+                     gather=perm if gather is None else gather, scatter=scatter,
+                     num_out_rows=num_out if scatter is not None else None,
                      transpose_weight=rs.transpose_weight, backend=backend,
-                     gather_unique=gather is None, scatter_unique=True, bias=bias,
+                     gather_unique=gather is None, scatter_unique=rs.scatter is None, bias=bias,
                      prologue=gs.prologue)
-    return out.reshape((rows,) + tuple(step.output.shape))
+    return out.reshape((num_out,) + tuple(step.output.shape))
 
 
 def _head_major_layout(ix: GraphIndex, rs, rows: int, heads: int, gather):

@@ -1,0 +1,54 @@
+"""The segment GEMM's scatter epilogue: a typed linear's compact (dst, relation) rows summed
+into their destination nodes, the linear read by nothing else, is summed by the GEMM itself
+(fp32 atomics) -- no compact output is written.  RGCN after reordering: output and every
+gradient equal the torch backend's, fp32 and bf16, with the CSR prologue off (the default)
+and on; declined by its cost question where the rows are fewer than twice the nodes."""
+import pytest
+import torch
+
+from hector.compiler import ir as N
+from hector.compiler.passes import fuse
+
+from test_csr_prologue import _csr_steps, _graph, _run, _same
+
+
+def _scatter_steps(plan):
+    return [s for s in plan.steps if s.template == "gemm" and s.body.op == N.Op.SCATTER]
+
+
+@pytest.mark.parametrize("csr", [False, True])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_rgcn_relation_gemm_sums_into_the_nodes(monkeypatch, csr, dtype, tol):
+    if csr:
+        monkeypatch.setenv(fuse.CSR_PROLOGUE_ENV, "1")
+    else:
+        monkeypatch.delenv(fuse.CSR_PROLOGUE_ENV, raising=False)
+    g = _graph(num_nodes=12, num_edges=200, relations=8)   # 4 destinations x 8 relations
+    got = _run(g, "triton", dtype)
+    _same(got, _run(g, "torch", dtype), tol, 10 * tol)
+    plan = got[0].forward_plan
+    (step,) = _scatter_steps(plan)
+    assert step.output.kind == N.NODE and step.spec[1].scatter == (N.NODE, "dst")
+    assert step.spec[0].accumulate and "scatter epilogue" in step.note
+    assert bool(_csr_steps(plan)) == csr
+    # nothing reads compact rows back: no step takes a compact_dst input but the GEMM
+    assert not [s for s in plan.steps if s is not step
+                and any(v.kind == N.CDST for v in s.inputs)]
+    log = [str(d) for r in got[0].log if r.name == "fuse" for d in r.decisions]
+    assert any("applied: scatter into linear (epilogue)" in d for d in log), log
+
+
+def test_declined_with_fewer_than_two_rows_per_node():
+    g = _graph()                                    # 24 nodes, at most 24 (dst, relation) rows
+    got = _run(g, "triton")
+    assert not _scatter_steps(got[0].forward_plan)
+    (d,) = [d for r in got[0].log if r.name == "fuse" for d in r.decisions
+            if d.what == "scatter into linear (epilogue)"]
+    assert not d.applied and d.question is not None and "fewer than two rows" in d.reason
+    _same(got, _run(g, "torch"), 1e-5, 1e-4)
+
+
+def test_no_epilogue_without_fusion():
+    g = _graph(num_nodes=12, num_edges=200, relations=8)
+    got = _run(g, "triton", fuse=False)
+    assert not _scatter_steps(got[0].forward_plan)
