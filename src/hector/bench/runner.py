@@ -13,7 +13,7 @@ import torch
 from . import floor, suites, targets
 from ..checks import check_device_option
 from .paper import ATTENTION_PROFILES, ATTENTION_REAL, HETERO_PROFILES, SUITES, suite
-from .timing import CPU_MAX_S, MIN_RUNS, NOISE_IQR, interleaved, timed
+from .timing import CPU_MAX_S, MIN_RUNS, NOISE_IQR, ROUNDS, interleaved, timed
 
 #: torch.compile unrolls PyG's per-relation Python loop: past this many relations compiling
 #: takes minutes, so the compiled peer is skipped (with a note) for RGCN and RGAT
@@ -388,6 +388,9 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                      f"within {NOISE_IQR:.0%} of the median, at most about {CPU_MAX_S:g} s per "
                      "measurement; 'noisy' when it stayed wider); peak memory is measured on "
                      "CUDA only ('-')")
+    if any(c.layer in suites.RELATIONAL for c in cases):
+        notes.append(f"{' and '.join(PAIRED)}: timed together in {ROUNDS} alternating rounds, "
+                     "their runs pooled (the ratio of the two is a target)")
     if not cfg.no_pyg and not cfg.compile_pyg:
         notes.append("PyG compile skipped: torch.compile is measured on CUDA only (compiling "
                      "on the CPU takes minutes)" if not cuda else "PyG compile skipped "
