@@ -328,8 +328,10 @@ def tune_configs(spec: GemmSpec, interpreting: bool = False) -> Tuple[GemmSchedu
                       wgrad_block_m=heuristic.wgrad_block_m)
         cfg = _csr_tiles(spec, cfg)
         if spec.has_csr and cfg.num_warps < 4:
-            # Triton 3.6 rejects the CSR walk on 2 warps ("'tt.load' op failed to verify that
-            # mask type matches ptr type", H200): the tuner would log a compile error each time.
+            # Triton 3.6 rejected the first CSR walk (nested in the reduction loop) on 2 warps
+            # ("'tt.load' op failed to verify that mask type matches ptr type", H200).  The
+            # walk as it is now still logged that error for one config of this list (which
+            # one was not found); the tuner skips a config that fails to compile.
             continue
         if cfg not in seen:
             seen.append(cfg)
