@@ -235,6 +235,8 @@ def measure(peer: suites.Peer, x: torch.Tensor, device: torch.device, repeats: i
     return res
 
 
+#: Checks after which a peer is timed (it ran; a mismatch is reported and timed all the same).
+TIMED_CHECKS = ("ref", "ok", "no ref", "MISMATCH")
 #: Peers timed together, in interleaved rounds (``timing.interleaved``): the optimised and the
 #: unoptimised plan, whose ratio is a target (``targets``: at most 5% slower).
 PAIRED = ("hector", "hector unopt")
@@ -245,7 +247,7 @@ def measure_paired(peers: List[suites.Peer], rows: Dict[str, dict], x: torch.Ten
     """Time ``PAIRED`` peers' inference and training in interleaved rounds, into their rows
     (left alone where a row failed: it keeps what ``measure`` found)."""
     pair = [p for p in peers if p.name in PAIRED and p.name in rows
-            and rows[p.name].get("check") in ("ref", "ok", "no ref", "MISMATCH")
+            and rows[p.name].get("check") in TIMED_CHECKS
             and not {"oom", "error"} & set(rows[p.name])]
     if not pair:
         return
@@ -473,7 +475,7 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                 else:
                     row.update(_check(peer, x, ref_out, ref_grad, cot, device, cfg.check_grad,
                                       rtol))
-                if row.get("check") in ("ref", "ok", "no ref", "MISMATCH"):
+                if row.get("check") in TIMED_CHECKS:
                     row.update(measure(peer, x, device, cfg.repeats,
                                        time_it=not (paired and peer.name in PAIRED)))
                 rows.append(row)
@@ -487,7 +489,6 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                     row["check"] = row["check"] + " (ERR)"
                 if row.get("inference_ms"):
                     row["floor_fraction"] = fl_ms / row["inference_ms"]
-            _cleanup(device)
             del ref, peers, ref_out, ref_grad, cot
             _cleanup(device)
             if on_case is not None:

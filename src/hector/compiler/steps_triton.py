@@ -78,11 +78,9 @@ def _csr_order(ix: GraphIndex, rs, m: WeightedCSR) -> torch.Tensor:
     row).  One device sort per graph, memoised; nothing read on the host."""
     key = ("csr_prologue_order", rs.rows, rs.segments, rs.csr)
     if key not in ix.memo:
-        bounds, _ = _gemm_layout(ix, rs, m.rows)
-        dev = m.ptr.device
-        sizes = torch.tensor([hi - lo for lo, hi in zip(bounds[:-1], bounds[1:])], device=dev)
-        seg = torch.repeat_interleave(torch.arange(sizes.numel(), device=dev), sizes,
-                                      output_size=m.rows)
+        # (rows of a kind are stored by relation: its relation is its segment)
+        seg = (ix.relation(rs.rows) if rs.segments == "relation"
+               else torch.zeros(m.rows, dtype=torch.int64, device=m.ptr.device))
         order = torch.argsort(seg * (m.nnz + 1) + (m.ptr[1:] - m.ptr[:-1]), stable=True)
         ix.memo[key] = order.to(torch.int32 if m.rows < 2 ** 31 else torch.int64)
     return ix.memo[key]
@@ -150,7 +148,7 @@ def _run_gemm(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backen
     if bias is not None:
         bias = bias.reshape(weight.shape[0], -1)
     # (a scatter epilogue comes only with relation or no segments: perm is None then)
-    scatter, num_out = _out_rows(ix, rs, rows, None) if rs.scatter else (perm, rows)
+    scatter, num_out = _out_rows(ix, rs, rows, perm)
     out = segment_mm(x.flatten(1).contiguous(), weight.contiguous(), ptr,   # (flatten: 0 rows ok)
                      gather=perm if gather is None else gather, scatter=scatter,
                      num_out_rows=num_out if scatter is not None else None,

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ...graph.build import ptr_of, stable_argsort
+from ..ptr import rows_of_entries
 
 _MASK32 = 0xFFFFFFFF
 #: Multipliers of the "lowbias32" integer finaliser (C. Wellons); shared with the Triton code.
@@ -135,9 +136,9 @@ class _Layout:
     row, so each softmax group is a contiguous segment ``crow[r]:crow[r + 1]``."""
 
     def __init__(self, graph, heads: int):
-        n, e, rows = graph.num_nodes, graph.num_edges, graph.num_nodes * heads
+        e, rows = graph.num_edges, graph.num_nodes * heads
         ptr, src, eid = (t.long() for t in (graph.csr_in.ptr, graph.csr_in.col, graph.csr_in.eid))
-        node = torch.repeat_interleave(torch.arange(n), ptr.diff(), output_size=e)
+        node = rows_of_entries(ptr, e)
         h = torch.arange(heads)
         # entry (CSR position p, head h) sorts to row node[p] * H + h, p ascending inside it
         row_of = (node[:, None] * heads + h).reshape(-1)

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..activations import gelu_grad
+from ..ptr import rows_of_entries
 from ..traversal.reference import edge_softmax_torch
 from .spec import EdgewiseSpec, Node
 
@@ -31,8 +32,7 @@ def edgewise_torch(spec: EdgewiseSpec, inputs: Sequence[torch.Tensor],
     if spec.form != "softmax":
         return _eval(root, inputs, arrays, {"own": own}, {}).to(dtype)
     ptr, perm = arrays[root.attr("ptr")], arrays[root.attr("perm")]
-    seg = torch.repeat_interleave(torch.arange(ptr.numel() - 1, device=ptr.device),
-                                  ptr[1:] - ptr[:-1])
+    seg = rows_of_entries(ptr)
     s = _eval(root.args[0], inputs, arrays, {"own": own, "entry": perm}, {})
     s = s.expand((s.shape[0],) + root.shape)
     alpha = edge_softmax_torch(seg, ptr.numel() - 1, s)
@@ -79,8 +79,7 @@ def _eval(n: Node, inputs, arrays, ctx: Dict[str, torch.Tensor], memo) -> torch.
         own = ctx["own"]
         x = _eval(n.args[0], inputs, arrays, {"own": own, "entry": perm}, memo).float()
         x = x.expand((x.shape[0],) + n.shape)
-        seg = torch.repeat_interleave(torch.arange(ptr.numel() - 1, device=ptr.device),
-                                      ptr[1:] - ptr[:-1])
+        seg = rows_of_entries(ptr)
         out = x.new_zeros((ptr.numel() - 1,) + n.shape).index_add(0, seg, x)
         if a.get("mean"):
             out = out / (ptr[1:] - ptr[:-1]).clamp(min=1).view(-1, 1, 1)

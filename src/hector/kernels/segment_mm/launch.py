@@ -128,7 +128,8 @@ def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x:
         kernel[grid](
             tiles, x, gather if gather is not None else tiles, weight,
             bias if bias is not None else tiles, scatter if scatter is not None else tiles,
-            out, *(csr if csr is not None else (tiles,) * 3), spec.K, n, x.stride(0), x.stride(1), *_weight_strides(weight, transpose),
+            out, *(csr if csr is not None else (tiles,) * 3), spec.K, n, x.stride(0),
+            x.stride(1), *_weight_strides(weight, transpose),
             bias.stride(0) if bias is not None else 0, out.stride(0), out.stride(1),
             **sched.meta)
     return out.to(spec.dtype)

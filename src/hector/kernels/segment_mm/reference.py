@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..ptr import rows_of_entries
 from .spec import PROLOGUES
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -53,13 +54,6 @@ def segment_mm_torch(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[int
     return out.to(x.dtype)
 
 
-def csr_row_ids(ptr: torch.Tensor, nnz: int) -> torch.Tensor:
-    """``[nnz]`` int64 CSR row of each entry."""
-    rows = ptr.numel() - 1
-    return torch.repeat_interleave(torch.arange(rows, device=ptr.device), ptr[1:] - ptr[:-1],
-                                   output_size=nnz)
-
-
 def csr_rows_torch(x: torch.Tensor, ptr: torch.Tensor, col: torch.Tensor,
                    val: torch.Tensor) -> torch.Tensor:
     """``a [R, K]``, ``a_i = sum_{e in row i} val[e] x[col[e]]``: the rows the CSR prologue
@@ -68,13 +62,13 @@ def csr_rows_torch(x: torch.Tensor, ptr: torch.Tensor, col: torch.Tensor,
     work = torch.promote_types(x.dtype, torch.float32)
     terms = x.index_select(0, col.long()).to(work) * val.to(work)[:, None]
     a = terms.new_zeros(ptr.numel() - 1, x.shape[1])
-    return a.index_add(0, csr_row_ids(ptr, col.numel()), terms).to(x.dtype)
+    return a.index_add(0, rows_of_entries(ptr, col.numel()), terms).to(x.dtype)
 
 
 def csr_rows_transposed_torch(da: torch.Tensor, ptr: torch.Tensor, col: torch.Tensor,
                               val: torch.Tensor, num_x_rows: int) -> torch.Tensor:
     """``dx [num_x_rows, K]``: the gradient of :func:`csr_rows_torch` given ``da``."""
     work = torch.promote_types(da.dtype, torch.float32)
-    terms = da.index_select(0, csr_row_ids(ptr, col.numel())).to(work) * val.to(work)[:, None]
+    terms = da.index_select(0, rows_of_entries(ptr, col.numel())).to(work) * val.to(work)[:, None]
     dx = terms.new_zeros(num_x_rows, da.shape[1])
     return dx.index_add(0, col.long(), terms).to(da.dtype)

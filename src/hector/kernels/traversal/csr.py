@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from ...graph.build import sort_key, sorted_ptr
+from ..ptr import rows_of_entries
 from .schedule import PendingBins, RowBins, row_bins
 
 
@@ -48,9 +49,7 @@ class WeightedCSR:
 
     def row_ids(self) -> torch.Tensor:
         """``[nnz]`` int64 row of each entry."""
-        counts = self.ptr[1:] - self.ptr[:-1]
-        return torch.repeat_interleave(torch.arange(self.rows, device=self.ptr.device), counts,
-                                       output_size=self.nnz)
+        return rows_of_entries(self.ptr, self.nnz)
 
     def to_sparse(self) -> torch.Tensor:
         return torch.sparse_coo_tensor(torch.stack([self.row_ids(), self.col.long()]), self.val,
