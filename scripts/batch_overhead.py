@@ -34,7 +34,7 @@ cProfile (after the timings, which it does not touch), the top N functions print
 forward + backward on fresh blocks and of the same step repeated, to stderr.
 
 ``--epoch-prefetch K``: instead of the above, wall time of whole epochs (``--batches``
-batches: sampling, block builds and forward + backward, torch backend) with
+batches: sampling, block builds and forward + backward; the torch backend on the CPU) with
 ``NeighborLoader(prefetch=0)`` and ``prefetch=K``, alternating, three epochs each: what
 building the next batches in a background thread saves.
 
@@ -197,16 +197,21 @@ def torch_profile(kind, model, graph, batch, x, device, top):
             step(kind, model, graph, batch, x)
             sync(device)
         print(f"--- {kind}: torch.profiler, {what}", file=sys.stderr)
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top),
-              file=sys.stderr)
+        keys = ["self_cpu_time_total"] + (["self_device_time_total"] if device.type == "cuda"
+                                          else [])
+        for key in keys:
+            print(prof.key_averages().table(sort_by=key, row_limit=top), file=sys.stderr)
 
 
 def epoch_prefetch(args, graph, x, seeds, fanouts, device):
-    """Wall time per epoch with and without ``prefetch`` (see ``--epoch-prefetch``)."""
+    """Wall time per epoch with and without ``prefetch`` (see ``--epoch-prefetch``): the
+    layers' default backend on CUDA, the torch backend on the CPU (the interpreter would time
+    itself)."""
     print("| model | batches | prefetch | epoch ms (3 runs) | median |")
     print("|---|---|---|---|---|")
     for kind in args.models.split(","):
-        model, _ = make_model(kind, graph, args.hidden, device, backend="torch")
+        model, _ = make_model(kind, graph, args.hidden, device,
+                              backend=None if device.type == "cuda" else "torch")
         times = {0: [], args.epoch_prefetch: []}
         for _ in range(3):
             for depth in times:
