@@ -3,8 +3,8 @@
     python scripts/memory_peak.py [--layer hgt] [--profile mag] [--features 64] [--heads 1]
                                   [--top 25]
 
-(one layer as ``hector bench`` runs it: HGT with ``--heads`` heads; RGCN and RGAT as
-``batch_overhead.py`` builds its first layer)
+(one layer as ``hector bench`` builds it: RGCN F -> F, RGAT with ``--heads`` heads of F //
+heads, HGT with ``--heads`` heads)
 
 Records the CUDA caching allocator's history (``torch.cuda.memory._record_memory_history``)
 over one forward + backward after a warm-up step, replays the allocations and frees in
@@ -69,6 +69,10 @@ def main():
         from hector.nn import HGTConv
         layer = HGTConv(args.features, args.features, (g.node_type_names, g.relation_names),
                         heads=args.heads).to(dev)
+    elif args.layer == "rgat":
+        from hector.nn import RGATConv
+        layer = RGATConv(args.features, max(1, args.features // args.heads), g.num_relations,
+                         heads=args.heads).to(dev)
     else:
         layer = make_model(args.layer, g, args.features, dev)[0][0]
     x = torch.randn(g.num_nodes, args.features, device=dev, requires_grad=True)

@@ -157,7 +157,22 @@ def test_hector_train_batch_size_runs(model):
     assert result["batch_size"] == 64 and 0.0 <= result["test_acc"] <= 1.0
     text = out.getvalue()
     assert len(re.findall(r"^epoch\s+\d+\s+loss", text, re.M)) == 2
-    assert re.match(r"settings .* batch_size=64 fanout=5,5 devices=1", text)
+    assert re.match(r"settings .* batch_size=64 fanout=5,5 devices=1 prefetch=0", text)
+
+
+def test_prefetch_trains_the_same_model():
+    """``--prefetch 2`` only builds the same batches ahead in a thread: the losses and the
+    accuracy equal ``--prefetch 0``'s exactly."""
+    runs = []
+    for depth in ("0", "2"):
+        out = io.StringIO()
+        result = train(parse("--model", "rgcn", "--dataset", "synthetic:cora", "--epochs", "2",
+                             "--hidden", "8", "--batch-size", "32", "--fanout", "4,3",
+                             "--log-every", "1", "--prefetch", depth), out=out)
+        losses = re.findall(r"^epoch\s+\d+\s+loss\s+([0-9.]+)", out.getvalue(), re.M)
+        assert len(losses) == 2 and f"prefetch={depth}" in out.getvalue()
+        runs.append((losses, result["test_acc"]))
+    assert runs[0] == runs[1]
 
 
 @pytest.mark.parametrize("argv, option", [
@@ -165,6 +180,7 @@ def test_hector_train_batch_size_runs(model):
     (["--batch-size", "8", "--fanout", "5"], "--fanout"),
     (["--batch-size", "8", "--fanout", "a,b"], "--fanout"),
     (["--devices", "0"], "--devices"),
+    (["--batch-size", "8", "--prefetch", "-1"], "--prefetch"),
     (["--batch-size", "8", "--resume", "nowhere.pt"], "--resume"),
 ])
 def test_bad_minibatch_options_name_the_option(argv, option):

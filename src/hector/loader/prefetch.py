@@ -9,9 +9,12 @@ without prefetching yields.  The thread stops when the iteration ends, fails, or
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional
+
+import torch
 
 #: Name of the producing threads (tests look for live ones).
 THREAD_NAME = "hector-loader-prefetch"
@@ -21,8 +24,10 @@ POLL_S = 0.05
 _END = object()
 
 
-def prefetched(source: Iterable, depth: int) -> Iterator:
-    """The items of ``source``, produced by a thread at most ``depth`` items ahead."""
+def prefetched(source: Iterable, depth: int, device: Optional[torch.device] = None) -> Iterator:
+    """The items of ``source``, produced by a thread at most ``depth`` items ahead; with a
+    CUDA ``device``, the thread makes it its current device (a new thread starts on device 0,
+    which is not the graph's on rank 1 of a multi-GPU run)."""
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
     items: queue.Queue = queue.Queue(maxsize=depth)
@@ -39,10 +44,13 @@ def prefetched(source: Iterable, depth: int) -> Iterator:
         return False
 
     def produce():
+        on_device = (torch.cuda.device(device) if device is not None and device.type == "cuda"
+                     else contextlib.nullcontext())
         try:
-            for item in source:
-                if not offer((item, None)):
-                    return
+            with on_device:
+                for item in source:
+                    if not offer((item, None)):
+                        return
             offer((_END, None))
         except BaseException as err:        # handed to the consumer, raised there
             offer((None, err))

@@ -52,6 +52,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fanout", default=None,
                    help="neighbours sampled per layer, first hop first (default 25,20; -1: "
                         "all)")
+    p.add_argument("--prefetch", type=int, default=None,
+                   help="mini-batches: build this many batches ahead in a background thread "
+                        "(hector.loader's prefetch; default 2 on CUDA, 0 on the CPU, where the "
+                        "thread competes with the step for the cores)")
     p.add_argument("--devices", type=int, default=1,
                    help="processes (one per GPU; with --device cpu, gloo processes sharing the "
                         "CPU threads unless OMP_NUM_THREADS is set) training "

@@ -74,6 +74,10 @@ def resolve_config(args) -> dict:
     if batch_size is not None:
         _check_positive("batch_size", batch_size)
     fanout = getattr(args, "fanout", None)
+    prefetch = getattr(args, "prefetch", None)
+    if prefetch is None:
+        prefetch = minibatch.DEFAULT_PREFETCH_CUDA if device.type == "cuda" else 0
+    _check_positive("prefetch", prefetch, allow_zero=True)
     devices = getattr(args, "devices", None)
     devices = 1 if devices is None else devices
     _check_positive("devices", devices)
@@ -83,7 +87,7 @@ def resolve_config(args) -> dict:
                device=str(device), backend=backend, log_every=log_every, batch_size=batch_size,
                fanout=minibatch.parse_fanout(fanout if fanout is not None
                                              else minibatch.DEFAULT_FANOUT),
-               devices=devices)
+               devices=devices, prefetch=prefetch)
     return cfg
 
 
@@ -93,7 +97,7 @@ def settings_line(cfg: dict, root=None) -> str:
             "patience", "num_bases", "first_layer", "dtype", "device", "backend", "seed")
     threads = f" cpu_threads={torch.get_num_threads()}" if cfg["device"] == "cpu" else ""
     batches = (f" batch_size={cfg['batch_size']} fanout={','.join(map(str, cfg['fanout']))}"
-               f" devices={cfg['devices']}" if cfg.get("batch_size") or cfg.get("devices", 1) > 1
+               f" devices={cfg['devices']} prefetch={cfg.get('prefetch', 0)}" if cfg.get("batch_size") or cfg.get("devices", 1) > 1
                else "")
     return ("settings " + " ".join(f"{k}={cfg[k]}" for k in keys) + batches + threads
             + (f" root={root}" if root else ""))

@@ -13,6 +13,10 @@ from ..loader import NeighborLoader
 
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_FANOUT = (25, 20)
+#: Batches built ahead by the loader's thread on CUDA (``--prefetch``): on an H200 it made
+#: synthetic mag epochs 10-17% shorter (sampling and block builds overlap the step's host
+#: work and kernels); on the CPU the thread competes with the step for the cores.
+DEFAULT_PREFETCH_CUDA = 2
 #: Full-graph training keeps, per layer, a few activations per edge (messages, scores and
 #: their gradients) and per node: this many [rows, width] fp32 arrays of each.
 EDGE_ARRAYS, NODE_ARRAYS = 4, 6
@@ -69,12 +73,15 @@ def make_loader(graph, nodes, cfg: dict, rank: int = 0, world: int = 1) -> Neigh
     ``rank`` sampling its ``1 / world`` share of the seeds, every rank the same number of
     batches (so the gradient all-reduces of DistributedDataParallel pair up)."""
     return NeighborLoader(graph, cfg["fanout"], input_nodes=nodes, batch_size=cfg["batch_size"],
-                          shuffle=True, seed=cfg["seed"], num_parts=world, part=rank)
+                          shuffle=True, seed=cfg["seed"], num_parts=world, part=rank,
+                          prefetch=cfg.get("prefetch", 0))
 
 
 def train_epoch(model, opt, loader, x, y) -> float:
-    """One pass over ``loader``'s batches, one optimizer step per batch; mean loss."""
-    total, seen = 0.0, 0
+    """One pass over ``loader``'s batches, one optimizer step per batch; mean loss.  The loss
+    is summed on the device and read once, after the last batch: a read per batch would stall
+    the host until the GPU finished that batch, every batch."""
+    total, seen = torch.zeros((), dtype=torch.float64, device=y.device), 0
     for batch in loader:
         opt.zero_grad(set_to_none=True)
         x_b = None if x is None else x.index_select(0, batch.n_id)
@@ -82,9 +89,9 @@ def train_epoch(model, opt, loader, x, y) -> float:
         loss = F.cross_entropy(logits.float(), y[batch.seed])
         loss.backward()
         opt.step()
-        total += loss.item() * batch.batch_size
+        total += loss.detach() * batch.batch_size
         seen += batch.batch_size
-    return total / max(seen, 1)
+    return total.item() / max(seen, 1)
 
 
 @torch.no_grad()
@@ -93,7 +100,7 @@ def predict_sampled(model, graph, x, nodes: torch.Tensor, cfg: dict, num_classes
     other nodes are zero.  For graphs whose full-graph forward would not fit."""
     out = torch.zeros(graph.num_nodes, num_classes, device=nodes.device)
     loader = NeighborLoader(graph, cfg["fanout"], input_nodes=nodes, batch_size=cfg["batch_size"],
-                            seed=cfg["seed"])
+                            seed=cfg["seed"], prefetch=cfg.get("prefetch", 0))
     for batch in loader:
         x_b = None if x is None else x.index_select(0, batch.n_id)
         out[batch.seed] = model(x_b, batch.blocks, n_id=batch.n_id).float()
