@@ -24,7 +24,7 @@ DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
 CPU_FEATURES = 64
 
 
-def make_layers(kind, f_in, heads, concat):
+def make_layers(kind, f_in, heads, concat, **transformer_kw):
     torch.manual_seed(0)
     if kind == "gat":
         ref = pyg.GATConv(f_in, 16, heads=heads, concat=concat)
@@ -33,7 +33,8 @@ def make_layers(kind, f_in, heads, concat):
         with torch.no_grad():
             ref.beta.fill_(1.7)       # not the initial 1, so a lost beta is seen
     else:
-        ref = pyg.TransformerConv(f_in, 16, heads=heads, concat=concat, beta=True)
+        kw = dict(dict(beta=True), **transformer_kw)
+        ref = pyg.TransformerConv(f_in, 16, heads=heads, concat=concat, **kw)
     # Non-trivial parameters: PyG zero-initialises biases.
     with torch.no_grad():
         for p in ref.parameters():
@@ -48,10 +49,10 @@ def rel_err(a, b, floor=1e-30):
 
 
 def compare(kind, edge_index, x, heads=2, concat=True, strategy="auto", backend="auto",
-            dtype=torch.float32):
+            dtype=torch.float32, **transformer_kw):
     """Ours in ``dtype`` against PyG in float64 on the same (``dtype``-rounded) inputs and
     parameters: the error measured is ours, not the sum of two low-precision runs."""
-    ref = make_layers(kind, x.shape[1], heads, concat).to(dtype)
+    ref = make_layers(kind, x.shape[1], heads, concat, **transformer_kw).to(dtype)
     ours = type_of(kind).from_pyg(ref, strategy=strategy, backend=backend)
     ref = copy.deepcopy(ref).double()
     x = x.to(DEVICE, dtype)
@@ -64,8 +65,11 @@ def compare(kind, edge_index, x, heads=2, concat=True, strategy="auto", backend=
     assert rel_err(out, out_ref) < tol, f"output: {rel_err(out, out_ref)}"
     grad_out = torch.randn_like(out)
     params_ref, params = dict(ref.named_parameters()), dict(ours.named_parameters())
-    assert params_ref.keys() == params.keys()
-    names = list(params_ref)
+    # (PyG keeps lin_skip with root_weight=False, unused; ours has none: compare ours.)
+    unused = {n for n in params_ref if n.startswith("lin_skip.")} if (
+        kind == "transformer" and not ref.root_weight) else set()
+    assert params_ref.keys() - unused == params.keys()
+    names = list(params)
     g_ref = torch.autograd.grad(out_ref, [x_ref] + [params_ref[n] for n in names],
                                 grad_out.double())
     g = torch.autograd.grad(out, [x_ours] + [params[n] for n in names], grad_out)
@@ -105,6 +109,29 @@ def test_small_random_graphs(kind, strategy):
 def test_mean_over_heads(kind):
     ei = random_graph(30, 90, seed=3)
     compare(kind, ei, torch.randn(30, 8), heads=2, concat=False, backend="triton")
+
+
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+@pytest.mark.parametrize("beta, bias, root_weight, concat, folded", [
+    (False, True, True, True, True),      # the skip's bias in the attention epilogue
+    (False, False, True, True, True),     # addmm alone
+    (True, True, True, True, False),      # the gate needs x W_skip^T apart
+    (False, True, True, False, False),    # heads averaged: the bias is not per column
+    (False, True, False, True, False),    # no skip term
+])
+def test_transformer_skip_term(strategy, beta, bias, root_weight, concat, folded):
+    """The skip term ``x W_skip^T + b_skip`` is folded into the attention's bias epilogue
+    and the skip GEMM's accumulator (``skip_folded``) exactly when heads are concatenated
+    and there is no gate; every variant, folded or not, agrees with PyG in the output and
+    every gradient."""
+    kw = dict(beta=beta, bias=bias, root_weight=root_weight)
+    layer = TransformerConv.from_pyg(pyg.TransformerConv(12, 16, heads=3, concat=concat, **kw))
+    assert layer.skip_folded == folded
+    ei = random_graph(40, 150, seed=4, hub=80)
+    x = torch.randn(40, 12, generator=torch.Generator().manual_seed(5))
+    for dtype in DTYPES:
+        compare("transformer", ei, x, heads=3, concat=concat, strategy=strategy,
+                backend="triton", dtype=dtype, **kw)
 
 
 def real_graph(name):
