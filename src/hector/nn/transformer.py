@@ -72,14 +72,11 @@ class TransformerConv(nn.Module):
         q = linear(x, self.lin_query).view(-1, H, C)
         k = linear(x, self.lin_key).view(-1, H, C)
         v = linear(x, self.lin_value).view(-1, H, C)
-        fold = self.skip_folded
         out = edge_attention(graph, v, q=q, k=k, scale=1.0 / math.sqrt(C), dropout=self.dropout,
                              training=self.training, strategy=self.strategy,
-                             backend=self.backend, bias=self.lin_skip.bias if fold else None)
+                             backend=self.backend)
         out = take_rows(out, rows)      # a block's destination rows only
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
-        if fold:    # out + x W_skip^T in the GEMM's epilogue (cuBLAS reads out as its C)
-            return torch.addmm(out, take_rows(x, rows), self.lin_skip.weight.t())
         if self.lin_skip is not None:
             x_r = linear(take_rows(x, rows), self.lin_skip)
             if self.lin_beta is not None:
@@ -88,16 +85,6 @@ class TransformerConv(nn.Module):
             else:
                 out = out + x_r
         return out
-
-    @property
-    def skip_folded(self) -> bool:
-        """Whether the root term ``x W_skip^T + b_skip`` is added without a pass of its own:
-        the attention kernels add ``b_skip`` as they store each row (their bias epilogue) and
-        the skip GEMM adds ``x W_skip^T`` to the attention's output as its accumulator
-        (``addmm``), instead of a GEMM, then a separate elementwise add over the output
-        (60 of 1000 us of an inference on synthetic arxiv, 128x1, H200).  Needs heads
-        concatenated (the bias is then per output column) and no ``beta`` gate."""
-        return self.lin_skip is not None and self.lin_beta is None and self.concat
 
     def attention_spec(self, dtype=torch.float32, features=None):
         """What this layer asks of the fused attention op (for ``hector.explain``)."""
