@@ -92,22 +92,24 @@ def gemm_params(spec: GemmSpec, wgrad: bool = False) -> dict:
                   dot_fp32=interpreting() and spec.dtype == torch.bfloat16,
                   input_precision=spec.input_precision, prologue=spec.prologue or "")
     return shared if wgrad else dict(shared, accumulate=spec.accumulate, has_bias=spec.has_bias,
-                                     narrow=spec.narrow, has_csr=spec.has_csr)
+                                     narrow=spec.narrow, has_csr=spec.has_csr,
+                                     has_addend=spec.has_addend)
 
 
 def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x: torch.Tensor,
                 weight: torch.Tensor, gather: Optional[torch.Tensor],
                 scatter: Optional[torch.Tensor], num_out_rows: int,
                 bias: Optional[torch.Tensor] = None,
-                csr: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
-                ) -> torch.Tensor:
+                csr: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+                addend: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One forward-template launch; returns ``[M or num_out_rows, N]`` in ``spec.dtype``.
     ``csr`` (``spec.has_csr``): (ptr, col, val) whose rows the prologue sums.
 
     A scatter accumulates in a zeroed fp32 buffer (fp32 atomics; half-precision atomics would
     round at every add) that is rounded once at the end; a permutation (``scatter_unique``)
     stores each row once, every one of the ``num_out_rows == M`` rows.  ``bias`` ``[S, N]``
-    (``spec.has_bias``): added to each row of its segment by the epilogue."""
+    (``spec.has_bias``): added to each row of its segment by the epilogue; ``addend``
+    ``[rows, N]`` (``spec.has_addend``): its row of each output row, added by the epilogue."""
     sched.check_fits(spec)
     m, n = bounds[-1], spec.N
     if spec.accumulate:
@@ -128,10 +130,11 @@ def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x:
         kernel[grid](
             tiles, x, gather if gather is not None else tiles, weight,
             bias if bias is not None else tiles, scatter if scatter is not None else tiles,
-            out, *(csr if csr is not None else (tiles,) * 3), spec.K, n, x.stride(0),
+            out, *(csr if csr is not None else (tiles,) * 3),
+            addend if addend is not None else tiles, spec.K, n, x.stride(0),
             x.stride(1), *_weight_strides(weight, transpose),
             bias.stride(0) if bias is not None else 0, out.stride(0), out.stride(1),
-            **sched.meta)
+            *(addend.stride() if addend is not None else (0, 0)), **sched.meta)
     return out.to(spec.dtype)
 
 
@@ -199,13 +202,13 @@ def pick_schedule(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...
 
 
 def _forward(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
-             num_out_rows: int, x, weight, gather, scatter, bias=None):
+             num_out_rows: int, x, weight, gather, scatter, bias=None, addend=None):
     """(output, schedule used): the forward launch, its schedule picked (and tuned) first."""
     def run(sched):
         # Allocates a fresh (zeroed, under scatter) output per call, so autotune trials
         # never add into each other's atomics.
         return launch_gemm(spec, sched, bounds, x, weight, gather, scatter, num_out_rows,
-                           bias)
+                           bias, addend=addend)
     sched = pick_schedule(spec, choice, bounds, x.device, run)
     return run(sched), sched
 
@@ -238,9 +241,10 @@ class SegmentMMFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
-                num_out_rows: int, x, weight, gather, scatter, bias=None):
+                num_out_rows: int, x, weight, gather, scatter, bias=None, addend=None):
         out, sched = _forward(spec, choice, bounds, num_out_rows, x, weight, gather, scatter,
-                              bias)
+                              bias, addend)
+        ctx.addend_dtype = addend.dtype if addend is not None else None
         ctx.spec, ctx.choice, ctx.sched, ctx.bounds = spec, choice, sched, bounds
         ctx.save_for_backward(x, weight, gather, scatter)
         return out
@@ -252,7 +256,8 @@ class SegmentMMFunction(torch.autograd.Function):
         dx, dw = _backward(ctx.spec, ctx.choice, ctx.sched, ctx.bounds, dout, x, weight,
                            gather, scatter, *ctx.needs_input_grad[4:6])
         db = (segment_sums(dout, ctx.bounds, scatter) if ctx.needs_input_grad[8] else None)
-        return None, None, None, None, dx, dw, None, None, db
+        da = dout.to(ctx.addend_dtype) if ctx.needs_input_grad[9] else None
+        return None, None, None, None, dx, dw, None, None, db, da
 
 
 # -- the custom operators (torch.library) ---------------------------------------------------
@@ -262,10 +267,11 @@ class SegmentMMFunction(torch.autograd.Function):
 # the segment bounds as ``int[]`` (they are Python ints already: op.py reads seg_ptr once).
 
 def _spec_of(x, weight, gather, scatter, transpose_weight: bool, unique: Tuple[bool, bool],
-             has_bias: bool = False, prologue: str = "", has_csr: bool = False) -> GemmSpec:
+             has_bias: bool = False, prologue: str = "", has_csr: bool = False,
+             has_addend: bool = False) -> GemmSpec:
     n = weight.shape[1] if transpose_weight else weight.shape[2]
     return GemmSpec.of(x, gather, scatter, transpose_weight, n, *unique, has_bias=has_bias,
-                       prologue=prologue, has_csr=has_csr)
+                       prologue=prologue, has_csr=has_csr, has_addend=has_addend)
 
 
 @torch.library.custom_op("hector::segment_mm", mutates_args=())
@@ -273,16 +279,16 @@ def segment_mm_op(x: torch.Tensor, weight: torch.Tensor, gather: Optional[torch.
                   scatter: Optional[torch.Tensor], bounds: List[int], num_out_rows: int,
                   transpose_weight: bool, gather_unique: bool = False,
                   scatter_unique: bool = False, bias: Optional[torch.Tensor] = None,
-                  prologue: str = "") -> torch.Tensor:
+                  prologue: str = "", addend: Optional[torch.Tensor] = None) -> torch.Tensor:
     spec = _spec_of(x, weight, gather, scatter, transpose_weight, (gather_unique, scatter_unique),
-                    bias is not None, prologue)
+                    bias is not None, prologue, has_addend=addend is not None)
     return _forward(spec, None, tuple(bounds), num_out_rows, x, weight, gather, scatter,
-                    bias)[0]
+                    bias, addend)[0]
 
 
 @segment_mm_op.register_fake
 def _(x, weight, gather, scatter, bounds, num_out_rows, transpose_weight, gather_unique=False,
-      scatter_unique=False, bias=None, prologue=""):
+      scatter_unique=False, bias=None, prologue="", addend=None):
     n = weight.shape[1] if transpose_weight else weight.shape[2]
     rows = num_out_rows if scatter is not None else bounds[-1]
     return x.new_empty(rows, n)
@@ -321,6 +327,8 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, weight, gather, scatter)
     ctx.bounds, ctx.transpose_weight, ctx.unique = list(bounds), transpose_weight, rest[:2]
     ctx.prologue = rest[3] if len(rest) > 3 else ""
+    addend = rest[4] if len(rest) > 4 else None
+    ctx.addend_dtype = addend.dtype if addend is not None else None
 
 
 def _autograd_backward(ctx, dout):
@@ -331,9 +339,12 @@ def _autograd_backward(ctx, dout):
         dx, dw = call(segment_mm_backward_op, dout, x, weight, gather, scatter, ctx.bounds,
                       ctx.transpose_weight, need_x, need_w, *ctx.unique, ctx.prologue)
     need_b = len(ctx.needs_input_grad) > 9 and ctx.needs_input_grad[9]
-    # (one gradient per op input: x, weight, seven that have none, the bias, the prologue)
+    need_a = len(ctx.needs_input_grad) > 11 and ctx.needs_input_grad[11]
+    # (one gradient per op input: x, weight, seven that have none, the bias, the prologue,
+    # the addend: each output row's addend row gets that row's gradient)
     return ((dx if need_x else None, dw if need_w else None) + (None,) * 7
-            + (segment_sums(dout, ctx.bounds, scatter) if need_b else None, None))
+            + (segment_sums(dout, ctx.bounds, scatter) if need_b else None, None,
+               dout.to(ctx.addend_dtype) if need_a else None))
 
 
 segment_mm_op.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -453,7 +464,8 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[in
                       num_out_rows: Optional[int] = None, transpose_weight: bool = False,
                       schedule: ScheduleChoice = None, gather_unique: bool = False,
                       scatter_unique: bool = False,
-                      bias: Optional[torch.Tensor] = None, prologue: str = "") -> torch.Tensor:
+                      bias: Optional[torch.Tensor] = None, prologue: str = "",
+                      addend: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The Triton path of :func:`hector.kernels.segment_mm.op.segment_mm` (inputs already validated;
     ``bounds`` is ``seg_ptr`` as Python ints).  A pinned schedule runs the
     ``autograd.Function``; otherwise the ``hector::segment_mm`` custom op."""
@@ -464,8 +476,9 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[in
     rows = num_out_rows if scatter is not None else bounds[-1]
     if isinstance(schedule, GemmSchedule):
         spec = GemmSpec.of(x, gather, scatter, transpose_weight, n, gather_unique, scatter_unique,
-                           has_bias=bias is not None, prologue=prologue)
+                           has_bias=bias is not None, prologue=prologue,
+                           has_addend=addend is not None)
         return SegmentMMFunction.apply(spec, schedule, bounds, rows, x, weight, gather, scatter,
-                                       bias)
+                                       bias, addend)
     return call(segment_mm_op, x, weight, gather, scatter, list(bounds), rows, transpose_weight,
-                gather_unique, scatter_unique, bias, prologue)
+                gather_unique, scatter_unique, bias, prologue, addend)

@@ -27,7 +27,8 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
                schedule: Union[None, str, GemmSchedule] = None,
                gather_unique: bool = False, scatter_unique: bool = False,
                bias: Optional[torch.Tensor] = None,
-               prologue: Optional[str] = None) -> torch.Tensor:
+               prologue: Optional[str] = None,
+               addend: Optional[torch.Tensor] = None) -> torch.Tensor:
     r"""Segment GEMM with an optional gather on the input rows and scatter-add on the output
     rows: a typed linear layer whose weight is picked per segment of rows.
 
@@ -74,6 +75,11 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
             ``hector.kernels.segment_mm.spec.PROLOGUES`` (``"gelu"``, ``"relu"``,
             ``"sigmoid"``, ``"tanh"``): the product of ``f(x)`` with no ``f(x)`` tensor;
             differentiable (``dx = (dy W^T) f'(x)``).
+        addend: ``[rows, N]`` (the output's shape) added to the output, row by row, by the
+            kernel's epilogue in fp32 before the one rounding (a residual or a sum computed
+            elsewhere, with no pass of its own); floating point, on ``x``'s device.  Only
+            where each output row is stored once: no ``scatter``, or ``scatter_unique``.
+            Differentiable (its gradient is the output's).
 
     Returns:
         ``[M, N]``, or ``[num_out_rows, N]`` with ``scatter`` (rows never hit are 0).
@@ -84,6 +90,8 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
     """
     bounds, num_out_rows = _check(x, weight, seg_ptr, gather, scatter, num_out_rows,
                                   transpose_weight, gather_unique, scatter_unique, bias)
+    _check_addend(addend, x, weight, bounds, scatter, num_out_rows, scatter_unique,
+                  transpose_weight)
     if prologue is not None and prologue not in PROLOGUES:
         raise ValueError(f"prologue must be None or one of {sorted(PROLOGUES)}, got "
                          f"{prologue!r}")
@@ -96,9 +104,31 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
                                  transpose_weight, schedule, gather_unique, scatter_unique,
                                  # (rows may be strided: the kernel takes a row stride)
                                  bias if bias is None or bias.stride(1) == 1
-                                 else bias.contiguous(), prologue or "")
+                                 else bias.contiguous(), prologue or "", addend)
     return segment_mm_torch(x, weight, bounds, gather, scatter, num_out_rows, transpose_weight,
-                            bias, prologue)
+                            bias, prologue, addend)
+
+
+def _check_addend(addend, x, weight, bounds, scatter, num_out_rows, scatter_unique,
+                  transpose_weight) -> None:
+    """``addend`` is None or a floating ``[output rows, N]`` tensor on ``x``'s device, and
+    each output row is stored once (no scatter, or a permutation)."""
+    if addend is None:
+        return
+    if not isinstance(addend, torch.Tensor):
+        raise TypeError(f"addend must be a tensor or None, got {type(addend).__name__}")
+    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    rows = num_out_rows if scatter is not None else int(bounds[-1])
+    if tuple(addend.shape) != (rows, n):
+        raise ValueError(f"addend must have the output's shape [{rows}, {n}], got "
+                         f"{list(addend.shape)}")
+    if not addend.is_floating_point():
+        raise TypeError(f"addend must be floating point, got {addend.dtype}")
+    if addend.device != x.device:
+        raise ValueError(f"addend is on {addend.device}, x on {x.device}")
+    if scatter is not None and not scatter_unique:
+        raise ValueError("addend needs each output row stored once: a scatter that sums rows "
+                         "(scatter_unique=False) would add it once per row summed")
 
 
 def segment_mm_csr(x: torch.Tensor, weight: torch.Tensor, seg_ptr, csr_ptr: torch.Tensor,

@@ -20,7 +20,8 @@ def segment_mm_torch(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[int
                      num_out_rows: Optional[int] = None,
                      transpose_weight: bool = False,
                      bias: Optional[torch.Tensor] = None,
-                     prologue: Optional[str] = None) -> torch.Tensor:
+                     prologue: Optional[str] = None,
+                     addend: Optional[torch.Tensor] = None) -> torch.Tensor:
     """See :func:`hector.kernels.segment_mm.op.segment_mm` (inputs already validated).
 
     ``bounds`` is ``seg_ptr`` as Python ints (the op reads it on the host once).  Half
@@ -51,6 +52,8 @@ def segment_mm_torch(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[int
         out = out.index_add(0, scatter, y)
     else:
         out = y
+    if addend is not None:      # (in fp32 at least, before the one rounding, as the kernel)
+        out = out + addend.to(work)
     return out.to(x.dtype)
 
 

@@ -73,6 +73,8 @@ class GemmSpec:
         a_r   = f(a_r)                       [prologue f, elementwise, as the tile is loaded]
         y_r   = a_r @ W_s   (W_s^T when transpose_weight; s = segment of r; fp32 accumulation)
               + b_s                          [has_bias: the kernel's epilogue]
+              + addend[row]                  [has_addend: the output row's addend, read by
+                                              the epilogue (a row stored once, not summed)]
         out[scatter[r]] += y_r               [has_scatter: accumulate into zeroed rows]
         out[scatter[r]] = y_r                [has_scatter, scatter_unique: a permutation]
         out[r] = y_r                         [otherwise: overwrite, one row per logical row]
@@ -96,6 +98,7 @@ class GemmSpec:
     has_bias: bool = False
     prologue: Optional[str] = None
     has_csr: bool = False
+    has_addend: bool = False
 
     def __post_init__(self):
         if self.input_precision not in INPUT_PRECISIONS:
@@ -106,6 +109,9 @@ class GemmSpec:
                              f"got {self.prologue!r}")
         if self.has_csr and self.prologue is not None:
             raise ValueError("GemmSpec: a CSR prologue (has_csr) takes no elementwise prologue")
+        if self.has_addend and self.accumulate:
+            raise ValueError("GemmSpec: an addend needs each output row stored once (no "
+                             "scatter, or a permutation): summed rows would add it repeatedly")
 
     @property
     def narrow(self) -> bool:
@@ -128,13 +134,14 @@ class GemmSpec:
         return replace(self, has_gather=self.has_scatter, has_scatter=self.has_gather,
                        gather_unique=self.scatter_unique, scatter_unique=self.gather_unique,
                        transpose_weight=not self.transpose_weight, K=self.N, N=self.K,
-                       has_bias=False, prologue=None, has_csr=False)
+                       has_bias=False, prologue=None, has_csr=False, has_addend=False)
 
     @staticmethod
     def of(x: torch.Tensor, gather: Optional[torch.Tensor], scatter: Optional[torch.Tensor],
            transpose_weight: bool, N: int, gather_unique: bool = False,
            scatter_unique: bool = False, has_bias: bool = False,
-           prologue: Optional[str] = None, has_csr: bool = False) -> "GemmSpec":
+           prologue: Optional[str] = None, has_csr: bool = False,
+           has_addend: bool = False) -> "GemmSpec":
         # fp32: see fp32_dot.  Half types ignore the setting (their products are exact).
         return GemmSpec(has_gather=gather is not None, has_scatter=scatter is not None,
                         transpose_weight=bool(transpose_weight), dtype=x.dtype,
@@ -143,7 +150,7 @@ class GemmSpec:
                         gather_unique=gather is not None and bool(gather_unique),
                         scatter_unique=scatter is not None and bool(scatter_unique),
                         has_bias=bool(has_bias), prologue=prologue or None,
-                        has_csr=bool(has_csr))
+                        has_csr=bool(has_csr), has_addend=bool(has_addend))
 
 
 @dataclass(frozen=True)
