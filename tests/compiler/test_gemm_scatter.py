@@ -52,3 +52,37 @@ def test_no_epilogue_without_fusion():
     g = _graph(num_nodes=12, num_edges=200, relations=8)
     got = _run(g, "triton", fuse=False)
     assert not _scatter_steps(got[0].forward_plan)
+
+
+@pytest.mark.parametrize("csr", [False, True])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_root_gemm_adds_the_relation_sum_and_the_bias(monkeypatch, csr, dtype, tol):
+    """The addend epilogue: RGCN's root GEMM adds the node rows the relation GEMM's scatter
+    left and the bias as it stores its rows, and that GEMM is the forward's last step (no
+    node-row pass after it); output and every gradient equal the torch backend's."""
+    if csr:
+        monkeypatch.setenv(fuse.CSR_PROLOGUE_ENV, "1")
+    else:
+        monkeypatch.delenv(fuse.CSR_PROLOGUE_ENV, raising=False)
+    g = _graph(num_nodes=12, num_edges=200, relations=8)
+    got = _run(g, "triton", dtype)
+    _same(got, _run(g, "torch", dtype), tol, 10 * tol)
+    plan = got[0].forward_plan
+    (scatter,) = _scatter_steps(plan)
+    added = [s for s in plan.steps if s.template == "gemm" and s.spec[0].has_addend]
+    assert len(added) == 1 and added[0] is plan.steps[-1]
+    (step,) = added
+    assert scatter.output in step.inputs and step.spec[0].has_bias
+    assert "addend epilogue" in step.note
+    assert not [s for s in plan.steps if s.template == "traversal" and s.output.kind == N.NODE]
+    log = [str(d) for r in got[0].log if r.name == "fuse" for d in r.decisions]
+    assert any("applied: sum into linear (addend epilogue)" in d for d in log), log
+
+
+def test_no_addend_without_the_scatter_epilogue():
+    """Where the relation GEMM keeps its compact rows (fewer than two per node), their sum
+    is a traversal's, which adds the root linear and the bias itself: no addend GEMM."""
+    g = _graph()
+    got = _run(g, "triton")
+    assert not [s for s in got[0].forward_plan.steps
+                if s.template == "gemm" and s.spec[0].has_addend]

@@ -25,7 +25,7 @@ import torch
 
 from .ir import Op, Value, toposort
 from .plan import Plan, Step
-from .lower import gemm_parts
+from .lower import gemm_addend, gemm_parts
 from .steps_torch import GraphIndex, attention_torch_lse, eval_body, eval_op
 from .steps_triton import (run_attention, run_attention_bwd, run_gemm, run_traversal, run_wgrad,
                            run_wsum)
@@ -59,8 +59,10 @@ def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str)
         if step.body.op == Op.WSUM:
             return run_wsum(step, args[0], ix)
         _, bias = gemm_parts(step.body)
+        addend = gemm_addend(step.body)[1]
         return run_gemm(step, args[0], args[1], ix, "triton",
-                        args[bias.attr("index")] if bias is not None else None)
+                        args[bias.attr("index")] if bias is not None else None,
+                        args[addend.attr("index")] if addend is not None else None)
     if step.extra is not None and step.body.op == Op.WGRAD:    # (dW, db) of one dy
         dy = args[step.body.args[1].attr("index")]
         return eval_body(step.body, args, ix), eval_body(step.extra.attr("body"), [dy], ix)

@@ -150,10 +150,21 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
     return traversal_spec(body), ""
 
 
+def gemm_addend(body: Value) -> Tuple[Value, Optional[Value]]:
+    """(the rest of the body, the addend argument or None) of a GEMM step's body:
+    ``add(linear or add(linear, bias), addend)`` when fusion gave the linear a node-row
+    addend as its epilogue (``fuse``: RGCN's relation sum added by the root GEMM)."""
+    if body.op == Op.ADD and body.args[1].op == Op.ARG and body.args[1].kind != WEIGHT:
+        return body.args[0], body.args[1]
+    return body, None
+
+
 def gemm_parts(body: Value) -> Tuple[Value, Value]:
     """(the typed linear, its bias argument or None) of a GEMM step's body: ``linear``, or
     ``[reshape](add(linear, bias))`` when fusion gave the linear its bias add as the
-    kernel's epilogue, or ``scatter(linear)`` (its scatter epilogue; ``fuse``)."""
+    kernel's epilogue, or ``scatter(linear)`` (its scatter epilogue; ``fuse``); an addend
+    (:func:`gemm_addend`) is set aside first."""
+    body = gemm_addend(body)[0]
     if body.op == Op.SCATTER:
         return body.args[0], None
     if body.op == Op.RESHAPE:
@@ -179,6 +190,7 @@ def gemm_spec(body: Value, dtype: torch.dtype):
         return None, (f"weight gradient dW = sum x^T dy over {x.kind} rows, segments by "
                       f"{seg}{how}")
     out_scatter = (body.kind, body.attr("end")) if body.op == Op.SCATTER else None
+    addend = gemm_addend(body)[1]
     body, bias = gemm_parts(body)
     x, prologue = gemm_input(body.args[0])
     w = body.args[1]
@@ -202,7 +214,8 @@ def gemm_spec(body: Value, dtype: torch.dtype):
                   input_precision=fp32_dot() if dtype == torch.float32 else "ieee",
                   gather_unique=permuted and not gathered,
                   scatter_unique=permuted and not out_scatter,
-                  has_bias=bias is not None, prologue=prologue, has_csr=csr is not None)
+                  has_bias=bias is not None, prologue=prologue, has_csr=csr is not None,
+                  has_addend=addend is not None)
     seg = {"relation": f"{x.kind} rel_ptr", "node_type": "node_type_ptr (+node_perm)",
            None: "one segment"}[w.per] + (f"; rows gathered from {x.args[0].kind} by "
                                           f"{x.attr('end')}" if gathered else "")
@@ -215,7 +228,8 @@ def gemm_spec(body: Value, dtype: torch.dtype):
                 "rows ordered by length within each segment)")
     return (gs, rows), (f"segments: {seg}{', head-major (per-head weights)' if per_head else ''}"
                         f"{'; + bias per ' + (w.per or 'row') + ' (epilogue)' if bias else ''}"
-                        f"{'; ' + prologue + ' of the input rows (prologue)' if prologue else ''}")
+                        f"{'; ' + prologue + ' of the input rows (prologue)' if prologue else ''}"
+                        f"{'; + a ' + addend.kind + ' row per output row (addend epilogue)' if addend is not None else ''}")
 
 
 def attention_spec(body: Value, dtype: torch.dtype) -> Tuple[AttentionSpec, AttentionRows]:

@@ -87,12 +87,15 @@ def _csr_order(ix: GraphIndex, rs, m: WeightedCSR) -> torch.Tensor:
 
 
 def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str,
-             bias: Optional[torch.Tensor] = None):
+             bias: Optional[torch.Tensor] = None, addend: Optional[torch.Tensor] = None):
     """A typed-linear step on the segment GEMM template; ``bias``: the weight row ``fuse``
-    made its epilogue (sliced as ``w`` is).  A CSR prologue (``rs.csr``) sums the input rows
+    made its epilogue (sliced as ``w`` is); ``addend``: the node rows it adds to each output
+    row (its addend epilogue).  A CSR prologue (``rs.csr``) sums the input rows
     in the kernel; on a CSR with hub rows (longer than the traversal's chunk: a tile would
     walk a hub's entries alone) the traversal kernel sums them first instead."""
     gs, rs = step.spec     # (gs.prologue: the kernel applies it to the x tiles it loads)
+    if rs.csr is not None and addend is not None:
+        raise ValueError("a CSR prologue GEMM takes no addend: fuse gives it none")
     if rs.csr is not None:
         _, movements, coef = rs.csr
         m = movement_csr(ix, movements, coef)
@@ -110,7 +113,7 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
                              gather_unique=True, scatter_unique=rs.scatter is None,
                              bias=None if bias is None else bias.reshape(weight.shape[0], -1))
         return out.reshape((num_out,) + tuple(step.output.shape))
-    return _run_gemm(step, rs, x, w, ix, backend, bias)
+    return _run_gemm(step, rs, x, w, ix, backend, bias, addend)
 
 
 def _out_rows(ix: GraphIndex, rs, rows: int, perm: Optional[torch.Tensor]):
@@ -124,8 +127,11 @@ def _out_rows(ix: GraphIndex, rs, rows: int, perm: Optional[torch.Tensor]):
 
 
 def _run_gemm(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str,
-              bias: Optional[torch.Tensor] = None):
+              bias: Optional[torch.Tensor] = None, addend: Optional[torch.Tensor] = None):
     gs = step.spec[0]
+    if addend is not None and (rs.per_head or rs.scatter is not None):
+        raise ValueError("an addend epilogue needs a GEMM whose rows are stored once, not "
+                         "per head: fuse gives it to no other")
     gather = None
     if rs.gather is not None:   # x holds the source rows; the GEMM reads them by index
         gather = ix.move(rs.gather[0], rs.rows, rs.gather[1])
@@ -154,7 +160,8 @@ def _run_gemm(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backen
                      num_out_rows=num_out if scatter is not None else None,
                      transpose_weight=rs.transpose_weight, backend=backend,
                      gather_unique=gather is None, scatter_unique=rs.scatter is None, bias=bias,
-                     prologue=gs.prologue)
+                     prologue=gs.prologue,
+                     addend=None if addend is None else addend.reshape(num_out, -1))
     return out.reshape((num_out,) + tuple(step.output.shape))
 
 
