@@ -191,8 +191,11 @@ class PlanFunction(torch.autograd.Function):
         compiled = ctx.compiled
         env = dict(zip(compiled.saved_leaves, _take_saved(ctx)))
         outs = compiled.forward_plan.outputs
+        # A gradient made dense once here: ``out.sum().backward()`` hands an expanded
+        # (stride-0) one, and each step reading it would otherwise copy it for itself (RGCN's
+        # backward on synthetic wikikg2: five node-sized copies, 1.3 ms of its 17.6, H200).
         for leaf, g, o in zip(compiled.grad_leaves, grads, outs):
-            env[leaf] = g if g is not None else torch.zeros(
+            env[leaf] = g.contiguous() if g is not None else torch.zeros(
                 (ctx.ix.rows[o.kind],) + o.shape, device=ix_device(ctx.ix))
         env = run_plan(compiled.backward_plan, ctx.ix, env, ctx.backend, consume=True)
         by_target = dict(zip(compiled.grad_targets,
