@@ -88,9 +88,9 @@ class NeighborLoader:
             without it (one thread samples them in order with the loader's generators); run
             one iteration of a loader at a time (two would share its generators).  The thread
             stops when the iteration ends or its iterator is dropped.  On CUDA it runs on the
-            graph's device and its default stream.  On an H200 (synthetic mag, fan-out 25,20,
-            batch 1024) ``prefetch=2`` made epochs 10-17% shorter (``hector train`` uses it
-            there by default).
+            graph's device and its default stream.  On an H200 ``prefetch=2`` made epochs of
+            synthetic mag (fan-out 25,20, batch 1024) 10-17% shorter, but small Python-bound
+            batches slower (both threads queue for the GIL): measure before turning it on.
 
     Sampling runs on the graph's device; move the graph first (``graph.to('cuda')``).
     """

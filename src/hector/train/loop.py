@@ -76,7 +76,7 @@ def resolve_config(args) -> dict:
     fanout = getattr(args, "fanout", None)
     prefetch = getattr(args, "prefetch", None)
     if prefetch is None:
-        prefetch = minibatch.DEFAULT_PREFETCH_CUDA if device.type == "cuda" else 0
+        prefetch = minibatch.DEFAULT_PREFETCH
     _check_positive("prefetch", prefetch, allow_zero=True)
     devices = getattr(args, "devices", None)
     devices = 1 if devices is None else devices

@@ -13,10 +13,13 @@ from ..loader import NeighborLoader
 
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_FANOUT = (25, 20)
-#: Batches built ahead by the loader's thread on CUDA (``--prefetch``): on an H200 it made
-#: synthetic mag epochs 10-17% shorter (sampling and block builds overlap the step's host
-#: work and kernels); on the CPU the thread competes with the step for the cores.
-DEFAULT_PREFETCH_CUDA = 2
+#: Batches built ahead by the loader's thread by default (``--prefetch``): none.
+#: Measured on an H200: synthetic mag (batch 1024, fan-out 25,20; the loader alone,
+#: ``scripts/batch_overhead.py --epoch-prefetch 2``) 10-17% shorter epochs with 2, but
+#: ``hector train --model rgcn --dataset synthetic:aifb --batch-size 64`` 16x longer ones
+#: (67 ms -> 1061 ms per epoch): small batches are Python-bound on both threads, which then
+#: queue for the GIL.  So it stays opt-in.
+DEFAULT_PREFETCH = 0
 #: Full-graph training keeps, per layer, a few activations per edge (messages, scores and
 #: their gradients) and per node: this many [rows, width] fp32 arrays of each.
 EDGE_ARRAYS, NODE_ARRAYS = 4, 6
