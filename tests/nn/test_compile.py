@@ -22,7 +22,7 @@ from helpers import random_hetero, random_relational  # noqa: E402
 # hgt_wide: K and V 16 wide, so the siblings pass runs them as one GEMM read through column
 # views and the attention backward writes their gradients into one buffer (at 8 wide they
 # stay apart: a narrow output has its own kernel).
-LAYERS = ("gat", "agnn", "transformer", "rgcn", "rgat", "hgt", "hgt_wide")
+LAYERS = ("gat", "agnn", "transformer", "rgcn", "rgcn_dense", "rgat", "hgt", "hgt_wide")
 
 
 def make_case(name, prebuilt=True, backend="torch"):
@@ -45,6 +45,16 @@ def _make_case(name, prebuilt, backend):
         layer = hector.nn.HGTConv(width, width, meta, heads=2, backend=backend)
         xs = {t: torch.randn(n, width) for t, n in counts.items()}
         return layer, (xs, layer.graph_of(xs, eid) if prebuilt else eid)
+    if name == "rgcn_dense":
+        # Many (destination, relation) rows per node: the relation GEMM sums its rows into
+        # the nodes (scatter epilogue) and the root GEMM adds them (addend epilogue).
+        gen = torch.Generator().manual_seed(3)
+        ei = torch.stack([torch.randint(0, 24, (200,), generator=gen),
+                          torch.randint(0, 8, (200,), generator=gen)])
+        et = torch.randint(0, 8, (200,), generator=gen)
+        layer = hector.nn.RGCNConv(16, 8, 8, backend=backend)
+        graph = Graph(ei, et, num_nodes=24, num_relations=8)
+        return layer, ((x, graph) if prebuilt else (x, ei, et))
     if name in ("rgcn", "rgat"):
         kw = dict(heads=2) if name == "rgat" else {}
         cls = hector.nn.RGCNConv if name == "rgcn" else hector.nn.RGATConv
@@ -129,3 +139,11 @@ def test_first_call_under_compile_plans_and_matches_eager(name):
     layer, args = make_case(name)
     got = run(layer, args, torch.compile(layer, backend="aot_eager"))    # cold: plans here
     assert_same(got, run(layer, args))
+
+
+def test_dense_rgcn_case_runs_the_addend_epilogue():
+    """``rgcn_dense`` (above) exercises the GEMM epilogues the other cases do not."""
+    layer, (x, graph) = make_case("rgcn_dense")
+    layer(x, graph)
+    steps = layer.program.compiled_for(graph).forward_plan.steps
+    assert any(s.template == "gemm" and s.spec[0].has_addend for s in steps)
