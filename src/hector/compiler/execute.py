@@ -58,8 +58,8 @@ def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str)
             return run_wgrad(step, args[0], args[1], ix)
         if step.body.op == Op.WSUM:
             return run_wsum(step, args[0], ix)
-        _, bias = gemm_parts(step.body)
-        addend = gemm_addend(step.body)[1]
+        body, addend = gemm_addend(step.body)
+        _, bias = gemm_parts(body)
         return run_gemm(step, args[0], args[1], ix, "triton",
                         args[bias.attr("index")] if bias is not None else None,
                         args[addend.attr("index")] if addend is not None else None)

@@ -190,7 +190,7 @@ def gemm_spec(body: Value, dtype: torch.dtype):
         return None, (f"weight gradient dW = sum x^T dy over {x.kind} rows, segments by "
                       f"{seg}{how}")
     out_scatter = (body.kind, body.attr("end")) if body.op == Op.SCATTER else None
-    addend = gemm_addend(body)[1]
+    body, addend = gemm_addend(body)
     body, bias = gemm_parts(body)
     x, prologue = gemm_input(body.args[0])
     w = body.args[1]

@@ -94,8 +94,9 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
     in the kernel; on a CSR with hub rows (longer than the traversal's chunk: a tile would
     walk a hub's entries alone) the traversal kernel sums them first instead."""
     gs, rs = step.spec     # (gs.prologue: the kernel applies it to the x tiles it loads)
-    if rs.csr is not None and addend is not None:
-        raise ValueError("a CSR prologue GEMM takes no addend: fuse gives it none")
+    if addend is not None and (rs.csr is not None or rs.per_head or rs.scatter is not None):
+        raise ValueError("an addend epilogue needs a GEMM whose rows are stored once, without "
+                         "a CSR prologue and not per head: fuse gives it to no other")
     if rs.csr is not None:
         _, movements, coef = rs.csr
         m = movement_csr(ix, movements, coef)
@@ -129,9 +130,6 @@ def _out_rows(ix: GraphIndex, rs, rows: int, perm: Optional[torch.Tensor]):
 def _run_gemm(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str,
               bias: Optional[torch.Tensor] = None, addend: Optional[torch.Tensor] = None):
     gs = step.spec[0]
-    if addend is not None and (rs.per_head or rs.scatter is not None):
-        raise ValueError("an addend epilogue needs a GEMM whose rows are stored once, not "
-                         "per head: fuse gives it to no other")
     gather = None
     if rs.gather is not None:   # x holds the source rows; the GEMM reads them by index
         gather = ix.move(rs.gather[0], rs.rows, rs.gather[1])

@@ -97,8 +97,8 @@ def settings_line(cfg: dict, root=None) -> str:
             "patience", "num_bases", "first_layer", "dtype", "device", "backend", "seed")
     threads = f" cpu_threads={torch.get_num_threads()}" if cfg["device"] == "cpu" else ""
     batches = (f" batch_size={cfg['batch_size']} fanout={','.join(map(str, cfg['fanout']))}"
-               f" devices={cfg['devices']} prefetch={cfg.get('prefetch', 0)}" if cfg.get("batch_size") or cfg.get("devices", 1) > 1
-               else "")
+               f" devices={cfg['devices']} prefetch={cfg.get('prefetch', 0)}"
+               if cfg.get("batch_size") or cfg.get("devices", 1) > 1 else "")
     return ("settings " + " ".join(f"{k}={cfg[k]}" for k in keys) + batches + threads
             + (f" root={root}" if root else ""))
 

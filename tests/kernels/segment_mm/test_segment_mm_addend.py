@@ -83,7 +83,7 @@ def test_spec_refuses_an_addend_on_summed_rows():
 BAD = [
     (lambda a: a[:-1], ValueError, "addend must have the output's shape"),
     (lambda a: a.long(), TypeError, "floating point"),
-    (lambda a: [1.0], TypeError, "addend must be a tensor"),
+    (lambda a: [1.0], TypeError, "addend must be a torch.Tensor"),
 ]
 
 

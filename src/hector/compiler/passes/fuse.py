@@ -40,7 +40,9 @@
    saves).  A bias add of a typed linear read by nothing else (``[reshape](add(
    linear(x, W), b))``, ``b`` a weight vector sliced as ``W`` is) is the segment GEMM's
    epilogue: no traversal reads the linear's rows back to add ``b`` (HGT's K, Q, V and
-   output linears: four launches and 2 GB of traffic per forward on synthetic mag).
+   output linears: four launches and 2 GB of traffic per forward on synthetic mag).  A node
+   linear added to a scatter epilogue's node rows (and a bias) adds them as its *addend*
+   epilogue: RGCN's root GEMM stores ``x W_root + sum + b`` with no node-row pass after it.
 """
 from __future__ import annotations
 
@@ -405,9 +407,8 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
         if len(lin) != 1 or len(bias) != 1:
             return None
         (lin,), (bias,) = lin, bias
-        w = lin.args[1].args[0] if lin.args[1].op == Op.WT else lin.args[1]
-        if (consumers[lin] > 1 or lin in is_output or len(w.shape) != 2
-                or bias.per != w.per or tuple(bias.shape) != (lin.heads * lin.dim,)):
+        if (consumers[lin] > 1 or lin in is_output or len(_stored_weight(lin).shape) != 2
+                or not _bias_fits(lin, bias)):
             return None
         return lin, bias
 
@@ -434,13 +435,10 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
         if len(lin) != 1 or len(rest) != 1 or not gemm_scatter(rest[0]):
             return None
         (lin,), (addend,) = lin, rest
-        w = lin.args[1].args[0] if lin.args[1].op == Op.WT else lin.args[1]
-        if (consumers[lin] > 1 or lin in is_output or len(w.shape) != 2
+        if (consumers[lin] > 1 or lin in is_output or len(_stored_weight(lin).shape) != 2
                 or lin.kind != v.kind or addend.kind != v.kind
-                or tuple(addend.shape) != tuple(v.shape) or lin.args[0].op == Op.SCATTER):
-            return None
-        if bias is not None and (bias.per != w.per
-                                 or tuple(bias.shape) != (lin.heads * lin.dim,)):
+                or tuple(addend.shape) != tuple(v.shape) or lin.args[0].op == Op.SCATTER
+                or (bias is not None and not _bias_fits(lin, bias))):
             return None
         return lin, bias, addend
 
@@ -555,12 +553,23 @@ def _dy_gather(a: Value, wgrad: Value) -> bool:
             and a.op == Op.GATHER and a.args[0].kind == NODE and a.attr("norm") is None)
 
 
+def _stored_weight(lin: Value) -> Value:
+    """A typed linear's weight as stored (the operand of its ``wT`` when read transposed)."""
+    return lin.args[1].args[0] if lin.args[1].op == Op.WT else lin.args[1]
+
+
+def _bias_fits(lin: Value, bias: Value) -> bool:
+    """``bias`` is one weight row per segment of ``lin``'s weight, as wide as its output:
+    what the GEMM's bias epilogue adds."""
+    return bias.per == _stored_weight(lin).per and tuple(bias.shape) == (lin.heads * lin.dim,)
+
+
 def _csr_gemm(gemm: Value) -> bool:
     """A typed linear whose input can be a CSR prologue: one weight per relation or a shared
     one, not per head (its rows are head-major permuted) nor per node type (``node_perm``)."""
     if gemm.op != Op.LINEAR:
         return False
-    w = gemm.args[1].args[0] if gemm.args[1].op == Op.WT else gemm.args[1]
+    w = _stored_weight(gemm)
     return len(w.shape) == 2 and w.per in (None, "relation")
 
 
@@ -572,8 +581,7 @@ def _prologue(a: Value, gemm: Value) -> bool:
     if a.op not in PROLOGUE_OPS or a.args[0].op == Op.GATHER or a.kind == WEIGHT:
         return False
     if gemm.op == Op.LINEAR:
-        w = gemm.args[1].args[0] if gemm.args[1].op == Op.WT else gemm.args[1]
-        return len(w.shape) == 2
+        return len(_stored_weight(gemm).shape) == 2
     return gemm.op == Op.WGRAD and len(gemm.shape) == 2
 
 

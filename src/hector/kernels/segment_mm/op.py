@@ -115,8 +115,7 @@ def _check_addend(addend, x, weight, bounds, scatter, num_out_rows, scatter_uniq
     each output row is stored once (no scatter, or a permutation)."""
     if addend is None:
         return
-    if not isinstance(addend, torch.Tensor):
-        raise TypeError(f"addend must be a tensor or None, got {type(addend).__name__}")
+    C.check_tensor(addend, "addend")
     n = weight.shape[1] if transpose_weight else weight.shape[2]
     rows = num_out_rows if scatter is not None else int(bounds[-1])
     if tuple(addend.shape) != (rows, n):
@@ -124,8 +123,7 @@ def _check_addend(addend, x, weight, bounds, scatter, num_out_rows, scatter_uniq
                          f"{list(addend.shape)}")
     if not addend.is_floating_point():
         raise TypeError(f"addend must be floating point, got {addend.dtype}")
-    if addend.device != x.device:
-        raise ValueError(f"addend is on {addend.device}, x on {x.device}")
+    C.check_same_device([("x", x), ("addend", addend)])
     if scatter is not None and not scatter_unique:
         raise ValueError("addend needs each output row stored once: a scatter that sums rows "
                          "(scatter_unique=False) would add it once per row summed")
