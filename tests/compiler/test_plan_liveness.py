@@ -65,10 +65,10 @@ def test_intermediates_are_released_while_the_plan_runs(model, dims, monkeypatch
     refs, alive_at = [], []            # (weakref, value); per call: (step, values alive)
     real = execute.run_step
 
-    def spy(step, args, ix, backend):
+    def spy(step, args, ix, backend, *rest):
         gc.collect()
         alive_at.append((step, {v for r, v in refs if r() is not None}))
-        out = real(step, args, ix, backend)
+        out = real(step, args, ix, backend, *rest)
         extra = (step.extra,) if isinstance(out, tuple) else ()
         for t, v in zip(out if isinstance(out, tuple) else (out,), (step.output,) + extra):
             if isinstance(t, torch.Tensor):

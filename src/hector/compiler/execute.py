@@ -39,14 +39,17 @@ def triton_step(step: Step) -> bool:
         step.template == "traversal" and step.spec.kernel is not None)
 
 
-def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str):
+def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str,
+             donated: frozenset = frozenset()):
     """A step's output; for a forward attention (out, log-sum-exp), for a weight gradient
     paired with a bias gradient (dW, db), for an attention backward a dict role -> gradient,
-    which ``select`` steps read."""
+    which ``select`` steps read.  ``donated``: positions of ``args`` that no one reads
+    after this step (an attention backward may write its gradients over them)."""
     if step.template == "select":
         return args[0][step.body.attr("role")]
     if step.template == "attention" and step.body.op == Op.ATTENTION_BWD:
-        return run_attention_bwd(step, args, ix, backend if backend == "triton" else "torch")
+        return run_attention_bwd(step, args, ix, backend if backend == "triton" else "torch",
+                                 donated)
     if step.template == "attention" and backend != "triton":
         return attention_torch_lse(step.body, args, ix)
     if backend == "triton" and triton_step(step):
@@ -70,12 +73,15 @@ def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str)
 
 
 def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
-             backend: str, releases=None, consume: bool = False) -> Dict[Value, torch.Tensor]:
+             backend: str, releases=None, consume: bool = False,
+             overwritable: frozenset = frozenset()) -> Dict[Value, torch.Tensor]:
     """The plan's values by IR value that survive it: each value in ``releases[i]``
     (default ``plan.last_uses``; a forward that records for its backward keeps the saved
     values: ``CompiledPlan.forward_releases``) is dropped after step ``i``.  ``consume``:
     ``leaves`` is emptied, so a leaf the plan drops is freed then (the backward's saved
-    values), not when the caller's dict goes."""
+    values), not when the caller's dict goes.  ``overwritable``: leaves only this run holds
+    (saved forward intermediates): a step reading one for the last time, whose storage no
+    value alive after it shares, may write its output over it (:func:`_donated`)."""
     env = dict(leaves)
     given = set(leaves)
     if consume:
@@ -89,13 +95,36 @@ def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
                 raise ValueError(f"plan leaf {leaf.op}({dict(leaf.attrs)}) has no value")
     for step, dead in zip(plan.steps, plan.last_uses if releases is None else releases):
         if step.output not in given:     # else a weight root the caller evaluated already
-            out = run_step(step, [env[i] for i in step.inputs], ix, backend)
+            args = [env[i] for i in step.inputs]
+            out = run_step(step, args, ix, backend,
+                           _donated(step, args, dead, env, overwritable) if overwritable
+                           else frozenset())
             if step.extra is not None:
                 out, env[step.extra] = out
             env[step.output] = out
         for v in dead:
             env.pop(v, None)
     return env
+
+
+def _donated(step: Step, args: List[torch.Tensor], dead, env, overwritable) -> frozenset:
+    """Positions of ``args`` whose values are ``overwritable``, read for the last time by
+    ``step`` (in ``dead``), and whose storage no other value of ``env`` that outlives the
+    step shares (a column slice of the same buffer, say)."""
+    mine = [i for i, v in enumerate(step.inputs) if v in overwritable and v in dead]
+    if not mine:
+        return frozenset()
+    kept = {t.untyped_storage().data_ptr() for v, val in env.items() if v not in dead
+            for t in _tensors(val)}
+    return frozenset(i for i in mine if args[i].untyped_storage().data_ptr() not in kept)
+
+
+def _tensors(val):
+    """The tensors of one plan value (a tensor, an (out, lse) pair, a role -> gradient dict)."""
+    if isinstance(val, torch.Tensor):
+        return (val,)
+    items = val.values() if isinstance(val, dict) else val if isinstance(val, tuple) else ()
+    return tuple(t for t in items if isinstance(t, torch.Tensor))
 
 
 _RETAIN = threading.local()
@@ -116,7 +145,7 @@ def retain_saved():
         _RETAIN.on = before
 
 
-def _stash(ctx, saved: List[torch.Tensor], outs) -> None:
+def _stash(ctx, saved: List[torch.Tensor], outs, given) -> None:
     """Keep ``saved`` for the backward: in ``save_for_backward`` when retained or traced;
     otherwise in a list the backward takes over and empties.  A saved value that is also an
     output (an attention whose epilogue added the layer's bias) is listed as a detached
@@ -127,11 +156,24 @@ def _stash(ctx, saved: List[torch.Tensor], outs) -> None:
     ctx.stashed = not (getattr(_RETAIN, "on", False) or torch.compiler.is_compiling())
     if not ctx.stashed:      # (traced: the compiled backward frees its inputs itself)
         ctx.save_for_backward(*saved)
-        ctx.stash = None
+        ctx.stash, ctx.private = None, frozenset()
         return
     mine = {id(o) for o in outs}
     ctx.stash = [t.detach() if id(t) in mine else t for t in saved]
     ctx.versions = [(i, t._version) for i, t in enumerate(ctx.stash) if id(saved[i]) in mine]
+    ctx.private = _private(ctx.compiled, saved, given, outs)
+
+
+def _private(compiled, saved: List[torch.Tensor], given, outs) -> frozenset:
+    """The saved values that only the backward will hold, among those an attention backward
+    may overwrite (``overwritable``): computed by the forward, sharing no storage with its
+    outputs or with the caller's tensors (inputs, parameters, weight roots)."""
+    if not compiled.overwritable:
+        return frozenset()
+    user = {t.untyped_storage().data_ptr() for t in (*given.values(), *outs)}
+    return frozenset(compiled.saved_leaves[i] for i in compiled.overwritable
+                     if compiled.saved_values[i] not in given
+                     and saved[i].untyped_storage().data_ptr() not in user)
 
 
 def _take_saved(ctx) -> List[torch.Tensor]:
@@ -183,7 +225,7 @@ class PlanFunction(torch.autograd.Function):
             # per-type outputs; seen on the H200): traced, the outputs are their own tensors.
             outs = tuple(o.clone() for o in outs)
         ctx.compiled, ctx.ix, ctx.backend, ctx.leaves = compiled, ix, backend, leaves
-        _stash(ctx, [env[v] for v in compiled.saved_values], outs)
+        _stash(ctx, [env[v] for v in compiled.saved_values], outs, given)
         return outs if len(outs) > 1 else outs[0]
 
     @staticmethod
@@ -197,7 +239,12 @@ class PlanFunction(torch.autograd.Function):
         for leaf, g, o in zip(compiled.grad_leaves, grads, outs):
             env[leaf] = g.contiguous() if g is not None else torch.zeros(
                 (ctx.ix.rows[o.kind],) + o.shape, device=ix_device(ctx.ix))
-        env = run_plan(compiled.backward_plan, ctx.ix, env, ctx.backend, consume=True)
+        # Saved values only this backward holds may take a step's output in their rows
+        # (an attention backward's dk and dv over k and v): not when the backward itself
+        # records a graph (create_graph), which would read them again.
+        mine = ctx.private if ctx.stashed and not torch.is_grad_enabled() else frozenset()
+        env = run_plan(compiled.backward_plan, ctx.ix, env, ctx.backend, consume=True,
+                       overwritable=mine)
         by_target = dict(zip(compiled.grad_targets,
                              (env[o] for o in compiled.backward_plan.outputs)))
         grads_in = [by_target.get(leaf) if needs else None

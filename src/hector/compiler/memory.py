@@ -68,6 +68,18 @@ def role_sizes(step: Step, size: Size) -> Dict[str, int]:
     return sizes
 
 
+def overwritten(step: Step, dead, overwritable) -> Tuple[Value, ...]:
+    """The inputs an attention backward step writes its k and v gradients over: both
+    ``overwritable`` and read for the last time by the step (all or none, as the
+    executor's ``_into_kv`` decides)."""
+    if not overwritable or step.template != "attention" or step.body.op != Op.ATTENTION_BWD:
+        return ()
+    roles = step.body.attr("roles")
+    mine = tuple(step.inputs[roles.index(r)] for r in ("v", "k")
+                 if r in step.body.attr("needs") and r in roles)
+    return mine if mine and all(v in overwritable and v in dead for v in mine) else ()
+
+
 @dataclass(frozen=True)
 class Point:
     """The live bytes right after one step ran (before its dead values are dropped)."""
@@ -79,13 +91,17 @@ class Point:
 
 
 def replay(plan: Plan, releases: Sequence[Sequence[Value]], held: Dict[Value, int],
-           size: Size, phase: str = "") -> List[Point]:
+           size: Size, phase: str = "", overwritable=frozenset()) -> List[Point]:
     """Run ``plan``'s allocations and drops in order; ``held`` (value -> bytes alive before
-    the plan) is updated in place to what survives it."""
+    the plan) is updated in place to what survives it.  ``overwritable``: leaves an
+    attention backward that reads them last writes its k and v gradients over (the
+    executor's ``overwritable``): their bytes pass to the gradients."""
     points, makers = [], {s.output: s for s in plan.steps}
     for i, (step, dead) in enumerate(zip(plan.steps, releases)):
         if step.output in held:          # a weight root the caller evaluated already
             continue
+        for v in overwritten(step, dead, overwritable):
+            held.pop(v, None)
         allocate(held, step, makers, size)
         points.append(Point(phase, i, step.name, sum(held.values()), tuple(sorted(
             ((v, b) for v, b in held.items() if b), key=lambda t: -t[1]))))
@@ -132,7 +148,11 @@ def simulate(entry, stats: Optional[GraphStats] = None,
         names[g] = "output gradient"
     bwd = entry.backward_plan
     names.update((s.output, f"bwd[{i}] {s.name}") for i, s in enumerate(bwd.steps))
-    return points + replay(bwd, bwd.last_uses, kept, size, "backward"), names
+    # The saved values only the backward holds (not inputs, not outputs) may be overwritten.
+    over = {entry.saved_leaves[i] for i in entry.overwritable
+            if entry.saved_values[i].op != Op.INPUT
+            and entry.saved_values[i] not in fwd.outputs}
+    return points + replay(bwd, bwd.last_uses, kept, size, "backward", over), names
 
 
 def describe_peak(entry, stats: Optional[GraphStats] = None, itemsize: int = 4,

@@ -110,6 +110,15 @@ class BackwardStage:
     def fits(self, stats: GraphStats) -> bool:
         return _fits(self.questions, stats)
 
+    @functools.cached_property
+    def overwritable(self) -> Tuple[int, ...]:
+        """Indices of the saved values an attention backward step reads (its k and v among
+        them): the candidates whose rows that step may write its gradients over."""
+        read = {v for s in self.backward_plan.steps
+                if s.template == "attention" and s.body.op == Op.ATTENTION_BWD
+                for v in s.inputs}
+        return tuple(i for i, leaf in enumerate(self.saved_leaves) if leaf in read)
+
 
 #: Backward stages kept per forward stage (graphs that agree on the forward's questions but
 #: not on the backward's); a few at most in practice.
@@ -140,6 +149,7 @@ class CompiledPlan:
     saved_leaves = property(lambda self: self.backward.saved_leaves if self.backward else ())
     grad_leaves = property(lambda self: self.backward.grad_leaves if self.backward else ())
     grad_targets = property(lambda self: self.backward.grad_targets if self.backward else ())
+    overwritable = property(lambda self: self.backward.overwritable if self.backward else ())
     forward_releases = property(lambda self: self.backward.forward_releases if self.backward
                                 else self.forward_plan.last_uses)
 

@@ -32,7 +32,8 @@ import torch
 from ..graph import Graph
 from ..graph.derived import AttentionGraph
 from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
-                                        edge_attention_triton, make_plan)
+                                         edge_attention_triton,
+                                         make_plan, overlap, rows_dense)
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.eager import call
 from ..kernels.edgewise.op import edgewise
@@ -578,10 +579,29 @@ def _attention_terms(step, roles, ix: GraphIndex):
 _OP_ROLES = ("v", "q", "k", "a_src", "a_dst")   # the op's gradient order
 
 
-def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str):
+def _into_kv(terms, flags, donated: List[torch.Tensor]) -> bool:
+    """Whether the source-row operands whose gradients the step needs (v, and k where
+    asked) can take those gradients in their own rows: each is a donated input or a view
+    of one (so nothing reads it after this step), the kernels read it in place, and the
+    two do not overlap."""
+    need = [t for t, f in ((terms[0], flags[0]), (terms[2], flags[2])) if f]
+    if not need or not donated or any(t is None or t.numel() == 0 for t in need):
+        return False
+    owned = {d.untyped_storage().data_ptr() for d in donated if d.numel()}
+    if not all(t.untyped_storage().data_ptr() in owned and rows_dense(t) is t for t in need):
+        return False
+    others = [t for t in terms if t is not None and all(t is not n for n in need)]
+    return not any(overlap(a, b) for i, a in enumerate(need) for b in need[i + 1:] + others)
+
+
+def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str,
+                      donated: frozenset = frozenset()):
     """An attention backward step (``attention_bwd``): role -> gradient on the role's rows.
     Triton: the fused backward kernels on the forward's graph, spec and schedules, reading
-    the forward's output and log-sum-exp; torch: :func:`attention_bwd_torch`."""
+    the forward's output and log-sum-exp; torch: :func:`attention_bwd_torch`.  ``donated``:
+    positions of inputs read for the last time here that nothing else holds (the plan
+    runner's call): when the k and v the kernels take are such inputs, their gradients are
+    written over them (:func:`_into_kv`)."""
     body: Value = step.body
     att = _step_ir(step, "forward attention", lambda: attention_of_bwd(body))
     if backend != "triton":
@@ -594,10 +614,11 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     g = attention_graph(step.spec[1], ix)
     needs = body.attr("needs")
     joint = body.attr("joint", False)
+    flags = [r in needs for r in _OP_ROLES]
     grads = edge_attention_grads_triton(
-        g, spec, plan, [r in needs for r in _OP_ROLES], grad, *terms, out, lse,
-        att.attr("scale"), att.attr("slope"), dst_index=_dst_index(step.spec[1], ix),
-        joint_kv=joint, bias=_bias(roles, terms[0]))
+        g, spec, plan, flags, grad, *terms, out, lse, att.attr("scale"), att.attr("slope"),
+        dst_index=_dst_index(step.spec[1], ix), joint_kv=joint, bias=_bias(roles, terms[0]),
+        into_kv=_into_kv(terms, flags, [inputs[i] for i in donated]))
     result = {}
     if joint:   # one [rows, H * (Dk + Dv)] buffer in k's slot; k and v are views of it
         kv = grads[2]

@@ -18,7 +18,7 @@ import itertools
 import os
 import weakref
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -256,12 +256,15 @@ def _tiles(sched: Schedule) -> dict:
 
 def _launch_traversal(name: str, params: dict, plan: AttentionPlan, sched: Schedule, grid,
                       args: tuple, shape: tuple, device: torch.device,
-                      accumulates: Optional[torch.Tensor] = None) -> None:
+                      accumulates: Optional[torch.Tensor] = None,
+                      overwrites: Sequence[torch.Tensor] = ()) -> None:
     """Launch traversal kernel ``name``, its edge tile and warps autotuned around ``sched``
     when the plan allows it.  Trials run on the real outputs: stores leave the same values
     whichever run was last, but an output the kernel sums into with atomics
     (``accumulates``: the destination term's gradient per (dst, relation) row) is zeroed
-    before every run, or each autotune trial would add its sums again."""
+    before every run, or each autotune trial would add its sums again; inputs the kernel
+    writes its outputs over (``overwrites``) are copied once before tuning and put back
+    before every trial (that copy exists only while a new shape is tuned)."""
     if grid[0] == 0:       # a side with no rows (a derived graph's): nothing to traverse
         if accumulates is not None:
             accumulates.zero_()
@@ -276,11 +279,21 @@ def _launch_traversal(name: str, params: dict, plan: AttentionPlan, sched: Sched
         # Looked up by this key first: the config list and spec hash cost more host time
         # than the launch, on every call of a step that is not captured.
         bucket = autotune.bucket(*shape)
+        def pick():
+            kept = [t.clone() for t in overwrites]
+
+            def trial(s: Schedule):
+                for t, c in zip(overwrites, kept):
+                    t.copy_(c)
+                run(s)
+            chosen = autotune.choose(name, registry.spec_hash(name, **params), bucket,
+                                     tune_configs(sched), trial, device)
+            for t, c in zip(overwrites, kept):
+                t.copy_(c)
+            return chosen
         sched = autotune.memo(
             ("attention", name, tuple(sorted(params.items())), sched, bucket, str(device),
-             os.environ.get("HECTOR_CACHE_DIR")),
-            lambda: autotune.choose(name, registry.spec_hash(name, **params), bucket,
-                                    tune_configs(sched), run, device))
+             os.environ.get("HECTOR_CACHE_DIR")), pick)
     run(sched)
 
 
@@ -339,6 +352,45 @@ def _joint_kv_buffer(skips: bool, n_src: int, heads: int, dim_k: int, dim_v: int
     dk = dkv[:, :heads * dim_k].unflatten(1, (heads, dim_k))
     dv = dkv[:, heads * dim_k:].unflatten(1, (heads, dim_v))
     return dkv, dk, dv
+
+
+def _check_into(v: Optional[torch.Tensor], k: Optional[torch.Tensor]) -> None:
+    """The k and v that ``into_kv`` writes over: read by the kernels in place (no copy) and
+    disjoint (two column ranges of one buffer, or two buffers)."""
+    for t, name in ((v, "v"), (k, "k")):
+        if t is not None and rows_dense(t) is not t:
+            raise ValueError(f"into_kv: {name} must have dense heads and columns (any row "
+                             f"stride) to be written in place; got strides {t.stride()}")
+    if v is not None and k is not None and overlap(v, k):
+        raise ValueError("into_kv: k and v overlap in memory, so their gradients cannot "
+                         "both be written over them")
+
+
+def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors may share elements (conservative): one storage and intersecting
+    spans, unless both are ``[rows, ...]`` tensors of the same rows and row stride, dense
+    within a row, whose column ranges do not intersect (k and v as two column slices of one
+    K|V GEMM output)."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    size = a.element_size()
+    spans = [(t.data_ptr(), t.data_ptr() + size * (1 + sum((n - 1) * st for n, st in
+                                                           zip(t.shape, t.stride()))))
+             for t in (a, b)]
+    if spans[0][1] <= spans[1][0] or spans[1][1] <= spans[0][0]:
+        return False
+    stride = a.stride(0)
+    if (b.stride(0) != stride or a.shape[0] != b.shape[0] or b.element_size() != size
+            or any(rows_dense(t) is not t or t[0].numel() > stride for t in (a, b))):
+        return True
+    base = a.untyped_storage().data_ptr()
+    ca, cb = ((t.data_ptr() - base) // size for t in (a, b))
+    if ca // stride != cb // stride:     # not the same rows
+        return True
+    lo_a, lo_b = ca % stride, cb % stride
+    return not (lo_a + a[0].numel() <= lo_b or lo_b + b[0].numel() <= lo_a)
 
 
 def joint_of(dk: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
@@ -407,7 +459,8 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
 
 def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
                        needs: tuple, dout, v, q, k, a_src, a_dst, out, lse, dlse=None,
-                       bias=None, dst_index=None, joint_kv: bool = False):
+                       bias=None, dst_index=None, joint_kv: bool = False,
+                       into_kv: bool = False):
     """(dv, dq, dk, d a_src, d a_dst), None where ``needs`` (same order) is False.
     ``dlse``: the gradient of the log-sum-exp output, if it has one.  Since ``d lse_v / d
     s_e = alpha_e``, it joins ``ds_e = alpha_e (<dout_v, v_u> - delta_v)`` as ``delta_v -
@@ -420,9 +473,17 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
     ``joint_kv`` (needs both the k and the v gradient): dk and dv are written into one
     ``[n_src, H*DK + H*DV]`` buffer (dk's columns first) and returned as views of it
     (:func:`joint_of` gives it back): the gradient of a GEMM that computed K and V together
-    into such a buffer, with no concatenation afterwards."""
+    into such a buffer, with no concatenation afterwards.
+
+    ``into_kv``: dk and dv are written over k's and v's own rows (the caller's last read of
+    them; see :func:`edge_attention_grads_triton`), which must then need no copy
+    (:func:`rows_dense`) and not overlap: the source-side kernel reads a row's k and v only
+    in the program that writes its gradients, after the destination side read them per edge.
+    Returned as those same tensors (with ``joint_kv``, column views of one buffer)."""
     need_v, need_q, need_k, need_src, need_dst = needs
     _check_joint(joint_kv, need_k, need_v)
+    if into_kv:
+        _check_into(v if need_v else None, k if need_k else None)
     v, k = rows_dense(v), rows_dense(k)
     n_src, heads, dim_v = v.shape              # (side_rows(graph, "src"))
     n = side_rows(graph, "dst")
@@ -431,7 +492,10 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
     if graph.num_nodes == 0 or not any((need_v, need_q, need_k, need_src, need_dst)):
         empty = [torch.empty_like(t) if need else None for t, need in
                  ((v, need_v), (q, need_q), (k, need_k), (a_src, need_src), (a_dst, need_dst))]
-        if joint_kv:
+        if into_kv:      # no edges: zero gradients, in the consumed rows
+            empty[0], empty[2] = (t.zero_() if need else None
+                                  for t, need in ((v, need_v), (k, need_k)))
+        elif joint_kv:
             _, empty[2], empty[0] = _joint_kv_buffer(False, n_src, heads, dim_k, dim_v,
                                                      k.dtype, v.device)
         return tuple(empty)
@@ -488,7 +552,9 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse),
                    _or(dst_index, lse), dout, lse, delta)
         new = dict(device=v.device)
-        if joint_kv:
+        if into_kv:
+            dk, dv = (k if need_k else None), (v if need_v else None)
+        elif joint_kv:
             _, dk, dv = _joint_kv_buffer(skips, n_src, heads, dim_k, dim_v, k.dtype, v.device)
         else:
             dk = _rows_out(skips, (n_src, heads, dim_k), dtype=k.dtype, **new) if need_k else None
@@ -503,15 +569,21 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
                 _or(da_src, lse), dk_part, dv_part, ds_part, *_scalars(params, lse),
                 graph.num_edges, heads, dim_k, dim_v, tensors[1].stride(0), v.stride(0),
                 _row_stride(dk, heads * dim_k), _row_stride(dv, heads * dim_v), sched.chunk)
+        consumed = [t for t in (dk, dv) if t is not None] if into_kv else []
         _launch_traversal("attention_bwd_src", dict(score_params(spec, sched.strategy),
                                                     need_dk=need_k, need_dv=need_v,
                                                     need_dsrc=need_src),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
-                          v.device)
+                          v.device, overwrites=consumed)
         for flag, part, grad in ((need_k, dk_part, dk), (need_v, dv_part, dv),
                                  (need_src, ds_part, da_src)):
             if flag:
                 _combine_sum(csr, sched, rows, row_ids, nchunks, part, grad)
+        if consumed and skips:      # rows with no edges were not written: their gradient is 0
+            keep = torch.zeros(n_src, dtype=v.dtype, device=v.device)
+            keep[row_ids.long()] = 1
+            for t in consumed:
+                t.mul_(keep.view(-1, 1, 1))
     return dv, dq, dk, da_src, da_dst
 
 
@@ -707,6 +779,37 @@ def edge_attention_backward_op(
     return [gr if gr is not None else v.new_empty(0) for gr in grads]
 
 
+@torch.library.custom_op("hector::edge_attention_backward_into", mutates_args=("v", "k"))
+def edge_attention_backward_into_op(
+        graph: int, dout: torch.Tensor, v: torch.Tensor, q: Optional[torch.Tensor],
+        k: Optional[torch.Tensor], a_src: Optional[torch.Tensor], a_dst: Optional[torch.Tensor],
+        out: torch.Tensor, lse: torch.Tensor, scale: float, negative_slope: Optional[float],
+        launch: int, needs: List[bool], bias: Optional[torch.Tensor] = None,
+        dst_index: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+    """``hector::edge_attention_backward`` (no dropout) that writes dv over ``v`` and dk
+    over ``k`` (each where ``needs`` asks for it; both given, in the op's order [v, q, k,
+    a_src, a_dst]) and returns ``[dq, d a_src, d a_dst]`` (empty where not asked for): a
+    backward that reads the forward's k and v for the last time needs no second buffer of
+    their size (HGT and RGAT on wikikg2: 6.2 and 3.1 GiB).  A custom op's outputs may not
+    alias its inputs, so the two gradients are the mutated inputs themselves."""
+    g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, 0.0, "auto", launch)
+    grads = attention_backward(g, spec, plan, (scale, negative_slope, 0.0, 0), tuple(needs),
+                               dout, v, q, k, a_src, a_dst, out, lse, None, bias, dst_index,
+                               False, True)
+    return [gr if gr is not None else v.new_empty(0) for gr in (grads[1], grads[3], grads[4])]
+
+
+@edge_attention_backward_into_op.register_fake
+def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, launch, needs,
+      bias=None, dst_index=None):
+    _check_into(v if needs[0] else None, k if needs[2] else None)
+    n_src, n = v.shape[0], side_rows(_graph(graph), "dst")
+    rows = (n, n_src, a_dst.shape[0] if a_dst is not None else n)
+    return [v.new_empty((r,) + tuple(t.shape[1:]), dtype=t.dtype)
+            if need and t is not None else v.new_empty(0)
+            for t, need, r in zip((q, a_src, a_dst), (needs[1], needs[3], needs[4]), rows)]
+
+
 @edge_attention_backward_op.register_fake
 def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropout, seed,
       strategy, launch, needs, seed_tensor=None, dlse=None, bias=None, dst_index=None,
@@ -763,7 +866,8 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
                                 negative_slope: Optional[float],
                                 dst_index: Optional[torch.Tensor] = None,
                                 joint_kv: bool = False,
-                                bias: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+                                bias: Optional[torch.Tensor] = None,
+                                into_kv: bool = False) -> List[torch.Tensor]:
     """The fused backward as the ``hector::edge_attention_backward`` op, called directly by
     the compiler's backward plan (whose IR autodiff differentiated the attention as one
     operator): ``[dv, dq, dk, d a_src, d a_dst]`` for ``needs`` (same order), an empty tensor
@@ -772,9 +876,28 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
     slices of one K|V GEMM output are not copied: :func:`rows_dense`).  ``joint_kv``: dk and
     dv as one ``[n_src, H*DK + H*DV]`` tensor in dk's slot, an empty one in dv's (see the
     op).  ``bias``: the forward's epilogue bias ``[H, Dv]`` (``out`` includes it); its own
-    gradient is the caller's."""
+    gradient is the caller's.
+
+    ``into_kv``: dv and dk written over ``v`` and ``k`` themselves, which the caller reads
+    for the last time here (``hector::edge_attention_backward_into``; they must need no
+    copy and not overlap); the same return value, the gradients being those tensors (with
+    ``joint_kv``, :func:`joint_of` them: the buffer they are column slices of)."""
     _check_joint(joint_kv, needs[2], needs[0])
+    if into_kv:
+        _check_into(v if needs[0] else None, k if needs[2] else None)
     tensors = [_operand(t, name) for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
+    if into_kv:
+        dq, da_src, da_dst = call(edge_attention_backward_into_op, graph_handle(graph),
+                                  dout.contiguous(), *tensors, out.contiguous(),
+                                  lse.contiguous(), float(scale), negative_slope,
+                                  launch_handle(graph, spec, plan), list(needs),
+                                  bias=None if bias is None else bias.contiguous(),
+                                  dst_index=dst_index)
+        dv, dk = (t if need else v.new_empty(0)
+                  for t, need in ((tensors[0], needs[0]), (tensors[2], needs[2])))
+        if joint_kv:
+            dv, dk = v.new_empty(0), joint_of(dk, dv)
+        return [dv, dq, dk, da_src, da_dst]
     return call(edge_attention_backward_op, graph_handle(graph), dout.contiguous(), *tensors,
                 out.contiguous(), lse.contiguous(), float(scale), negative_slope, 0.0, 0,
                 "auto", launch_handle(graph, spec, plan), list(needs), dst_index=dst_index,
