@@ -96,3 +96,16 @@ def host_reads(functions=()):
                 setattr(torch.Tensor, name, fn)
         for name, fn in saved_fns.items():
             setattr(torch, name, fn)
+
+
+def weighted_grads(m, g, in_dim: int, dev, dtype=torch.float32):
+    """(output, gradients by parameter name and "x") of one forward of compiled layer ``m``
+    on ``g`` (both on ``dev``) and a backward of ``sum(out * ramp)``, all as fp32 on the CPU;
+    x is ``randn`` under seed 2."""
+    torch.manual_seed(2)
+    x = torch.randn(g.num_nodes, in_dim).to(dev, dtype).requires_grad_()
+    out = m(g, x=x)
+    (out.float() * torch.linspace(-1, 1, out.numel(), device=dev).view_as(out)).sum().backward()
+    grads = {n: p.grad.float().cpu() for n, p in m.named_parameters()}
+    grads["x"] = x.grad.float().cpu()
+    return out.detach().float().cpu(), grads

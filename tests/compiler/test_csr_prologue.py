@@ -17,7 +17,7 @@ from hector.compiler.program import compile as hcompile
 from hector.kernels.traversal import schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
-from helpers import device_for, rel_err  # noqa: E402
+from helpers import device_for, rel_err, weighted_grads  # noqa: E402
 
 
 def _graph(num_nodes=24, num_edges=90, relations=3, seed=0, hub=0):
@@ -48,13 +48,8 @@ def _run(g, backend, dtype=torch.float32, **opts):
         torch.nn.init.normal_(p.data, std=0.3)
     m = m.to(dev, dtype)
     g = g.to(dev)
-    torch.manual_seed(2)
-    x = torch.randn(g.num_nodes, 8).to(dev, dtype).requires_grad_()
-    out = m(g, x=x)
-    (out.float() * torch.linspace(-1, 1, out.numel(), device=dev).view_as(out)).sum().backward()
-    grads = {n: p.grad.float().cpu() for n, p in m.named_parameters()}
-    grads["x"] = x.grad.float().cpu()
-    return m.program.compiled_for(g), out.detach().float().cpu(), grads
+    out, grads = weighted_grads(m, g, 8, dev)
+    return m.program.compiled_for(g), out, grads
 
 
 def _csr_steps(plan):

@@ -205,6 +205,54 @@ def _fold_bias(outputs, memo: Dict[Value, Value], decisions: List[Decision]):
     return out
 
 
+def _split_scatter_sums(outputs, memo: Dict[Value, Value], decisions: List[Decision],
+                        stats=None):
+    """``outputs`` with each ``scatter_sum(add(linear_1, linear_2))`` of compact rows into
+    their nodes (each linear read by the add alone, the add by the scatter alone) made
+    ``add(scatter_sum(linear_1), scatter_sum(linear_2))`` when the scatter epilogue pays
+    (the question :func:`_group`'s ``gemm_scatter`` asks): each GEMM then sums its own rows
+    into a node buffer, and the two compact-row outputs (RGAT's backward on wikikg2: dv W^T
+    and d a_src W_att^T, 3 GiB each, alive together at the training peak) are never written.
+    ``memo`` is updated as in :func:`_fold_bias`."""
+    consumers = Counter(a for v in toposort(outputs) for a in set(v.args))
+    is_output = set(outputs)
+
+    def alone(v: Value) -> bool:
+        return consumers[v] == 1 and v not in is_output
+
+    def split(orig: Value, new: Value, _memo) -> Optional[Value]:
+        if not (orig.op == Op.SCATTER and orig.kind == NODE and orig.attr("reduce") == "sum"
+                and (orig.args[0].kind, orig.attr("end")) in ((N.CDST, "dst"), (N.CSRC, "src"))):
+            return None
+        add = orig.args[0]
+        if add.op != Op.ADD or not alone(add) or len(set(add.args)) != 2 or not all(
+                a.op == Op.LINEAR and a.kind == add.kind and _csr_gemm(a) and alone(a)
+                for a in add.args):
+            return None
+        what = "scatter of a sum of two linears into two scatter epilogues"
+        if stats is None:
+            decisions.append(Decision(NAME, what, False, "no graph statistics to cost it"))
+            return None
+        q = Cheaper(new=((2, NODE),), old=((1, add.kind),))
+        ok = q.answer(stats)
+        decisions.append(Decision(
+            NAME, what, ok, f"{stats.rows(add.kind)} {add.kind} rows vs {stats.rows(NODE)} "
+            "nodes: " + ("each segment GEMM sums its output rows into a node buffer; no "
+                         "compact rows of either linear written" if ok else
+                         "fewer than two rows per node: one traversal sums both"), q))
+        if not ok:
+            return None
+        lins = new.args[0].args
+        return N.binary(Op.ADD, *(Value(orig.op, (lin,), orig.kind, orig.shape, orig.attrs)
+                                  for lin in lins))
+
+    again: Dict[Value, Value] = {}
+    out = rewrite(outputs, split, again, original=True)
+    for k, v in memo.items():
+        memo[k] = again.get(v, v)
+    return out
+
+
 def run(outputs, stats=None, enabled: bool = True, mapping: Optional[Dict[Value, Value]] = None):
     """``mapping`` (optional) receives unfused value -> the plan value that materialises it
     (kernel outputs; leaves map to themselves); values kept inside a kernel are absent."""
@@ -231,6 +279,7 @@ def run(outputs, stats=None, enabled: bool = True, mapping: Optional[Dict[Value,
         return fused
 
     new_outputs = _fold_bias(rewrite(outputs, attention, memo), memo, decisions)
+    new_outputs = _split_scatter_sums(new_outputs, memo, decisions, stats)
     made: Dict[Value, Value] = {}
     out = tuple(_group(new_outputs, decisions, made, stats))
     if mapping is not None:
