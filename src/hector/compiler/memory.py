@@ -37,7 +37,7 @@ def step_allocs(step: Step, size: Size) -> Dict[Value, int]:
     """The tensors ``step`` allocates, by the value that owns them.  A fused attention
     backward owns every gradient it computes; a ``select`` step takes its role's share over
     (it is a view: the bytes live while either the step's output or the pick is alive)."""
-    if step.template == "select":
+    if step.template == "select" or _is_view(step):
         return {step.output: 0}
     if step.template == "attention" and step.body.op == Op.ATTENTION_BWD:
         # (a joint buffer's "kv" share is k's and v's, counted once)
@@ -51,12 +51,22 @@ def step_allocs(step: Step, size: Size) -> Dict[Value, int]:
 def allocate(held: Dict[Value, int], step: Step, makers: Dict[Value, Step], size: Size) -> None:
     """Add ``step``'s tensors to ``held`` (value -> bytes alive); a ``select`` step's pick
     takes its role's bytes over from the backward step (in ``makers``) whose output it
-    views."""
+    views, a view step (``schedule="view"``) its own size from its input."""
     held.update(step_allocs(step, size))
     if step.template == "select" and step.inputs[0] in held:
         share = role_sizes(makers[step.inputs[0]], size)[step.body.attr("role")]
         held[step.inputs[0]] -= share
         held[step.output] = share
+    elif _is_view(step) and step.inputs[0] in held:
+        # A reshape or a column window of its input: its bytes are the input's, alive while
+        # either is (HGT's K and V, two windows of one K|V GEMM output, were counted twice).
+        share = min(size(step.output), held[step.inputs[0]])
+        held[step.inputs[0]] -= share
+        held[step.output] = share
+
+
+def _is_view(step: Step) -> bool:
+    return step.template == "traversal" and getattr(step.spec, "schedule", None) == "view"
 
 
 def role_sizes(step: Step, size: Size) -> Dict[str, int]:
