@@ -161,7 +161,9 @@ def _stash(ctx, saved: List[torch.Tensor], outs, given) -> None:
     mine = {id(o) for o in outs}
     ctx.stash = [t.detach() if id(t) in mine else t for t in saved]
     ctx.versions = [(i, t._version) for i, t in enumerate(ctx.stash) if id(saved[i]) in mine]
-    ctx.private = _private(ctx.compiled, saved, given, outs)
+    # (only the Triton backend's attention backward writes over its inputs)
+    ctx.private = (_private(ctx.compiled, saved, given, outs) if ctx.backend == "triton"
+                   else frozenset())
 
 
 def _private(compiled, saved: List[torch.Tensor], given, outs) -> frozenset:
