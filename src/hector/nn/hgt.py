@@ -12,7 +12,7 @@ from ..compiler import models
 from ..compiler.program import Program, node_type_bounds
 from ..graph import Graph
 from ..graph.cache import cached
-from ._common import check_input, load_from_pyg
+from ._common import check_input, load_from_pyg, stacked_rows
 from .rgcn import compiler_options
 
 
@@ -197,10 +197,10 @@ class HGTConv(nn.Module):
         C.check_same_device([(f"x_dict[{t!r}]", x_dict[t]) for t in self.node_types], "x_dict")
         graph = self.graph_of(x_dict, edge_index_dict)
         # The program reads one node input: node types stacked in id order.  That is one
-        # copy of the features per call (none with a single node type); avoiding it would
-        # need per-type inputs in the IR (the typed K/Q/V GEMM and the skip both read x).
-        xs = [x_dict[t] for t in self.node_types]
-        x = xs[0] if len(xs) == 1 else torch.cat(xs, 0)
+        # copy of the features per call, unless they are consecutive rows of one tensor
+        # already (stacked_rows); avoiding it otherwise would need per-type inputs in the
+        # IR (the typed K/Q/V GEMM and the skip both read x).
+        x = stacked_rows(x_dict[t] for t in self.node_types)
         out = self.program(graph, {"x": x}, self._weights())[0]
         return _pieces(out, self._type_slices(graph))
 
