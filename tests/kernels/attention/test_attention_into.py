@@ -19,7 +19,7 @@ from hector.kernels.attention import launch
 from hector.kernels.attention.launch import edge_attention_grads_triton, overlap
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_attention_strided import (DIMS, NO_OUT, ROLES, SCALE, SLOPE, forward,  # noqa: E402
+from test_attention_strided import (DIMS, N, NO_OUT, ROLES, SCALE, SLOPE, forward,  # noqa: E402
                                     inputs, make_graph, plan_for)
 from test_edge_attention import DEVICE  # noqa: E402
 
@@ -138,3 +138,24 @@ def test_overlap():
     assert overlap(buf[:, :4], buf[1:, 4:8])             # different rows, shared span
     assert not overlap(torch.randn(5, 4), torch.randn(5, 4))
     assert not overlap(buf[:0], buf)
+
+
+def test_into_op_fake_shapes_and_opcheck():
+    """``hector::edge_attention_backward_into`` returns [dq, d a_src, d a_dst] (its fake
+    implementation gives the real shapes) and declares that it writes v and k: opcheck's
+    schema check (mutations declared, outputs alias nothing) and fake-tensor check pass."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    g, t, dense, kv, spec, plan, out, lse, dout = _case("edge", 4, 8)
+    args = (launch.graph_handle(g), dout, *(t[r] for r in ROLES), out, lse, SCALE, SLOPE,
+            launch.launch_handle(g, spec, plan), [True] * 5)
+    real = launch.edge_attention_backward_into_op(*args)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = launch.edge_attention_backward_into_op(
+            *(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+    assert [tuple(f.shape) for f in fake] == [tuple(r.shape) for r in real]
+    assert [f.dtype for f in fake] == [r.dtype for r in real]
+    buf = kv.clone()         # (the real call above wrote its gradients over k and v)
+    k, v = buf[:, :8].view(N, 2, 4), buf[:, 8:].view(N, 2, 8)
+    args = args[:2] + (v, t["q"], k) + args[5:]
+    torch.library.opcheck(launch.edge_attention_backward_into_op, args,
+                          test_utils=("test_schema", "test_faketensor"))
