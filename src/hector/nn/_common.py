@@ -126,9 +126,9 @@ def as_one_graph(x, edge_index, edge_type=None, add_self_loops: bool = False,
 
 def stacked_rows(xs) -> torch.Tensor:
     """``torch.cat(xs, 0)``, without the copy when the tensors are already consecutive row
-    blocks of one dense buffer (per-type features sliced from one tensor, as ``hector train``
-    and ``hector bench`` pass HGT's): then a view of those rows, whose backward splits the
-    gradient as cat's does (on synthetic mag a 497 MB copy per forward)."""
+    blocks of one dense buffer (per-type features split from one tensor, as ``hector
+    bench`` passes HGT's): then a view of those rows, whose backward splits the gradient as
+    cat's does (on synthetic mag a 497 MB copy per forward)."""
     xs = list(xs)
     if len(xs) == 1:
         return xs[0]
