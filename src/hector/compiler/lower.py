@@ -133,9 +133,12 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
     if template == "attention" and body.op == Op.ATTENTION_BWD:
         spec, rows = attention_spec(attention_of_bwd(body), dtype)
         joint = "; k and v side by side in one buffer" if body.attr("joint") else ""
+        over = [r for r in ("v", "k") if r in body.attr("needs")]
+        over = (f"; on Triton, d{' and d'.join(over)} written over the saved "
+                f"{' and '.join(over)} when only the backward holds them") if over else ""
         return (spec, rows), (f"backward of the fused attention (op graph: {rows.graph}, "
                               f"sources: {rows.source} rows): gradients of "
-                              f"{', '.join(body.attr('needs'))}{joint}")
+                              f"{', '.join(body.attr('needs'))}{joint}{over}")
     if template == "attention":
         spec, rows = attention_spec(body, dtype)
         return (spec, rows), f"op graph: {rows.graph}, sources: {rows.source} rows" + (
