@@ -32,8 +32,7 @@ import torch
 from ..graph import Graph
 from ..graph.derived import AttentionGraph
 from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
-                                         edge_attention_triton,
-                                         make_plan, overlap, rows_dense)
+                                        edge_attention_triton, make_plan, overlap, rows_dense)
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.eager import call
 from ..kernels.edgewise.op import edgewise

@@ -174,11 +174,7 @@ def _fold_bias(outputs, memo: Dict[Value, Value], decisions: List[Decision]):
     """``outputs`` with each ``[reshape](attention) + b`` (see the module's point 4) made
     ``[reshape](attention(..., bias=b))``; ``memo`` (original value -> replacement, of an
     earlier rewrite) is updated to map to the new values."""
-    consumers = Counter(a for v in toposort(outputs) for a in set(v.args))
-    is_output = set(outputs)
-
-    def alone(v: Value) -> bool:
-        return consumers[v] == 1 and v not in is_output
+    alone = _read_once(outputs)
 
     def fold(orig: Value, new: Value, _memo) -> Optional[Value]:
         if orig.op != Op.ADD:
@@ -198,11 +194,44 @@ def _fold_bias(outputs, memo: Dict[Value, Value], decisions: List[Decision]):
         fused = N.attention(roles, att.shape, att.attr("scale"), att.attr("slope"))
         return Value(x.op, (fused,), x.kind, x.shape, x.attrs) if x is not att else fused
 
+    return _rewrite_after(outputs, fold, memo)
+
+
+def _read_once(outputs):
+    """``alone(v)``: ``v`` is read by one operator of ``outputs``' graph and is not an
+    output."""
+    consumers = Counter(a for v in toposort(outputs) for a in set(v.args))
+    is_output = set(outputs)
+    return lambda v: consumers[v] == 1 and v not in is_output
+
+
+def _rewrite_after(outputs, fn, memo: Dict[Value, Value]):
+    """``rewrite(outputs, fn, original=True)``, with ``memo`` (original value -> its
+    replacement by an earlier rewrite) updated to map to the new values."""
     again: Dict[Value, Value] = {}
-    out = rewrite(outputs, fold, again, original=True)
+    out = rewrite(outputs, fn, again, original=True)
     for k, v in memo.items():
         memo[k] = again.get(v, v)
     return out
+
+
+def _sums_compact_rows(v: Value) -> bool:
+    """``v`` sums compact rows into their nodes: ``scatter_sum_dst`` of (dst, relation) rows
+    or ``scatter_sum_src`` of (src, relation) rows (one node per row)."""
+    return (v.op == Op.SCATTER and v.kind == NODE and v.attr("reduce") == "sum"
+            and (v.args[0].kind, v.attr("end")) in ((N.CDST, "dst"), (N.CSRC, "src")))
+
+
+def _scatter_decision(what: str, kind: str, stats, applied: str, declined: str) -> Decision:
+    """The scatter epilogue's cost question for rows of ``kind``: do they number at least
+    twice the nodes (the node passes it adds against the compact rows' round trip it
+    saves)?  Declined without graph statistics."""
+    if stats is None:
+        return Decision(NAME, what, False, "no graph statistics to cost it")
+    q = Cheaper(new=((2, NODE),), old=((1, kind),))
+    ok = q.answer(stats)
+    return Decision(NAME, what, ok, f"{stats.rows(kind)} {kind} rows vs {stats.rows(NODE)} "
+                    "nodes: " + (applied if ok else declined), q)
 
 
 def _split_scatter_sums(outputs, memo: Dict[Value, Value], decisions: List[Decision],
@@ -210,47 +239,32 @@ def _split_scatter_sums(outputs, memo: Dict[Value, Value], decisions: List[Decis
     """``outputs`` with each ``scatter_sum(add(linear_1, linear_2))`` of compact rows into
     their nodes (each linear read by the add alone, the add by the scatter alone) made
     ``add(scatter_sum(linear_1), scatter_sum(linear_2))`` when the scatter epilogue pays
-    (the question :func:`_group`'s ``gemm_scatter`` asks): each GEMM then sums its own rows
+    (:func:`_scatter_decision`, the question ``gemm_scatter`` asks too): each GEMM then sums its own rows
     into a node buffer, and the two compact-row outputs (RGAT's backward on wikikg2: dv W^T
     and d a_src W_att^T, 3 GiB each, alive together at the training peak) are never written.
     ``memo`` is updated as in :func:`_fold_bias`."""
-    consumers = Counter(a for v in toposort(outputs) for a in set(v.args))
-    is_output = set(outputs)
-
-    def alone(v: Value) -> bool:
-        return consumers[v] == 1 and v not in is_output
+    alone = _read_once(outputs)
 
     def split(orig: Value, new: Value, _memo) -> Optional[Value]:
-        if not (orig.op == Op.SCATTER and orig.kind == NODE and orig.attr("reduce") == "sum"
-                and (orig.args[0].kind, orig.attr("end")) in ((N.CDST, "dst"), (N.CSRC, "src"))):
+        if not _sums_compact_rows(orig):
             return None
         add = orig.args[0]
         if add.op != Op.ADD or not alone(add) or len(set(add.args)) != 2 or not all(
                 a.op == Op.LINEAR and a.kind == add.kind and _csr_gemm(a) and alone(a)
                 for a in add.args):
             return None
-        what = "scatter of a sum of two linears into two scatter epilogues"
-        if stats is None:
-            decisions.append(Decision(NAME, what, False, "no graph statistics to cost it"))
+        d = _scatter_decision("scatter of a sum of two linears into two scatter epilogues",
+                              add.kind, stats,
+                              "each segment GEMM sums its output rows into a node buffer; no "
+                              "compact rows of either linear written",
+                              "fewer than two rows per node: one traversal sums both")
+        decisions.append(d)
+        if not d.applied:
             return None
-        q = Cheaper(new=((2, NODE),), old=((1, add.kind),))
-        ok = q.answer(stats)
-        decisions.append(Decision(
-            NAME, what, ok, f"{stats.rows(add.kind)} {add.kind} rows vs {stats.rows(NODE)} "
-            "nodes: " + ("each segment GEMM sums its output rows into a node buffer; no "
-                         "compact rows of either linear written" if ok else
-                         "fewer than two rows per node: one traversal sums both"), q))
-        if not ok:
-            return None
-        lins = new.args[0].args
         return N.binary(Op.ADD, *(Value(orig.op, (lin,), orig.kind, orig.shape, orig.attrs)
-                                  for lin in lins))
+                                  for lin in new.args[0].args))
 
-    again: Dict[Value, Value] = {}
-    out = rewrite(outputs, split, again, original=True)
-    for k, v in memo.items():
-        memo[k] = again.get(v, v)
-    return out
+    return _rewrite_after(outputs, split, memo)
 
 
 def run(outputs, stats=None, enabled: bool = True, mapping: Optional[Dict[Value, Value]] = None):
@@ -421,26 +435,18 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
         ms, mag (0.78) 3.04 -> 3.13 ms.)"""
         if v in scatter_epilogue:
             return scatter_epilogue[v]
-        ok = (v.op == Op.SCATTER and v.kind == NODE and v.attr("reduce") == "sum"
-              and (v.args[0].kind, v.attr("end")) in ((N.CDST, "dst"), (N.CSRC, "src")))
-        lin = v.args[0] if ok else None
-        ok = ok and (lin.op == Op.LINEAR and _csr_gemm(lin) and consumers[lin] == 1
-                     and lin not in is_output)
+        lin = v.args[0] if _sums_compact_rows(v) else None
+        ok = lin is not None and (lin.op == Op.LINEAR and _csr_gemm(lin) and consumers[lin] == 1
+                                  and lin not in is_output)
         if ok:
-            what = "scatter into linear (epilogue)"
-            if stats is None:
-                decisions.append(Decision(NAME, what, False, "no graph statistics to cost it"))
-                ok = False
-            else:
-                q = Cheaper(new=((2, NODE),), old=((1, lin.kind),))
-                ok = q.answer(stats)
-                decisions.append(Decision(
-                    NAME, what, ok, f"{stats.rows(lin.kind)} {lin.kind} rows vs "
-                    f"{stats.rows(NODE)} nodes: " + (
-                        "the segment GEMM sums each output row into its node row (fp32 "
-                        "atomics): no compact rows written and read back" if ok else
-                        "fewer than two rows per node: the node passes would cost more than "
-                        "the compact rows' round trip"), q))
+            d = _scatter_decision(
+                "scatter into linear (epilogue)", lin.kind, stats,
+                "the segment GEMM sums each output row into its node row (fp32 atomics): no "
+                "compact rows written and read back",
+                "fewer than two rows per node: the node passes would cost more than the "
+                "compact rows' round trip")
+            decisions.append(d)
+            ok = d.applied
         scatter_epilogue[v] = ok
         return ok
 

@@ -279,6 +279,7 @@ def _launch_traversal(name: str, params: dict, plan: AttentionPlan, sched: Sched
         # Looked up by this key first: the config list and spec hash cost more host time
         # than the launch, on every call of a step that is not captured.
         bucket = autotune.bucket(*shape)
+
         def pick():
             kept = [t.clone() for t in overwrites]
 
@@ -883,9 +884,9 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
     copy and not overlap); the same return value, the gradients being those tensors (with
     ``joint_kv``, :func:`joint_of` them: the buffer they are column slices of)."""
     _check_joint(joint_kv, needs[2], needs[0])
-    if into_kv:
-        _check_into(v if needs[0] else None, k if needs[2] else None)
-    tensors = [_operand(t, name) for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
+    # (k and v go in as they are when written over: the op refuses what it would copy)
+    tensors = [t if into_kv and name in ("k", "v") else _operand(t, name)
+               for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
     if into_kv:
         dq, da_src, da_dst = call(edge_attention_backward_into_op, graph_handle(graph),
                                   dout.contiguous(), *tensors, out.contiguous(),
