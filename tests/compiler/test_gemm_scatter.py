@@ -1,8 +1,9 @@
 """The segment GEMM's scatter epilogue: a typed linear's compact (dst, relation) rows summed
 into their destination nodes, the linear read by nothing else, is summed by the GEMM itself
 (fp32 atomics) -- no compact output is written.  RGCN after reordering: output and every
-gradient equal the torch backend's, fp32 and bf16, with the CSR prologue off (the default)
-and on; declined by its cost question where the rows are fewer than twice the nodes."""
+gradient equal the torch backend's, fp32 and bf16, with the CSR prologue off, on, and as
+the default chooses it (on, with a scatter epilogue); declined by its cost question where
+the rows are fewer than twice the nodes."""
 import pytest
 import torch
 
@@ -11,18 +12,25 @@ from hector.compiler.passes import fuse
 
 from test_csr_prologue import _csr_steps, _graph, _run, _same
 
+MODES = ["0", "1", "auto"]
+
+
+def _set_mode(monkeypatch, mode):
+    """``HECTOR_CSR_PROLOGUE`` as ``mode`` ("auto": unset)."""
+    if mode == "auto":
+        monkeypatch.delenv(fuse.CSR_PROLOGUE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(fuse.CSR_PROLOGUE_ENV, mode)
+
 
 def _scatter_steps(plan):
     return [s for s in plan.steps if s.template == "gemm" and s.body.op == N.Op.SCATTER]
 
 
-@pytest.mark.parametrize("csr", [False, True])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_rgcn_relation_gemm_sums_into_the_nodes(monkeypatch, csr, dtype, tol):
-    if csr:
-        monkeypatch.setenv(fuse.CSR_PROLOGUE_ENV, "1")
-    else:
-        monkeypatch.delenv(fuse.CSR_PROLOGUE_ENV, raising=False)
+def test_rgcn_relation_gemm_sums_into_the_nodes(monkeypatch, mode, dtype, tol):
+    _set_mode(monkeypatch, mode)
     g = _graph(num_nodes=12, num_edges=200, relations=8)   # 4 destinations x 8 relations
     got = _run(g, "triton", dtype)
     _same(got, _run(g, "torch", dtype), tol, 10 * tol)
@@ -30,7 +38,7 @@ def test_rgcn_relation_gemm_sums_into_the_nodes(monkeypatch, csr, dtype, tol):
     (step,) = _scatter_steps(plan)
     assert step.output.kind == N.NODE and step.spec[1].scatter == (N.NODE, "dst")
     assert step.spec[0].accumulate and "scatter epilogue" in step.note
-    assert bool(_csr_steps(plan)) == csr
+    assert bool(_csr_steps(plan)) == (mode != "0")
     # nothing reads compact rows back: no step takes a compact_dst input but the GEMM
     assert not [s for s in plan.steps if s is not step
                 and any(v.kind == N.CDST for v in s.inputs)]
@@ -54,16 +62,13 @@ def test_no_epilogue_without_fusion():
     assert not _scatter_steps(got[0].forward_plan)
 
 
-@pytest.mark.parametrize("csr", [False, True])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_root_gemm_adds_the_relation_sum_and_the_bias(monkeypatch, csr, dtype, tol):
+def test_root_gemm_adds_the_relation_sum_and_the_bias(monkeypatch, mode, dtype, tol):
     """The addend epilogue: RGCN's root GEMM adds the node rows the relation GEMM's scatter
     left and the bias as it stores its rows, and that GEMM is the forward's last step (no
     node-row pass after it); output and every gradient equal the torch backend's."""
-    if csr:
-        monkeypatch.setenv(fuse.CSR_PROLOGUE_ENV, "1")
-    else:
-        monkeypatch.delenv(fuse.CSR_PROLOGUE_ENV, raising=False)
+    _set_mode(monkeypatch, mode)
     g = _graph(num_nodes=12, num_edges=200, relations=8)
     got = _run(g, "triton", dtype)
     _same(got, _run(g, "torch", dtype), tol, 10 * tol)

@@ -168,6 +168,8 @@ def gemm_parts(body: Value) -> Tuple[Value, Value]:
     kernel's epilogue, or ``scatter(linear)`` (its scatter epilogue; ``fuse``); an addend
     (:func:`gemm_addend`) is set aside first."""
     body = gemm_addend(body)[0]
+    if body.op == Op.SCATTER and body.args[0].op == Op.GATHER:   # (CSR scatter epilogue)
+        return body.args[0].args[0], None
     if body.op == Op.SCATTER:
         return body.args[0], None
     if body.op == Op.RESHAPE:
@@ -175,6 +177,25 @@ def gemm_parts(body: Value) -> Tuple[Value, Value]:
     if body.op == Op.ADD:
         return body.args[0], body.args[1]
     return body, None
+
+
+#: Longest CSR row a segment GEMM's CSR prologue or epilogue walks where rows may be cut
+#: (a scatter epilogue or a CSR epilogue sums them afterwards, a weight gradient over
+#: them): longer rows become pieces of this many entries (``steps_triton``), so a tile
+#: never walks a hub alone.
+CSR_PIECE = 16
+
+
+def csr_epilogue(body: Value) -> Optional[Tuple[Tuple[tuple, ...], float]]:
+    """(movements, coefficient) of a GEMM body's CSR scatter epilogue
+    (``scatter(gather(linear))``, ``fuse``), or None."""
+    if not (body.op == Op.SCATTER and body.args[0].op == Op.GATHER):
+        return None
+    g = body.args[0]
+    stand_in = Value(body.op, (Value(g.op, (arg(0, g.args[0]),), g.kind, g.shape, g.attrs),),
+                     body.kind, body.shape, body.attrs)
+    (source,) = linear_traversal(stand_in)[0].sources
+    return source[1], source[2]
 
 
 def gemm_spec(body: Value, dtype: torch.dtype):
@@ -187,12 +208,18 @@ def gemm_spec(body: Value, dtype: torch.dtype):
         how = (f"; x read in place from {x.args[0].kind} rows by {x.attr('end')}"
                if x.op == Op.GATHER else "")
         how += f"; {prologue}(x) applied to each loaded tile" if prologue else ""
+        if x.op == Op.SCATTER:
+            how += ("; x rows summed through the CSR of " + linear_traversal(x)[0].describe()
+                    .split("; ", 1)[1] + " as they are loaded (CSR prologue; rows cut into "
+                    f"pieces of at most {CSR_PIECE} entries)")
         dy = body.args[1]
         how += (f"; dy read in place from {dy.args[0].kind} rows by {dy.attr('end')}"
                 if dy.op == Op.GATHER else "")
         return None, (f"weight gradient dW = sum x^T dy over {x.kind} rows, segments by "
                       f"{seg}{how}")
-    out_scatter = (body.kind, body.attr("end")) if body.op == Op.SCATTER else None
+    csr_out = csr_epilogue(body)
+    out_scatter = ((body.kind, body.attr("end")) if body.op == Op.SCATTER and csr_out is None
+                   else None)
     body, addend = gemm_addend(body)
     body, bias = gemm_parts(body)
     x, prologue = gemm_input(body.args[0])
@@ -208,27 +235,37 @@ def gemm_spec(body: Value, dtype: torch.dtype):
         (csr,) = linear_traversal(x)[0].sources
     rows = RowSegments(rows=x.kind, segments=w.per, per_head=per_head, transpose_weight=transpose,
                        gather=(x.args[0].kind, x.attr("end")) if gathered else None, csr=csr,
-                       scatter=out_scatter)
+                       scatter=out_scatter, csr_out=csr_out)
     # (steps_triton.run_gemm: node_perm or the head-major order, permutations both; a CSR
     # prologue's rows in order of length within each segment, a permutation too)
-    permuted = w.per == "node_type" or per_head or csr is not None
-    gs = GemmSpec(has_gather=permuted or gathered, has_scatter=permuted or bool(out_scatter),
+    # (a CSR epilogue's rows: its pieces by length within each segment, ``scatter`` their
+    # CSR rows, ``gather`` the input rows they read)
+    permuted = w.per == "node_type" or per_head or csr is not None or csr_out is not None
+    gs = GemmSpec(has_gather=permuted or gathered,
+                  has_scatter=permuted or bool(out_scatter) or csr_out is not None,
                   transpose_weight=transpose, dtype=dtype, K=K, N=N,
                   input_precision=fp32_dot() if dtype == torch.float32 else "ieee",
-                  gather_unique=permuted and not gathered,
-                  scatter_unique=permuted and not out_scatter,
+                  gather_unique=permuted and not gathered and csr_out is None,
+                  scatter_unique=permuted and not out_scatter and csr_out is None,
                   has_bias=bias is not None, prologue=prologue, has_csr=csr is not None,
-                  has_addend=addend is not None)
+                  has_addend=addend is not None, has_csr_out=csr_out is not None)
     seg = {"relation": f"{x.kind} rel_ptr", "node_type": "node_type_ptr (+node_perm)",
            None: "one segment"}[w.per] + (f"; rows gathered from {x.args[0].kind} by "
                                           f"{x.attr('end')}" if gathered else "")
     if out_scatter is not None:
         seg += (f"; output rows summed into their {out_scatter[0]} rows by {out_scatter[1]} "
                 "(scatter epilogue, fp32 atomics)")
+    if csr_out is not None:
+        seg += ("; output rows added through the CSR of " + LinearTraversal(
+            sources=((0,) + csr_out,)).describe().split("; ", 1)[1] + " as they are finished "
+                "(CSR scatter epilogue, fp32 atomics; rows cut into pieces of at most "
+                f"{CSR_PIECE} entries, ordered by length within each segment)")
     if csr is not None:
+        cut = (f"rows cut into pieces of at most {CSR_PIECE} entries, " if out_scatter
+               and bias is None else "")
         seg += ("; input rows summed through the CSR of " + LinearTraversal(
             sources=(csr,)).describe().split("; ", 1)[1] + " as they are loaded (CSR prologue; "
-                "rows ordered by length within each segment)")
+                f"{cut}rows ordered by length within each segment)")
     return (gs, rows), (f"segments: {seg}{', head-major (per-head weights)' if per_head else ''}"
                         f"{'; + bias per ' + (w.per or 'row') + ' (epilogue)' if bias else ''}"
                         f"{'; ' + prologue + ' of the input rows (prologue)' if prologue else ''}"

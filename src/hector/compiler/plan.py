@@ -46,6 +46,9 @@ class RowSegments:
     #: the scatter epilogue (``fuse``): (row kind summed into, endpoint): each output row is
     #: added into its node row with atomics
     scatter: Optional[Tuple[str, str]] = None
+    #: the CSR scatter epilogue (``fuse``): (movements, coefficient) of the one-source
+    #: gather-then-scatter chain from the GEMM's rows to the node rows it adds them into
+    csr_out: Optional[Tuple[Tuple[tuple, ...], float]] = None
 
 
 @dataclass(frozen=True)

@@ -36,16 +36,17 @@ from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_trit
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.eager import call
 from ..kernels.edgewise.op import edgewise
-from ..kernels.segment_mm.launch import (segment_mm_wgrad_op, segment_mm_wgrad_sums_op,
-                                         segment_sums)
-from ..kernels.segment_mm.op import segment_mm, segment_mm_csr
+from ..kernels.ptr import split_rows
+from ..kernels.segment_mm.launch import (segment_mm_wgrad_csr_op, segment_mm_wgrad_op,
+                                         segment_mm_wgrad_sums_op, segment_sums)
+from ..kernels.segment_mm.op import segment_mm, segment_mm_csr, segment_mm_csr_scatter
 from ..kernels.traversal.csr import (WeightedCSR, compose, from_groups, narrow_cols,
                                       one_per_row, scaled)
 from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
 from . import ir
 from .ir import (CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_of_bwd, attention_roles,
                  toposort)
-from .lower import edgewise_lowering, gemm_input
+from .lower import CSR_PIECE, edgewise_lowering, gemm_input, linear_traversal
 from .plan import AttentionRows, RowSegments
 from .steps_torch import (GraphIndex, _operand, attention_bwd_torch, eval_body,
                           fold_slice_sums)
@@ -86,6 +87,30 @@ def _csr_order(ix: GraphIndex, rs, m: WeightedCSR) -> torch.Tensor:
     return ix.memo[key]
 
 
+def _pieces(ix: GraphIndex, kind: str, segments: Optional[str], m: WeightedCSR, key):
+    """(piece_ptr, piece of each GEMM row, original CSR row of each GEMM row, segment
+    bounds as ints) of ``m`` (rows of ``kind``, stored by relation) cut into pieces of at
+    most :data:`~hector.compiler.lower.CSR_PIECE` entries (:func:`split_rows`), the pieces
+    ordered by length within each segment: what a CSR prologue or epilogue walks where the
+    rows' sums meet linearly afterwards (no tile walks a hub alone).  Memoised per graph;
+    two host reads once (the piece count, the segment bounds)."""
+    key = ("csr_pieces", kind, segments, key)
+    if key not in ix.memo:
+        piece_ptr, row_of = split_rows(m.ptr, CSR_PIECE)
+        if segments == "relation":
+            seg = ix.relation(kind).index_select(0, row_of)
+            count = len(ix.ptr[kind if kind in (EDGE, CSRC) else CDST]) - 1
+        else:
+            seg, count = torch.zeros_like(row_of), 1
+        order = torch.argsort(seg * (CSR_PIECE + 1) + (piece_ptr[1:] - piece_ptr[:-1]),
+                              stable=True)
+        bounds = torch.cumsum(torch.bincount(seg, minlength=count), 0).tolist()
+        small = torch.int32 if row_of.numel() < 2 ** 31 else torch.int64
+        ix.memo[key] = (piece_ptr, order.to(small), row_of.index_select(0, order),
+                        (0,) + tuple(bounds))
+    return ix.memo[key]
+
+
 def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str,
              bias: Optional[torch.Tensor] = None, addend: Optional[torch.Tensor] = None):
     """A typed-linear step on the segment GEMM template; ``bias``: the weight row ``fuse``
@@ -97,10 +122,14 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
     if addend is not None and (rs.csr is not None or rs.per_head or rs.scatter is not None):
         raise ValueError("an addend epilogue needs a GEMM whose rows are stored once, without "
                          "a CSR prologue and not per head: fuse gives it to no other")
+    if rs.csr_out is not None:
+        return _run_csr_epilogue(step, rs, x, w, ix, backend)
     if rs.csr is not None:
         _, movements, coef = rs.csr
         m = movement_csr(ix, movements, coef)
         rows_in = x.reshape(x.shape[0], -1)
+        if rs.scatter is not None and bias is None:
+            return _run_csr_pieces(step, rs, rows_in, w, ix, backend, m, (movements, coef))
         if m.layout.num_chunks:
             return _run_gemm(step, rs, traverse(m, rows_in, backend="triton"), w, ix,
                              backend, bias)
@@ -115,6 +144,43 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
                              bias=None if bias is None else bias.reshape(weight.shape[0], -1))
         return out.reshape((num_out,) + tuple(step.output.shape))
     return _run_gemm(step, rs, x, w, ix, backend, bias, addend)
+
+
+def _run_csr_pieces(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str,
+                    m: WeightedCSR, key) -> torch.Tensor:
+    """A CSR-prologue GEMM whose output rows its scatter epilogue sums (and no bias): its
+    rows are cut into short pieces (:func:`_pieces`), each summed, multiplied and added
+    into the node row of its row -- the same sum, as the product is linear."""
+    piece_ptr, order, row_of, bounds = _pieces(ix, rs.rows, rs.segments, m, key)
+    weight = w if rs.segments is not None else w.unsqueeze(0)
+    node = ix.move(NODE, rs.rows, rs.scatter[1]).index_select(0, row_of)
+    out = segment_mm_csr(x.contiguous(), weight.contiguous(), bounds, piece_ptr, m.col, m.val,
+                         gather=order, scatter=node, num_out_rows=ix.rows[NODE],
+                         transpose_weight=rs.transpose_weight, backend=backend,
+                         gather_unique=True)
+    return out.reshape((ix.rows[NODE],) + tuple(step.output.shape))
+
+
+def _run_csr_epilogue(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex,
+                      backend: str) -> torch.Tensor:
+    """A GEMM with a CSR scatter epilogue (``rs.csr_out``): its logical rows (``rs.rows``,
+    read through ``rs.gather`` from ``x``'s rows) multiplied and added into the node rows
+    of the chain's CSR, transposed so that its rows are the GEMM's (the forward's CSR when
+    the chain is a forward's reversed: one build per graph), rows cut into pieces."""
+    movements, coef = rs.csr_out
+    m = movement_csr(ix, _reversed_chain(movements), coef)     # rows: the GEMM's
+    piece_ptr, order, row_of, bounds = _pieces(ix, rs.rows, rs.segments, m,
+                                               (_reversed_chain(movements), coef))
+    weight = w if rs.segments is not None else w.unsqueeze(0)
+    rows_in = x.flatten(1)
+    if rs.gather is not None:
+        gather = ix.move(rs.gather[0], rs.rows, rs.gather[1]).index_select(0, row_of)
+    else:
+        gather = row_of
+    out = segment_mm_csr_scatter(rows_in.contiguous(), weight.contiguous(), bounds, piece_ptr,
+                                 m.col, m.val, rows=order, num_out_rows=m.cols, gather=gather,
+                                 transpose_weight=rs.transpose_weight, backend=backend)
+    return out.reshape((m.cols,) + tuple(step.output.shape))
 
 
 def _out_rows(ix: GraphIndex, rs, rows: int, perm: Optional[torch.Tensor]):
@@ -208,6 +274,8 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     step's x is a gather of node rows (fusion folded it), ``x`` holds the node rows and the
     kernel reads them by index: no gathered copy; the same for dy."""
     v = step.body
+    if v.args[0].op == Op.SCATTER:     # a CSR prologue (fuse): the summed rows rebuilt
+        return _run_wgrad_csr(step, x, dy, ix)
     headwise = len(v.shape) == 3
     xv, prologue = gemm_input(v.args[0])     # (a prologue: the kernel applies it to x tiles)
     prologue = prologue or ""
@@ -236,6 +304,33 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     if headwise:   # [(head, slice), K, N] -> [slice, head, K, N]
         dw = dw.view(H, S // H, K, N).transpose(0, 1).contiguous()
     return dw[0] if v.per is None else dw
+
+
+def _run_wgrad_csr(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex):
+    """A weight gradient whose x rows are CSR sums of ``x`` (fuse's CSR prologue, RGCN's
+    mean per (destination, relation) in the backward): ``hector::segment_mm_wgrad_csr``
+    sums each row as it loads it, over the rows cut into pieces (the gradient is linear
+    in them), so the rows are neither saved by the forward nor rebuilt in memory."""
+    v = step.body
+    (_, movements, coef), = linear_traversal(v.args[0])[0].sources
+    kind = v.args[0].kind
+    m = movement_csr(ix, movements, coef)
+    piece_ptr, order, row_of, bounds = _pieces(ix, kind, v.per, m, (movements, coef))
+    dv = v.args[1]
+    dy_index = ix.move(dv.args[0].kind, dv.kind, dv.attr("end")) if dv.op == Op.GATHER else None
+    dyin = dy.flatten(1).contiguous()
+    read_dy = row_of if dy_index is None else dy_index.index_select(0, row_of)
+    dw = call(segment_mm_wgrad_csr_op, x.flatten(1).contiguous(), dyin, piece_ptr, m.col,
+              m.val, order, read_dy, list(bounds))
+    dw = dw[0] if v.per is None else dw
+    if step.extra is None:
+        return dw
+    # The bias gradient sums each row's dy once: over the rows, not their pieces.
+    rows = dyin.shape[0] if dy_index is None else dy_index.shape[0]
+    orig, _, _ = _wgrad_layout(ix, kind, v.per, rows, 0)
+    db = segment_sums(dyin, orig, dy_index)
+    db = fold_slice_sums(step.extra.attr("body"), db.view((len(orig) - 1,) + tuple(dy.shape[1:])))
+    return dw, (db[0] if v.per is None else db)
 
 
 def run_wsum(step, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:

@@ -93,9 +93,9 @@ class Entry:
 KERNELS: Mapping[str, Entry] = MappingProxyType({
     "segment_mm": Entry("segment_mm.py.j2", "segment_mm_kernel",
                         dict(_GEMM, accumulate=_BOOL, has_bias=_BOOL, narrow=_BOOL,
-                             has_csr=_BOOL, has_addend=_BOOL)),
+                             has_csr=_BOOL, has_addend=_BOOL, has_csr_out=_BOOL)),
     "segment_mm_wgrad": Entry("segment_mm_wgrad.py.j2", "segment_mm_wgrad_kernel",
-                              dict(_GEMM, atomic=_BOOL, has_sums=_BOOL)),
+                              dict(_GEMM, atomic=_BOOL, has_sums=_BOOL, has_csr=_BOOL)),
     "attention_fwd": Entry("attention_fwd.py.j2", "attention_fwd_kernel",
                            dict(_SCORE, has_bias=_BOOL)),
     "attention_combine": Entry("attention_combine.py.j2", "attention_combine_kernel",

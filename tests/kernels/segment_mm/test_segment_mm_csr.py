@@ -131,13 +131,12 @@ def test_bad_input_names_the_argument(change, exc, match):
                        backend="torch")
 
 
-def test_csr_schedules_span_k_and_skip_two_warps():
+def test_csr_schedules_span_k():
     from hector.kernels.segment_mm.spec import GemmSpec, default_schedule, tune_configs
     spec = GemmSpec(has_gather=True, has_scatter=True, transpose_weight=False,
                     dtype=torch.float32, K=40, N=20, gather_unique=True, scatter_unique=True,
                     has_csr=True)
     cfgs = tune_configs(spec) + (default_schedule(spec), default_schedule(spec, True))
     assert all(c.block_k >= 40 for c in cfgs)
-    assert all(c.num_warps >= 4 for c in tune_configs(spec))
     with pytest.raises(ValueError, match="block_k=16 must be >= K=40"):
         cfgs[0].__class__(block_m=16, block_n=32, block_k=16).check_fits(spec)

@@ -19,9 +19,20 @@
    a typed linear alone is the GEMM's *CSR prologue*: the kernel sums each input row as it
    loads it, so RGCN's per-(destination, relation) mean is never written (on a graph where
    those rows are nearly as many as the edges, wikikg2, two compact-row tensors of traffic).
-   Opt-in (``HECTOR_CSR_PROLOGUE=1``) until long rows are split off: a tile walks its rows'
-   entries in lockstep, so a hub row serialises it (slower than the traversal kernel on
-   wikikg2, biokg and am; faster on fb15k).
+   A tile walks its rows' entries in lockstep, so a hub row would serialise it: where the
+   GEMM's scatter epilogue sums its output rows (or for a weight gradient) the rows are cut
+   into short pieces, the sums meeting linearly afterwards, and the prologue is taken by
+   default; where rows are stored once it stays opt-in (``HECTOR_CSR_PROLOGUE=1``; slower
+   than the traversal kernel on wikikg2, biokg and am before the pieces existed).  The
+   backward's weight gradient takes the same prologue, so the forward saves no summed
+   rows for it.
+6. **CSR scatter epilogue**: the transpose of 3, for the backward: a sum into node rows of
+   a typed linear's compact rows gathered onto the edges (RGCN's ``dy[dst] W_r^T`` per
+   (dst, relation) row spread over its edges' sources with the mean's weights), the linear
+   read by nothing else, is added by the GEMM through the chain's CSR as it finishes each
+   row (fp32 atomics): the compact gradient (3.3 GB on wikikg2, at the training peak) is
+   never written.  Same cost question as 5; ``HECTOR_CSR_PROLOGUE=0`` turns 3's default
+   and 6 off.
 4. **attention epilogue**: ``[reshape](attention) + b`` (``b`` one weight row, the
    attention read by nothing else) is the attention's ``bias`` role: its kernel adds ``b``
    as it stores each output row (RGAT's output bias: one pass over the node rows less, 0.24
@@ -323,7 +334,7 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
     def inline_ok(a: Value, consumer: Value) -> bool:
         if a.op in _OPAQUE or a.kind == WEIGHT:
             return False
-        if gemm_scatter(a):
+        if gemm_scatter(a) or gemm_csr_scatter(a):
             return False
         if Op.COLS in (a.op, consumer.op) or a.op == Op.PLACE:
             return False      # a window is a view of its materialised input; a place a concat
@@ -415,6 +426,11 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
             elif gemm_scatter(v):
                 body = Value(v.op, (build(v.args[0], inputs),), v.kind, v.shape, v.attrs)
                 template = "gemm"
+            elif gemm_csr_scatter(v):
+                g = v.args[0]
+                body = Value(v.op, (Value(g.op, (build(g.args[0], inputs),), g.kind, g.shape,
+                                          g.attrs),), v.kind, v.shape, v.attrs)
+                template = "gemm"
             elif template == "traversal":
                 body = traversal(v, inputs)
             else:
@@ -423,6 +439,7 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
         return made[v]
 
     scatter_epilogue: Dict[Value, bool] = {}
+    scattered = set()      # linears whose rows a scatter epilogue sums (gemm_scatter)
 
     def gemm_scatter(v: Value) -> bool:
         """``v`` sums a typed linear's compact rows into their nodes (``scatter_sum_dst`` of
@@ -448,6 +465,35 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
             decisions.append(d)
             ok = d.applied
         scatter_epilogue[v] = ok
+        if ok:
+            scattered.add(lin)
+        return ok
+
+    csr_scatter: Dict[Value, bool] = {}
+
+    def gemm_csr_scatter(v: Value) -> bool:
+        """``v`` sums a typed linear's compact rows into node rows through a gather onto
+        the edges and a scatter off them (RGCN's backward: each (dst, relation) row's
+        gradient ``dy[dst] W_r^T`` gathered onto its edges with the mean's ``1 / count`` and
+        summed into their sources), the linear and the gather read by nothing else: the
+        GEMM's CSR scatter epilogue adds each output row into the chain's node rows (fp32
+        atomics), so the compact rows (on wikikg2 3.3 GB, at the training peak) are never
+        written -- when those rows number at least twice the nodes (the scatter epilogue's
+        question; ``HECTOR_CSR_PROLOGUE=0`` turns it off)."""
+        if v in csr_scatter:
+            return csr_scatter[v]
+        lin = _csr_scatter_linear(v)
+        ok = (lin is not None and csr_mode() != "0" and consumers[v.args[0]] == 1
+              and consumers[lin] == 1 and lin not in is_output and v.args[0] not in is_output)
+        if ok:
+            d = _scatter_decision(
+                "gather + scatter into linear (CSR scatter epilogue)", lin.kind, stats,
+                "the segment GEMM adds each output row into the node rows of its row's edges "
+                "(fp32 atomics, the chain's weights): no compact rows written and read back",
+                "fewer than two rows per node: a traversal sums the GEMM's rows")
+            decisions.append(d)
+            ok = d.applied
+        csr_scatter[v] = ok
         return ok
 
     def epilogue(v: Value) -> Optional[Tuple[Value, Value]]:
@@ -487,7 +533,8 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
                 return None
         lin = [a for a in inner.args if a.op == Op.LINEAR]
         rest = [a for a in inner.args if a.op != Op.LINEAR]
-        if len(lin) != 1 or len(rest) != 1 or not gemm_scatter(rest[0]):
+        if len(lin) != 1 or len(rest) != 1 or not (gemm_scatter(rest[0])
+                                                    or gemm_csr_scatter(rest[0])):
             return None
         (lin,), (addend,) = lin, rest
         if (consumers[lin] > 1 or lin in is_output or len(_stored_weight(lin).shape) != 2
@@ -525,6 +572,8 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
                                  else gemm_gather(a, v, inputs) if i == 0 and _gemm_gather(a, v)
                                  else dy_gather(a, v, inputs) if i == 1 and _dy_gather(a, v)
                                  else prologue(a, v, inputs) if i == 0 and _prologue(a, v)
+                                 else csr_prologue(a, v, inputs)
+                                 if i == 0 and v.op == Op.WGRAD and csr_prologue_ok(a, v)
                                  else _placeholder(materialise(a), inputs)
                                  for i, a in enumerate(v.args)),
                      v.kind, v.shape, v.attrs)
@@ -538,13 +587,20 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
                      a.attrs)
 
     def csr_prologue_ok(a: Value, gemm: Value) -> bool:
-        """``a`` (a sum over a CSR of one input's rows, read by this typed linear alone) can
-        be the GEMM's CSR prologue: the kernel sums each input row as it loads it.  Opt-in
-        (``HECTOR_CSR_PROLOGUE=1``): measured slower than the traversal kernel and a plain
-        GEMM wherever a graph has long rows (docs/perf-notes.md, "Session 19")."""
-        if not csr_prologue_enabled():
+        """``a`` (a sum over a CSR of one input's rows, read by this typed linear or weight
+        gradient alone) can be the GEMM's CSR prologue: the kernel sums each input row as it
+        loads it.  For a linear whose scatter epilogue sums its rows (``gemm_scatter``: rows
+        at least twice the nodes, nearly edge-sized) and for a weight gradient (the
+        backward's rebuilt rows): the kernels walk rows cut into short pieces
+        (``steps_triton``), and the summed rows are neither written nor saved.  Otherwise
+        (rows stored once, which cannot be cut) only with ``HECTOR_CSR_PROLOGUE=1``: measured
+        slower than the traversal kernel and a plain GEMM where a graph has long rows
+        (docs/perf-notes.md, "Session 19"); ``HECTOR_CSR_PROLOGUE=0``: never."""
+        mode = csr_mode()
+        wgrad = gemm.op == Op.WGRAD and len(gemm.shape) == 2 and gemm.per in (None, "relation")
+        if mode == "0" or not (mode == "1" or gemm in scattered or wgrad):
             return False
-        if not (_csr_gemm(gemm) and a.op == Op.SCATTER and a.kind != WEIGHT
+        if not ((_csr_gemm(gemm) or wgrad) and a.op == Op.SCATTER and a.kind != WEIGHT
                 and template_of(a) == "traversal" and consumers[a] == 1
                 and a not in is_output):
             return False
@@ -591,12 +647,34 @@ def _gemm_gather(a: Value, gemm: Value) -> bool:
             and per != "node_type" and gemm.op in (Op.LINEAR, Op.WGRAD))
 
 
-#: Environment switch of the GEMM's CSR prologue (off unless "1").
+#: Environment switch of the GEMM's CSR prologue and epilogue: unset (or any other value)
+#: where they pay (see ``csr_prologue_ok``), "1" for every one-source CSR sum a linear
+#: reads, "0" never.
 CSR_PROLOGUE_ENV = "HECTOR_CSR_PROLOGUE"
 
 
-def csr_prologue_enabled() -> bool:
-    return os.environ.get(CSR_PROLOGUE_ENV, "0") == "1"
+def csr_mode() -> str:
+    """``"1"``, ``"0"`` or ``"auto"`` (see :data:`CSR_PROLOGUE_ENV`)."""
+    mode = os.environ.get(CSR_PROLOGUE_ENV, "")
+    return mode if mode in ("0", "1") else "auto"
+
+
+def _csr_scatter_linear(v: Value) -> Optional[Value]:
+    """The typed linear whose compact rows ``v`` sums into node rows through a one-source
+    gather-then-scatter chain (``scatter(gather(linear))``, nothing added: a weighted CSR
+    from the linear's rows to the nodes), or None."""
+    if not (v.op == Op.SCATTER and v.kind == NODE and v.attr("reduce") == "sum"
+            and v.args[0].op == Op.GATHER and v.args[0].kind == EDGE):
+        return None
+    g = v.args[0]
+    lin = g.args[0]
+    if not (lin.op == Op.LINEAR and lin.kind in (N.CDST, N.CSRC) and _csr_gemm(lin)):
+        return None
+    stand_in = Value(v.op, (Value(g.op, (arg(0, lin),), g.kind, g.shape, g.attrs),), v.kind,
+                     v.shape, v.attrs)
+    lt = linear_traversal(stand_in)[0]
+    ok = lt is not None and len(lt.sources) == 1 and not lt.addends and lt.bias is None
+    return lin if ok else None
 
 
 def _dy_gather(a: Value, wgrad: Value) -> bool:

@@ -93,7 +93,7 @@ def gemm_params(spec: GemmSpec, wgrad: bool = False) -> dict:
                   input_precision=spec.input_precision, prologue=spec.prologue or "")
     return shared if wgrad else dict(shared, accumulate=spec.accumulate, has_bias=spec.has_bias,
                                      narrow=spec.narrow, has_csr=spec.has_csr,
-                                     has_addend=spec.has_addend)
+                                     has_addend=spec.has_addend, has_csr_out=spec.has_csr_out)
 
 
 def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x: torch.Tensor,
@@ -103,7 +103,9 @@ def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x:
                 csr: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
                 addend: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One forward-template launch; returns ``[M or num_out_rows, N]`` in ``spec.dtype``.
-    ``csr`` (``spec.has_csr``): (ptr, col, val) whose rows the prologue sums.
+    ``csr`` (``spec.has_csr``): (ptr, col, val) whose rows the prologue sums; with
+    ``spec.has_csr_out`` the CSR whose rows the epilogue adds each output row through
+    (``scatter[r]`` its row; ``num_out_rows`` its columns).
 
     A scatter accumulates in a zeroed fp32 buffer (fp32 atomics; half-precision atomics would
     round at every add) that is rounded once at the end; a permutation (``scatter_unique``)
@@ -152,10 +154,12 @@ def wgrad_rows(sched: GemmSchedule, m: int, tiles_kn: int, device: torch.device)
 
 def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...],
                  x: torch.Tensor, gather: Optional[torch.Tensor], dy: torch.Tensor,
-                 scatter: Optional[torch.Tensor], weight: torch.Tensor, sums: bool = False):
+                 scatter: Optional[torch.Tensor], weight: torch.Tensor, sums: bool = False,
+                 csr: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None):
     """``dW`` in the weight's shape and dtype (zero for empty segments); with ``sums``
     ``(dW, db)``, ``db [S, N]`` the per-segment sums of the dy rows (a bias gradient) from the
-    same pass over dy."""
+    same pass over dy; with ``csr`` (ptr, col, val) the rows ``a_r`` are that CSR's row
+    ``gather[r]`` summed over ``x`` (the forward's CSR prologue, ``spec.has_csr``)."""
     meta = sched.wgrad_meta
     kt, nt = _cdiv(spec.K, meta["BLOCK_K"]), _cdiv(spec.N, meta["BLOCK_N"])
     rows = wgrad_rows(sched, bounds[-1], kt * nt, x.device)
@@ -167,10 +171,11 @@ def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...],
     tiles = tile_map(bounds, rows, x.device)
     if tiles.shape[0] and kt and nt:
         kernel = registry.kernel("segment_mm_wgrad", atomic=atomic, has_sums=sums,
-                                 **gemm_params(spec, True))
+                                 has_csr=csr is not None, **gemm_params(spec, True))
         kernel[(tiles.shape[0], kt, nt)](
             tiles, x, gather if gather is not None else tiles, dy,
-            scatter if scatter is not None else tiles, dw, db, spec.K, spec.N,
+            scatter if scatter is not None else tiles, dw, db,
+            *(csr if csr is not None else (tiles,) * 3), spec.K, spec.N,
             x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
             *_weight_strides(dw, spec.transpose_weight), db.stride(0), **meta)
     if sums:
@@ -444,6 +449,81 @@ def _csr_backward(ctx, dout):
 
 
 segment_mm_csr_op.register_autograd(_csr_backward, setup_context=_csr_setup_context)
+
+
+@torch.library.custom_op("hector::segment_mm_wgrad_csr", mutates_args=())
+def segment_mm_wgrad_csr_op(x: torch.Tensor, dy: torch.Tensor, csr_ptr: torch.Tensor,
+                            csr_col: torch.Tensor, csr_val: torch.Tensor,
+                            gather: Optional[torch.Tensor], scatter: Optional[torch.Tensor],
+                            bounds: List[int]) -> torch.Tensor:
+    """``dW [S, K, N]``, ``dW[s] = sum_{r in s} a_r^T dy_{c(r)}`` with ``a_r`` CSR row
+    ``gather[r]`` (or ``r``) of ``x`` summed (``sum_e val[e] x[col[e]]``, rounded once to
+    x's dtype): the weight gradient of a CSR-prologue GEMM, which rebuilds the summed rows
+    as it loads them instead of reading them saved."""
+    spec = GemmSpec.of(x, gather, scatter, False, dy.shape[1])
+    sched = default_schedule(spec, interpreting=interpreting())
+    like = _wgrad_fake(x, dy, bounds, "meta")
+    return launch_wgrad(spec, sched, tuple(bounds), x, gather, dy, scatter, like,
+                        csr=(csr_ptr, csr_col, csr_val))
+
+
+segment_mm_wgrad_csr_op.register_fake(
+    lambda x, dy, csr_ptr, csr_col, csr_val, gather, scatter, bounds:
+    _wgrad_fake(x, dy, bounds))
+
+
+@torch.library.custom_op("hector::segment_mm_csr_scatter", mutates_args=())
+def segment_mm_csr_scatter_op(x: torch.Tensor, weight: torch.Tensor, csr_ptr: torch.Tensor,
+                              csr_col: torch.Tensor, csr_val: torch.Tensor,
+                              gather: Optional[torch.Tensor], rows: torch.Tensor,
+                              bounds: List[int], num_out_rows: int, transpose_weight: bool,
+                              gather_unique: bool = False) -> torch.Tensor:
+    """The segment GEMM whose output rows are added through a CSR (``GemmSpec.has_csr_out``):
+    ``y_r = x[gather[r]] W_s``, then ``out[col[e]] += val[e] y_r`` for the entries ``e`` of
+    CSR row ``rows[r]``; ``out`` has ``num_out_rows`` rows (the CSR's columns)."""
+    spec = GemmSpec.of(x, gather, rows, transpose_weight, _out_width(weight, transpose_weight),
+                       gather_unique, has_csr_out=True)
+    bounds_t, csr = tuple(bounds), (csr_ptr, csr_col, csr_val)
+
+    def run(sched):
+        return launch_gemm(spec, sched, bounds_t, x, weight, gather, rows, num_out_rows,
+                           csr=csr)
+    return run(pick_schedule(spec, None, bounds_t, x.device, run))
+
+
+def _out_width(weight: torch.Tensor, transpose_weight: bool) -> int:
+    return weight.shape[1] if transpose_weight else weight.shape[2]
+
+
+@segment_mm_csr_scatter_op.register_fake
+def _(x, weight, csr_ptr, csr_col, csr_val, gather, rows, bounds, num_out_rows,
+      transpose_weight, gather_unique=False):
+    return x.new_empty(num_out_rows, _out_width(weight, transpose_weight))
+
+
+def _csr_scatter_setup_context(ctx, inputs, output):
+    x, weight, ptr, col, val, gather, rows, bounds, _, transpose, *unique = inputs
+    ctx.save_for_backward(x, weight, ptr, col, val, gather, rows)
+    ctx.bounds, ctx.transpose_weight = list(bounds), transpose
+    ctx.gather_unique = bool(unique[0]) if unique else False
+
+
+def _csr_scatter_backward(ctx, dout):
+    """Through the CSR first (``dy_i = sum_e val[e] dout[col[e]]`` per CSR row, torch ops:
+    the compiler differentiates its plans itself, so this serves direct callers), then the
+    plain GEMM's backward reading ``dy`` through ``rows``."""
+    x, weight, ptr, col, val, gather, rows = ctx.saved_tensors
+    need_x, need_w = ctx.needs_input_grad[:2]
+    dx = dw = None
+    if need_x or need_w:
+        dy = csr_rows_torch(dout.to(x.dtype), ptr, col, val)
+        dx, dw = call(segment_mm_backward_op, dy, x, weight, gather, rows, ctx.bounds,
+                      ctx.transpose_weight, need_x, need_w, ctx.gather_unique, False)
+    return (dx if need_x else None, dw if need_w else None) + (None,) * 9
+
+
+segment_mm_csr_scatter_op.register_autograd(_csr_scatter_backward,
+                                            setup_context=_csr_scatter_setup_context)
 
 
 def segment_sums(dy: torch.Tensor, bounds: Sequence[int],

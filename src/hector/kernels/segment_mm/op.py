@@ -13,8 +13,8 @@ import torch
 from ... import checks as C
 from ...device import choose_backend
 from ..eager import call
-from .launch import segment_mm_csr_op, segment_mm_triton
-from .reference import csr_rows_torch, segment_mm_torch
+from .launch import segment_mm_csr_op, segment_mm_csr_scatter_op, segment_mm_triton
+from .reference import csr_rows_torch, csr_rows_transposed_torch, segment_mm_torch
 from .spec import PROLOGUES, GemmSchedule
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -165,6 +165,89 @@ def segment_mm_csr(x: torch.Tensor, weight: torch.Tensor, seg_ptr, csr_ptr: torc
     Returns:
         ``[M, N]``, or ``[num_out_rows, N]`` with ``scatter``.
     """
+    csr_val = _check_csr(csr_ptr, csr_col, csr_val)
+    C.check_tensor(x, "x")
+    if x.dim() != 2:
+        raise ValueError(f"x must have shape [rows, K], got {tuple(x.shape)}")
+    C.check_same_device([("x", x), ("csr_ptr", csr_ptr), ("csr_col", csr_col),
+                         ("csr_val", csr_val)])
+    # The summed rows stand where segment_mm's x would: R of them (a K-element stand-in).
+    rows = x.new_zeros(1, x.shape[1]).expand(csr_ptr.numel() - 1, x.shape[1])
+    bounds, num_out_rows = _check(rows, weight, seg_ptr, gather, scatter, num_out_rows,
+                                  transpose_weight, gather_unique, scatter_unique, bias)
+    if os.environ.get("HECTOR_DEBUG", "0") not in ("", "0"):
+        _check_csr_values(csr_ptr, csr_col, x.shape[0], "x.shape[0]")
+    backend = choose_backend(backend, x, "x")
+    if backend == "triton":
+        return call(segment_mm_csr_op, x, weight, csr_ptr.contiguous(), csr_col.contiguous(),
+                    csr_val.contiguous(), None if gather is None else gather.contiguous(),
+                    None if scatter is None else scatter.contiguous(), list(bounds),
+                    num_out_rows if scatter is not None else bounds[-1], transpose_weight,
+                    gather_unique, scatter_unique,
+                    bias if bias is None or bias.stride(1) == 1 else bias.contiguous())
+    return segment_mm_torch(csr_rows_torch(x, csr_ptr, csr_col, csr_val), weight, bounds,
+                            gather, scatter, num_out_rows, transpose_weight, bias)
+
+
+def segment_mm_csr_scatter(x: torch.Tensor, weight: torch.Tensor, seg_ptr,
+                           csr_ptr: torch.Tensor, csr_col: torch.Tensor,
+                           csr_val: Optional[torch.Tensor] = None, *, rows: torch.Tensor,
+                           num_out_rows: int, gather: Optional[torch.Tensor] = None,
+                           transpose_weight: bool = False, backend: str = "auto",
+                           gather_unique: bool = False) -> torch.Tensor:
+    r""":func:`segment_mm` whose output rows are added through a CSR by the kernel as it
+    finishes them (its *CSR scatter epilogue*, the transpose of :func:`segment_mm_csr`'s
+    prologue): the product rows are never written.
+
+    .. math::
+        y_r = x_{g(r)} W_s, \qquad \text{out}_{c_e} \mathrel{+}= v_e\, y_r
+        \quad \text{for } e = p_i .. p_{i+1} - 1,\ i = \text{rows}[r]
+
+    RGCN's backward is one such call: each (destination, relation) row's gradient
+    ``dy[dst] W_r^T`` spread over its edges' sources with the mean's ``1 / count``.  Sums
+    run in fp32 (atomics) and are rounded once.  Each program walks its rows' entries in
+    lockstep up to its longest: callers keep CSR rows short (split a long row into pieces:
+    the sum is linear) and order them by length within each segment.  Differentiable in
+    ``x`` and ``weight``.
+
+    Args:
+        x, weight, seg_ptr, gather, transpose_weight, backend, gather_unique: as in
+            :func:`segment_mm`.
+        csr_ptr, csr_col, csr_val: as in :func:`segment_mm_csr`; ``csr_col`` indexes the
+            output's rows.
+        rows: ``[M]`` int32/int64 CSR row of each logical row.
+        num_out_rows: rows of the output (the CSR's columns).
+
+    Returns:
+        ``[num_out_rows, N]``.
+    """
+    csr_val = _check_csr(csr_ptr, csr_col, csr_val)
+    C.check_tensor(x, "x")
+    if x.dim() != 2:
+        raise ValueError(f"x must have shape [rows, K], got {tuple(x.shape)}")
+    num_out_rows = C.check_count(num_out_rows, "num_out_rows")
+    bounds, _ = _check(x, weight, seg_ptr, gather, None, None, transpose_weight,
+                       gather_unique, False, None)
+    _check_row_index(rows, "rows", bounds[-1])
+    C.check_same_device([("x", x), ("csr_ptr", csr_ptr), ("csr_col", csr_col),
+                         ("csr_val", csr_val), ("rows", rows)])
+    if os.environ.get("HECTOR_DEBUG", "0") not in ("", "0"):
+        _check_csr_values(csr_ptr, csr_col, num_out_rows, "num_out_rows")
+        C.check_range(rows, "rows", csr_ptr.numel() - 1, "the CSR's rows")
+    backend = choose_backend(backend, x, "x")
+    if backend == "triton":
+        return call(segment_mm_csr_scatter_op, x, weight, csr_ptr.contiguous(),
+                    csr_col.contiguous(), csr_val.contiguous(),
+                    None if gather is None else gather.contiguous(), rows.contiguous(),
+                    list(bounds), num_out_rows, transpose_weight, gather_unique)
+    y = segment_mm_torch(x, weight, bounds, gather, rows, csr_ptr.numel() - 1,
+                         transpose_weight)
+    return csr_rows_transposed_torch(y, csr_ptr, csr_col, csr_val, num_out_rows)
+
+
+def _check_csr(csr_ptr: torch.Tensor, csr_col: torch.Tensor,
+               csr_val: Optional[torch.Tensor]) -> torch.Tensor:
+    """Types and shapes of a CSR argument; returns ``csr_val`` (ones when None)."""
     C.check_index(csr_ptr, "csr_ptr", 1)
     _check_index_dtype(csr_ptr, "csr_ptr")
     C.check_index(csr_col, "csr_col", 1)
@@ -177,30 +260,16 @@ def segment_mm_csr(x: torch.Tensor, weight: torch.Tensor, seg_ptr, csr_ptr: torc
     if csr_val.dtype != torch.float32 or csr_val.shape != csr_col.shape:
         raise ValueError(f"csr_val must be float32 with csr_col's shape {tuple(csr_col.shape)}, "
                          f"got {csr_val.dtype} {tuple(csr_val.shape)}")
-    C.check_tensor(x, "x")
-    if x.dim() != 2:
-        raise ValueError(f"x must have shape [rows, K], got {tuple(x.shape)}")
-    C.check_same_device([("x", x), ("csr_ptr", csr_ptr), ("csr_col", csr_col),
-                         ("csr_val", csr_val)])
-    # The summed rows stand where segment_mm's x would: R of them (a K-element stand-in).
-    rows = x.new_zeros(1, x.shape[1]).expand(csr_ptr.numel() - 1, x.shape[1])
-    bounds, num_out_rows = _check(rows, weight, seg_ptr, gather, scatter, num_out_rows,
-                                  transpose_weight, gather_unique, scatter_unique, bias)
-    if os.environ.get("HECTOR_DEBUG", "0") not in ("", "0"):
-        if int(csr_ptr[0]) != 0 or int(csr_ptr[-1]) != csr_col.numel() or bool(
-                (csr_ptr[1:] < csr_ptr[:-1]).any()):
-            raise ValueError("csr_ptr must start at 0, not decrease and end at csr_col.numel()")
-        C.check_range(csr_col, "csr_col", x.shape[0], "x.shape[0]")
-    backend = choose_backend(backend, x, "x")
-    if backend == "triton":
-        return call(segment_mm_csr_op, x, weight, csr_ptr.contiguous(), csr_col.contiguous(),
-                    csr_val.contiguous(), None if gather is None else gather.contiguous(),
-                    None if scatter is None else scatter.contiguous(), list(bounds),
-                    num_out_rows if scatter is not None else bounds[-1], transpose_weight,
-                    gather_unique, scatter_unique,
-                    bias if bias is None or bias.stride(1) == 1 else bias.contiguous())
-    return segment_mm_torch(csr_rows_torch(x, csr_ptr, csr_col, csr_val), weight, bounds,
-                            gather, scatter, num_out_rows, transpose_weight, bias)
+    return csr_val
+
+
+def _check_csr_values(csr_ptr: torch.Tensor, csr_col: torch.Tensor, cols: int,
+                      what: str) -> None:
+    """(``HECTOR_DEBUG``, reads the device) the CSR's bounds and columns are in range."""
+    if int(csr_ptr[0]) != 0 or int(csr_ptr[-1]) != csr_col.numel() or bool(
+            (csr_ptr[1:] < csr_ptr[:-1]).any()):
+        raise ValueError("csr_ptr must start at 0, not decrease and end at csr_col.numel()")
+    C.check_range(csr_col, "csr_col", cols, what)
 
 
 def _check_row_index(t: torch.Tensor, name: str, rows: int) -> None:

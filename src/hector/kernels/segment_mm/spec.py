@@ -78,6 +78,9 @@ class GemmSpec:
         out[scatter[r]] += y_r               [has_scatter: accumulate into zeroed rows]
         out[scatter[r]] = y_r                [has_scatter, scatter_unique: a permutation]
         out[r] = y_r                         [otherwise: overwrite, one row per logical row]
+        out[col[e]] += val[e] y_r            [has_csr_out: over the entries e of CSR row
+                                              scatter[r] (a CSR scatter epilogue; the
+                                              transpose of the CSR prologue)]
 
     ``K`` is the reduction size (row width of ``x``) and ``N`` the output width, whatever the
     weight's layout: ``[S, K, N]``, or ``[S, N, K]`` when ``transpose_weight``.
@@ -99,6 +102,7 @@ class GemmSpec:
     prologue: Optional[str] = None
     has_csr: bool = False
     has_addend: bool = False
+    has_csr_out: bool = False
 
     def __post_init__(self):
         if self.input_precision not in INPUT_PRECISIONS:
@@ -109,6 +113,11 @@ class GemmSpec:
                              f"got {self.prologue!r}")
         if self.has_csr and self.prologue is not None:
             raise ValueError("GemmSpec: a CSR prologue (has_csr) takes no elementwise prologue")
+        if self.has_csr_out and (self.has_csr or self.has_bias or self.has_addend
+                                 or not self.has_scatter):
+            raise ValueError("GemmSpec: a CSR scatter epilogue (has_csr_out) reads its CSR rows "
+                             "through the scatter index and takes no CSR prologue, bias or "
+                             "addend")
         if self.has_addend and self.accumulate:
             raise ValueError("GemmSpec: an addend needs each output row stored once (no "
                              "scatter, or a permutation): summed rows would add it repeatedly")
@@ -124,7 +133,7 @@ class GemmSpec:
     def accumulate(self) -> bool:
         """Rows may be hit several times (a scatter that is not a permutation): the output is
         zeroed and summed into."""
-        return self.has_scatter and not self.scatter_unique
+        return (self.has_scatter and not self.scatter_unique) or self.has_csr_out
 
     def grad_input_spec(self) -> "GemmSpec":
         """The same template computing ``dx``: ``da_r = dy_{scatter[r]} @ W_s^T`` written to
@@ -134,14 +143,15 @@ class GemmSpec:
         return replace(self, has_gather=self.has_scatter, has_scatter=self.has_gather,
                        gather_unique=self.scatter_unique, scatter_unique=self.gather_unique,
                        transpose_weight=not self.transpose_weight, K=self.N, N=self.K,
-                       has_bias=False, prologue=None, has_csr=False, has_addend=False)
+                       has_bias=False, prologue=None, has_csr=False, has_addend=False,
+                       has_csr_out=False)
 
     @staticmethod
     def of(x: torch.Tensor, gather: Optional[torch.Tensor], scatter: Optional[torch.Tensor],
            transpose_weight: bool, N: int, gather_unique: bool = False,
            scatter_unique: bool = False, has_bias: bool = False,
            prologue: Optional[str] = None, has_csr: bool = False,
-           has_addend: bool = False) -> "GemmSpec":
+           has_addend: bool = False, has_csr_out: bool = False) -> "GemmSpec":
         # fp32: see fp32_dot.  Half types ignore the setting (their products are exact).
         return GemmSpec(has_gather=gather is not None, has_scatter=scatter is not None,
                         transpose_weight=bool(transpose_weight), dtype=x.dtype,
@@ -150,7 +160,8 @@ class GemmSpec:
                         gather_unique=gather is not None and bool(gather_unique),
                         scatter_unique=scatter is not None and bool(scatter_unique),
                         has_bias=bool(has_bias), prologue=prologue or None,
-                        has_csr=bool(has_csr), has_addend=bool(has_addend))
+                        has_csr=bool(has_csr), has_addend=bool(has_addend),
+                        has_csr_out=bool(has_csr_out))
 
 
 @dataclass(frozen=True)
@@ -334,12 +345,6 @@ def tune_configs(spec: GemmSpec, interpreting: bool = False) -> Tuple[GemmSchedu
                       wgrad_block_n=heuristic.wgrad_block_n, wgrad_warps=heuristic.wgrad_warps,
                       wgrad_block_m=heuristic.wgrad_block_m)
         cfg = _csr_tiles(spec, cfg)
-        if spec.has_csr and cfg.num_warps < 4:
-            # Triton 3.6 rejected the first CSR walk (nested in the reduction loop) on 2 warps
-            # ("'tt.load' op failed to verify that mask type matches ptr type", H200).  The
-            # walk as it is now still logged that error for one config of this list (which
-            # one was not found); the tuner skips a config that fails to compile.
-            continue
         if cfg not in seen:
             seen.append(cfg)
     return tuple(seen)
