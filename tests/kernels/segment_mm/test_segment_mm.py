@@ -252,13 +252,19 @@ def test_specs_and_schedules():
     with pytest.raises(ValueError, match="block_m must be a power of two >= 16"):
         GemmSchedule(block_m=8)          # the weight gradient's tl.dot reduction step
     # tiles narrower than 16 only where tl.dot is not used (min(K, N) <= 8)
-    with pytest.raises(ValueError, match="block_n=64, block_k=8 must be >= 16"):
+    with pytest.raises(ValueError, match=r"block_n=64, block_k=8 \(weight gradient 64, 8\) "
+                                         "must be >= 16"):
         GemmSchedule(block_k=8).check_fits(spec)
+    with pytest.raises(ValueError, match=r"\(weight gradient 4, 32\) must be >= 16"):
+        GemmSchedule(wgrad_block_n=4).check_fits(spec)   # the weight gradient's tl.dot too
     narrow = GemmSpec(True, False, False, torch.float32, K=64, N=1)
     GemmSchedule(block_n=1, block_k=8).check_fits(narrow)
     assert narrow.narrow and not spec.narrow
     assert (default_schedule(narrow).block_n, default_schedule(narrow).block_k) == (1, 32)
     assert len(set(tune_configs(narrow))) == len(tune_configs(narrow)) > 1
+    # the narrow weight gradient: [K, N] whole (N = 1 not padded), rows per step in budget
+    w = default_schedule(narrow).wgrad_meta
+    assert (w["BLOCK_K"], w["BLOCK_N"], w["BLOCK_M"]) == (64, 1, 128)
     with pytest.raises(ValueError, match="wgrad_block_n"):
         GemmSchedule(wgrad_block_n=24)
     with pytest.raises(ValueError, match="wgrad_warps"):

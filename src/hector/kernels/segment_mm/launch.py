@@ -37,12 +37,12 @@ from ..eager import call
 from .reference import csr_rows_torch, csr_rows_transposed_torch
 from .spec import PROLOGUES, GemmSchedule, GemmSpec, default_schedule, tune_configs
 
-#: Weight-gradient programs aimed for per SM (long row runs, so a handful are enough).
-WGRAD_PROGRAMS_PER_SM = 4
-#: ... and with a CSR prologue, whose row loads wait on two index loads each: many short
-#: runs keep enough of them in flight (wikikg2's 12.9M-piece mean, K = N = 64, fp32, H200:
-#: 12.2 ms at 4 per SM, 4.4 at 16, 4.2 at 64; ``docs/perf-notes.md``, "Session 22").
-WGRAD_CSR_PROGRAMS_PER_SM = 64
+#: Weight-gradient programs aimed for per SM: many short row runs keep enough row loads in
+#: flight (each waits on its index loads), at the price of more partial tiles summed with
+#: atomics.  H200, 12.9M rows, fp32: K = N = 64 gathered 3.48 ms at 4 per SM, 2.74 at 16,
+#: 2.57 at 64 (contiguous 3.38 -> 2.49); with a CSR prologue 12.2 -> 4.4 -> 4.2 ms
+#: (``docs/perf-notes.md``, "Session 22").
+WGRAD_PROGRAMS_PER_SM = 64
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -95,7 +95,9 @@ def gemm_params(spec: GemmSpec, wgrad: bool = False) -> dict:
     shared = dict(has_gather=spec.has_gather, has_scatter=spec.has_scatter,
                   dot_fp32=interpreting() and spec.dtype == torch.bfloat16,
                   input_precision=spec.input_precision, prologue=spec.prologue or "")
-    return shared if wgrad else dict(shared, accumulate=spec.accumulate, has_bias=spec.has_bias,
+    if wgrad:
+        return dict(shared, narrow=spec.narrow)
+    return dict(shared, accumulate=spec.accumulate, has_bias=spec.has_bias,
                                      narrow=spec.narrow, has_csr=spec.has_csr,
                                      has_addend=spec.has_addend, has_csr_out=spec.has_csr_out)
 
@@ -144,15 +146,14 @@ def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x:
     return out.to(spec.dtype)
 
 
-def wgrad_rows(sched: GemmSchedule, m: int, tiles_kn: int, device: torch.device,
-               per_sm: int = WGRAD_PROGRAMS_PER_SM) -> int:
+def wgrad_rows(sched: GemmSchedule, m: int, tiles_kn: int, device: torch.device) -> int:
     """Rows per weight-gradient program: long enough to amortise the atomic merge of partial
-    tiles, short enough that ``~per_sm`` programs per SM exist even when all
+    tiles, short enough that ``~WGRAD_PROGRAMS_PER_SM`` programs per SM exist even when all
     rows sit in a handful of segments (the forward grid is over rows; this one over
     ``dW`` tiles, of which there are only ``S * tiles_kn``)."""
     if sched.wgrad_rows:
         return sched.wgrad_rows
-    runs = max(1, num_sms(device) * per_sm // max(tiles_kn, 1))
+    runs = max(1, num_sms(device) * WGRAD_PROGRAMS_PER_SM // max(tiles_kn, 1))
     step = sched.wgrad_meta["BLOCK_M"]
     return _cdiv(max(_cdiv(m, runs), 1), step) * step
 
@@ -167,8 +168,7 @@ def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...],
     ``gather[r]`` summed over ``x`` (the forward's CSR prologue, ``spec.has_csr``)."""
     meta = sched.wgrad_meta
     kt, nt = _cdiv(spec.K, meta["BLOCK_K"]), _cdiv(spec.N, meta["BLOCK_N"])
-    rows = wgrad_rows(sched, bounds[-1], kt * nt, x.device,
-                      WGRAD_CSR_PROGRAMS_PER_SM if csr is not None else WGRAD_PROGRAMS_PER_SM)
+    rows = wgrad_rows(sched, bounds[-1], kt * nt, x.device)
     atomic = any(hi - lo > rows for lo, hi in zip(bounds[:-1], bounds[1:]))
     acc_dtype = torch.float32 if atomic else weight.dtype
     dw = torch.zeros(weight.shape, device=x.device, dtype=acc_dtype)

@@ -195,10 +195,10 @@ class GemmSchedule:
             value = getattr(self, name)
             if name.startswith("wgrad") and value == 0:
                 continue
-            # tl.dot needs every tile side >= 16: the weight gradient's always (block_m is its
-            # reduction step), the forward's block_n and block_k unless the spec is narrow
-            # (checked against the spec by ``check_fits``).
-            low = 1 if name in ("block_n", "block_k") else 16
+            # tl.dot needs every tile side >= 16: the row steps always, the other sides
+            # unless the spec is narrow (its kernels multiply by broadcasting; checked
+            # against the spec by ``check_fits``).
+            low = 16 if name in ("block_m", "wgrad_block_m") else 1
             if value < low or value & (value - 1):
                 raise ValueError(f"GemmSchedule.{name} must be a power of two >= {low}, "
                                  f"got {value}")
@@ -220,10 +220,12 @@ class GemmSchedule:
         if spec.has_csr and self.block_k < spec.K:
             raise ValueError(f"GemmSchedule: block_k={self.block_k} must be >= K={spec.K} "
                              "with a CSR prologue (its summed rows are formed whole)")
-        if not spec.narrow and min(self.block_n, self.block_k) < 16:
+        w = self.wgrad_meta
+        if not spec.narrow and min(self.block_n, self.block_k, w["BLOCK_N"], w["BLOCK_K"]) < 16:
             raise ValueError(f"GemmSchedule: block_n={self.block_n}, block_k={self.block_k} "
-                             f"must be >= 16 for K={spec.K}, N={spec.N} (tiles narrower than "
-                             f"16 need min(K, N) <= {NARROW})")
+                             f"(weight gradient {w['BLOCK_N']}, {w['BLOCK_K']}) must be >= 16 "
+                             f"for K={spec.K}, N={spec.N} (tiles narrower than 16 need "
+                             f"min(K, N) <= {NARROW})")
 
     @property
     def meta(self) -> dict:
@@ -300,17 +302,20 @@ def _csr_tiles(spec: GemmSpec, sched: GemmSchedule) -> GemmSchedule:
 def _narrow_schedule(spec: GemmSpec, block_m: int, interpreting: bool = False,
                      num_warps: int = 4) -> GemmSchedule:
     """Tiles of a narrow product: the narrow side whole, the other as wide as the product
-    tile allows (a row of ``x`` read in as few steps as possible).  The weight gradient keeps
-    the heuristic's tl.dot tiles."""
+    tile allows (a row of ``x`` read in as few steps as possible).  The weight gradient's
+    ``[K, N]`` tile: both sides whole up to 64, and as many rows per step as keep its
+    ``[K, N, rows]`` product within the same budget."""
     narrow_n = spec.N <= NARROW
     side = next_pow2(spec.N if narrow_n else spec.K)
     other = min(next_pow2(spec.K if narrow_n else spec.N), max(_NARROW_TILE // (block_m * side), 1))
     block_n, block_k = (side, other) if narrow_n else (other, side)
+    wk, wn = min(next_pow2(spec.K), 64), min(next_pow2(spec.N), 64)
+    wm = 16 if interpreting else min(max(_NARROW_TILE // (wk * wn), 16), 256)
     return GemmSchedule(block_m=block_m, block_n=block_n, block_k=block_k,
                         num_warps=1 if interpreting else num_warps,
                         num_stages=1 if interpreting else 3,
-                        wgrad_block_k=_side(spec.K, 64), wgrad_block_n=_side(spec.N, 128),
-                        wgrad_warps=4 if interpreting else 8)
+                        wgrad_block_k=wk, wgrad_block_n=wn, wgrad_block_m=wm,
+                        wgrad_warps=1 if interpreting else 4)
 
 
 #: Alternatives the tuner times after the heuristic (:func:`tune_configs`): a taller row tile,
