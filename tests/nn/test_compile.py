@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import hector.nn
+from hector.compiler.ir import Op
 from hector.graph import Graph, with_self_loops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
@@ -142,8 +143,15 @@ def test_first_call_under_compile_plans_and_matches_eager(name):
 
 
 def test_dense_rgcn_case_runs_the_addend_epilogue():
-    """``rgcn_dense`` (above) exercises the GEMM epilogues the other cases do not."""
+    """``rgcn_dense`` (above) exercises the GEMM epilogues the other cases do not: the
+    addend, the CSR prologue (forward and weight gradient) and the CSR scatter epilogue."""
     layer, (x, graph) = make_case("rgcn_dense")
-    layer(x, graph)
-    steps = layer.program.compiled_for(graph).forward_plan.steps
+    layer(x.requires_grad_(), graph).sum().backward()
+    entry = layer.program.compiled_for(graph)
+    steps = entry.forward_plan.steps
     assert any(s.template == "gemm" and s.spec[0].has_addend for s in steps)
+    assert any(s.template == "gemm" and s.spec[0].has_csr for s in steps)
+    back = entry.backward_plan.steps
+    assert any(s.template == "gemm" and s.spec is not None and s.spec[0].has_csr_out
+               for s in back)
+    assert any(s.body.op == Op.WGRAD and s.body.args[0].op == Op.SCATTER for s in back)
