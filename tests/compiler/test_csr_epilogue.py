@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from hector.compiler import ir as N
+from hector.compiler import models
+from hector.compiler.explain import explain
+from hector.compiler.program import compile as hcompile
 from hector.compiler.lower import CSR_PIECE
 from hector.compiler.memory import simulate
 from hector.compiler.passes import fuse
@@ -133,3 +136,14 @@ def test_on_a_sampled_block(dtype, tol):
     assert rel_err(got[0], want[0]) < tol
     for a, b_ in zip(got[1:], want[1:]):
         assert rel_err(a, b_) < 10 * tol
+
+
+def test_explain_names_the_ops_that_run():
+    """``explain`` names each GEMM step's op: the CSR prologue GEMM, the CSR weight
+    gradient and the CSR scatter epilogue GEMM (not the plain segment GEMM)."""
+    layer = hcompile(models.rgcn, backend="torch", in_dim=8, out_dim=12, num_relations=8)
+    text = explain(layer, _dense_graph())
+    ops = text.split("ops called:")
+    assert "segment_mm_csr (Triton segment GEMM, CSR prologue" in ops[1]
+    assert "hector::segment_mm_wgrad_csr" in ops[2]
+    assert "segment_mm_csr_scatter (Triton segment GEMM, CSR scatter epilogue" in ops[2]

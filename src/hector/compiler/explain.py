@@ -25,6 +25,7 @@ from ..kernels.segment_mm import spec as gemm_spec
 from ..kernels.segment_mm.launch import gemm_params
 from ..kernels.segment_mm.spec import GemmSpec
 from . import models
+from .ir import Op
 from .launches import count_step, summary
 from .printer import format_ir
 from .program import CompiledModule, Program
@@ -103,6 +104,7 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
             kern = step.spec.kernel if step.template == "traversal" else None
             out.append(f"  [{i}] " + (_EDGEWISE_KERNEL if kern == "edgewise" else
                                       _TRAVERSAL_KERNEL.format(kern) if kern else
+                                      _gemm_op(step) if step.template == "gemm" else
                                       _OPS[step.template]))
             out.extend(f"      {line}" for line in _step_kernels(step, graph, kernels))
     if launches:
@@ -234,6 +236,30 @@ def _flag(value) -> str:
 
 def _config_text(config: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items() if v not in (0, "", None))
+
+
+def _gemm_op(step) -> str:
+    """The op a GEMM step calls on the Triton backend (``steps_triton``): the segment GEMM,
+    its CSR prologue or CSR scatter epilogue variant, or a weight-gradient op."""
+    body = step.body
+    if body.op == Op.WSUM:
+        return ("hector.kernels.segment_mm.launch.segment_sums (bias gradient: the "
+                "weight-gradient kernel over a column of ones)")
+    if body.op == Op.WGRAD:
+        csr = body.args[0].op == Op.SCATTER
+        return (f"hector::segment_mm_wgrad{'_csr' if csr else '_sums' if step.extra else ''} "
+                "(Triton weight-gradient kernel" + (", CSR prologue" if csr else "")
+                + "; torch: per-segment matmul)")
+    spec = step.spec[0] if isinstance(step.spec, tuple) else None
+    if isinstance(spec, GemmSpec) and spec.has_csr_out:
+        return ("hector.kernels.segment_mm.op.segment_mm_csr_scatter (Triton segment GEMM, "
+                "CSR scatter epilogue; torch: per-segment matmul, then the CSR)")
+    if isinstance(spec, GemmSpec) and spec.has_csr:
+        return ("hector.kernels.segment_mm.op.segment_mm_csr (Triton segment GEMM, CSR "
+                "prologue; torch: the CSR sums, then per-segment matmul)"
+                + ("" if spec.accumulate else "; on a CSR with hub rows the traversal kernel "
+                   "and segment_mm instead"))
+    return _OPS["gemm"]
 
 
 def _step_kernels(step, graph, kernels: _Kernels) -> List[str]:
