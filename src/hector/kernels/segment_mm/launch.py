@@ -78,6 +78,11 @@ def tile_map(bounds: Tuple[int, ...], block: int, device: torch.device) -> torch
     return table.to(device)
 
 
+def out_width(weight: torch.Tensor, transpose_weight: bool) -> int:
+    """``N`` of a weight stored ``[S, K, N]``, or ``[S, N, K]`` if ``transpose_weight``."""
+    return weight.shape[1] if transpose_weight else weight.shape[2]
+
+
 def _weight_strides(w: torch.Tensor, transpose: bool) -> Tuple[int, int, int]:
     """(segment, K, N) strides of a weight stored ``[S, K, N]``, or ``[S, N, K]`` if
     ``transpose``: the kernels then read ``W_s^T`` without a copy."""
@@ -280,7 +285,7 @@ class SegmentMMFunction(torch.autograd.Function):
 def _spec_of(x, weight, gather, scatter, transpose_weight: bool, unique: Tuple[bool, bool],
              has_bias: bool = False, prologue: str = "", has_csr: bool = False,
              has_addend: bool = False) -> GemmSpec:
-    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    n = out_width(weight, transpose_weight)
     return GemmSpec.of(x, gather, scatter, transpose_weight, n, *unique, has_bias=has_bias,
                        prologue=prologue, has_csr=has_csr, has_addend=has_addend)
 
@@ -300,7 +305,7 @@ def segment_mm_op(x: torch.Tensor, weight: torch.Tensor, gather: Optional[torch.
 @segment_mm_op.register_fake
 def _(x, weight, gather, scatter, bounds, num_out_rows, transpose_weight, gather_unique=False,
       scatter_unique=False, bias=None, prologue="", addend=None):
-    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    n = out_width(weight, transpose_weight)
     rows = num_out_rows if scatter is not None else bounds[-1]
     return x.new_empty(rows, n)
 
@@ -426,7 +431,7 @@ def segment_mm_csr_op(x: torch.Tensor, weight: torch.Tensor, csr_ptr: torch.Tens
 @segment_mm_csr_op.register_fake
 def _(x, weight, csr_ptr, csr_col, csr_val, gather, scatter, bounds, num_out_rows,
       transpose_weight, gather_unique=False, scatter_unique=False, bias=None):
-    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    n = out_width(weight, transpose_weight)
     return x.new_empty(num_out_rows if scatter is not None else bounds[-1], n)
 
 
@@ -487,7 +492,7 @@ def segment_mm_csr_scatter_op(x: torch.Tensor, weight: torch.Tensor, csr_ptr: to
     """The segment GEMM whose output rows are added through a CSR (``GemmSpec.has_csr_out``):
     ``y_r = x[gather[r]] W_s``, then ``out[col[e]] += val[e] y_r`` for the entries ``e`` of
     CSR row ``rows[r]``; ``out`` has ``num_out_rows`` rows (the CSR's columns)."""
-    spec = GemmSpec.of(x, gather, rows, transpose_weight, _out_width(weight, transpose_weight),
+    spec = GemmSpec.of(x, gather, rows, transpose_weight, out_width(weight, transpose_weight),
                        gather_unique, has_csr_out=True)
     bounds_t, csr = tuple(bounds), (csr_ptr, csr_col, csr_val)
 
@@ -497,14 +502,10 @@ def segment_mm_csr_scatter_op(x: torch.Tensor, weight: torch.Tensor, csr_ptr: to
     return run(pick_schedule(spec, None, bounds_t, x.device, run))
 
 
-def _out_width(weight: torch.Tensor, transpose_weight: bool) -> int:
-    return weight.shape[1] if transpose_weight else weight.shape[2]
-
-
 @segment_mm_csr_scatter_op.register_fake
 def _(x, weight, csr_ptr, csr_col, csr_val, gather, rows, bounds, num_out_rows,
       transpose_weight, gather_unique=False):
-    return x.new_empty(num_out_rows, _out_width(weight, transpose_weight))
+    return x.new_empty(num_out_rows, out_width(weight, transpose_weight))
 
 
 def _csr_scatter_setup_context(ctx, inputs, output):
@@ -556,7 +557,7 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[in
     ``bounds`` is ``seg_ptr`` as Python ints).  A pinned schedule runs the
     ``autograd.Function``; otherwise the ``hector::segment_mm`` custom op."""
     bounds = tuple(int(b) for b in bounds)
-    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    n = out_width(weight, transpose_weight)
     gather = gather.contiguous() if gather is not None else None
     scatter = scatter.contiguous() if scatter is not None else None
     rows = num_out_rows if scatter is not None else bounds[-1]

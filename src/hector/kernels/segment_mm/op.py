@@ -13,7 +13,8 @@ import torch
 from ... import checks as C
 from ...device import choose_backend
 from ..eager import call
-from .launch import segment_mm_csr_op, segment_mm_csr_scatter_op, segment_mm_triton
+from .launch import (out_width, segment_mm_csr_op, segment_mm_csr_scatter_op,
+                     segment_mm_triton)
 from .reference import csr_rows_torch, csr_rows_transposed_torch, segment_mm_torch
 from .spec import PROLOGUES, GemmSchedule
 
@@ -116,7 +117,7 @@ def _check_addend(addend, x, weight, bounds, scatter, num_out_rows, scatter_uniq
     if addend is None:
         return
     C.check_tensor(addend, "addend")
-    n = weight.shape[1] if transpose_weight else weight.shape[2]
+    n = out_width(weight, transpose_weight)
     rows = num_out_rows if scatter is not None else int(bounds[-1])
     if tuple(addend.shape) != (rows, n):
         raise ValueError(f"addend must have the output's shape [{rows}, {n}], got "
@@ -222,9 +223,6 @@ def segment_mm_csr_scatter(x: torch.Tensor, weight: torch.Tensor, seg_ptr,
         ``[num_out_rows, N]``.
     """
     csr_val = _check_csr(csr_ptr, csr_col, csr_val)
-    C.check_tensor(x, "x")
-    if x.dim() != 2:
-        raise ValueError(f"x must have shape [rows, K], got {tuple(x.shape)}")
     num_out_rows = C.check_count(num_out_rows, "num_out_rows")
     bounds, _ = _check(x, weight, seg_ptr, gather, None, None, transpose_weight,
                        gather_unique, False, None)
@@ -325,7 +323,7 @@ def _check(x, weight, seg_ptr, gather, scatter, num_out_rows, transpose_weight,
                          f"got {tuple(weight.shape)}")
     if bias is not None:
         C.check_tensor(bias, "bias")
-        n = weight.shape[1] if transpose_weight else weight.shape[2]
+        n = out_width(weight, transpose_weight)
         if bias.dtype != x.dtype:
             raise TypeError(f"bias has dtype {bias.dtype} but x has {x.dtype}; they must match")
         if tuple(bias.shape) != (weight.shape[0], n):
