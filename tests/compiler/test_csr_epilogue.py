@@ -62,6 +62,9 @@ def test_no_compact_rows_in_forward_or_backward(dtype, tol):
     gs, rs = epi.spec
     assert gs.has_csr_out and gs.accumulate and rs.rows == N.CDST and rs.gather == (N.NODE,
                                                                                    "dst")
+    assert rs.pieces        # rows cut into pieces, as the forward's CSR prologue's
+    (fwd,) = [s for s in entry.forward_plan.steps if s.spec[1].csr is not None]
+    assert fwd.spec[1].pieces and fwd.spec[1].scatter is not None
     assert "CSR scatter epilogue" in epi.note and epi.output.kind == N.NODE
     (wgrad,) = _csr_wgrads(entry.backward_plan)
     assert "CSR prologue" in wgrad.note

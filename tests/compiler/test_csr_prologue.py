@@ -108,6 +108,8 @@ def test_hub_rows_fall_back_to_the_traversal_kernel(monkeypatch):
     got = _run(g, "triton")
     _same(got, _run(g, "torch"), 1e-5, 1e-4)
     assert _csr_steps(got[0].forward_plan) and calls and not any(calls)
+    # rows stored once cannot be cut into pieces: the hub stays whole (hence the fallback)
+    assert not any(s.spec[1].pieces for s in _csr_steps(got[0].forward_plan))
 
 
 def test_off_by_default(monkeypatch):

@@ -187,15 +187,19 @@ CSR_PIECE = 16
 
 
 def csr_epilogue(body: Value) -> Optional[Tuple[Tuple[tuple, ...], float]]:
-    """(movements, coefficient) of a GEMM body's CSR scatter epilogue
-    (``scatter(gather(linear))``, ``fuse``), or None."""
+    """(movements, coefficient) of ``scatter(gather(rows))`` as a CSR scatter epilogue of
+    the GEMM computing ``rows`` (``fuse`` asks it of a traversal, lowering of the GEMM's
+    body): the chain must be a one-source linear traversal, nothing added; else None."""
     if not (body.op == Op.SCATTER and body.args[0].op == Op.GATHER):
         return None
     g = body.args[0]
     stand_in = Value(body.op, (Value(g.op, (arg(0, g.args[0]),), g.kind, g.shape, g.attrs),),
                      body.kind, body.shape, body.attrs)
-    (source,) = linear_traversal(stand_in)[0].sources
-    return source[1], source[2]
+    lt = linear_traversal(stand_in)[0]
+    if lt is None or len(lt.sources) != 1 or lt.addends or lt.bias is not None:
+        return None
+    _, movements, coef = lt.sources[0]
+    return movements, coef
 
 
 def gemm_spec(body: Value, dtype: torch.dtype):
@@ -233,9 +237,13 @@ def gemm_spec(body: Value, dtype: torch.dtype):
     csr = None
     if x.op == Op.SCATTER:     # fuse's CSR prologue: one moved source, nothing added
         (csr,) = linear_traversal(x)[0].sources
+    # CSR rows cut into pieces where their sums meet linearly afterwards: an epilogue that
+    # adds the output rows (no bias, which each piece would add again)
+    pieces = csr_out is not None or (csr is not None and out_scatter is not None
+                                     and bias is None)
     rows = RowSegments(rows=x.kind, segments=w.per, per_head=per_head, transpose_weight=transpose,
                        gather=(x.args[0].kind, x.attr("end")) if gathered else None, csr=csr,
-                       scatter=out_scatter, csr_out=csr_out)
+                       scatter=out_scatter, csr_out=csr_out, pieces=pieces)
     # (steps_triton.run_gemm: node_perm or the head-major order, permutations both; a CSR
     # prologue's rows in order of length within each segment, a permutation too)
     # (a CSR epilogue's rows: its pieces by length within each segment, ``scatter`` their
@@ -261,8 +269,7 @@ def gemm_spec(body: Value, dtype: torch.dtype):
                 "(CSR scatter epilogue, fp32 atomics; rows cut into pieces of at most "
                 f"{CSR_PIECE} entries, ordered by length within each segment)")
     if csr is not None:
-        cut = (f"rows cut into pieces of at most {CSR_PIECE} entries, " if out_scatter
-               and bias is None else "")
+        cut = f"rows cut into pieces of at most {CSR_PIECE} entries, " if pieces else ""
         seg += ("; input rows summed through the CSR of " + LinearTraversal(
             sources=(csr,)).describe().split("; ", 1)[1] + " as they are loaded (CSR prologue; "
                 f"{cut}rows ordered by length within each segment)")

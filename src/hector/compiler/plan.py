@@ -49,6 +49,9 @@ class RowSegments:
     #: the CSR scatter epilogue (``fuse``): (movements, coefficient) of the one-source
     #: gather-then-scatter chain from the GEMM's rows to the node rows it adds them into
     csr_out: Optional[Tuple[Tuple[tuple, ...], float]] = None
+    #: the CSR prologue's or epilogue's rows are cut into pieces of at most
+    #: ``lower.CSR_PIECE`` entries (their sums meet linearly afterwards)
+    pieces: bool = False
 
 
 @dataclass(frozen=True)

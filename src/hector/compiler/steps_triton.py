@@ -128,7 +128,7 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
         _, movements, coef = rs.csr
         m = movement_csr(ix, movements, coef)
         rows_in = x.reshape(x.shape[0], -1)
-        if rs.scatter is not None and bias is None:
+        if rs.pieces:
             return _run_csr_pieces(step, rs, rows_in, w, ix, backend, m, (movements, coef))
         if m.layout.num_chunks:
             return _run_gemm(step, rs, traverse(m, rows_in, backend="triton"), w, ix,
@@ -180,8 +180,8 @@ def _run_csr_epilogue(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex
     of the chain's CSR, transposed so that its rows are the GEMM's (the forward's CSR when
     the chain is a forward's reversed: one build per graph), rows cut into pieces."""
     movements, coef = rs.csr_out
-    m = movement_csr(ix, _reversed_chain(movements), coef)     # rows: the GEMM's
     key = (_reversed_chain(movements), coef)
+    m = movement_csr(ix, *key)     # rows: the GEMM's
     piece_ptr, order, row_of, bounds = _pieces(ix, rs.rows, rs.segments, m, key)
     weight = w if rs.segments is not None else w.unsqueeze(0)
     rows_in = x.flatten(1)

@@ -63,7 +63,8 @@ from typing import Dict, List, Optional, Tuple
 
 from .. import ir as N
 from ..ir import EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, kernel, rewrite, toposort
-from ..lower import PROLOGUE_OPS, attention_spec, linear_traversal, single_kernel, template_of
+from ..lower import (PROLOGUE_OPS, attention_spec, csr_epilogue, linear_traversal,
+                     single_kernel, template_of)
 from .common import Cheaper, Decision
 
 NAME = "fuse"
@@ -597,7 +598,7 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
         slower than the traversal kernel and a plain GEMM where a graph has long rows
         (docs/perf-notes.md, "Session 19"); ``HECTOR_CSR_PROLOGUE=0``: never."""
         mode = csr_mode()
-        wgrad = gemm.op == Op.WGRAD and len(gemm.shape) == 2 and gemm.per in (None, "relation")
+        wgrad = _row_wgrad(gemm)
         if mode == "0" or not (mode == "1" or gemm in scattered or wgrad):
             return False
         if not ((_csr_gemm(gemm) or wgrad) and a.op == Op.SCATTER and a.kind != WEIGHT
@@ -670,11 +671,7 @@ def _csr_scatter_linear(v: Value) -> Optional[Value]:
     lin = g.args[0]
     if not (lin.op == Op.LINEAR and lin.kind in (N.CDST, N.CSRC) and _csr_gemm(lin)):
         return None
-    stand_in = Value(v.op, (Value(g.op, (arg(0, lin),), g.kind, g.shape, g.attrs),), v.kind,
-                     v.shape, v.attrs)
-    lt = linear_traversal(stand_in)[0]
-    ok = lt is not None and len(lt.sources) == 1 and not lt.addends and lt.bias is None
-    return lin if ok else None
+    return lin if csr_epilogue(v) is not None else None
 
 
 def _dy_gather(a: Value, wgrad: Value) -> bool:
@@ -682,8 +679,15 @@ def _dy_gather(a: Value, wgrad: Value) -> bool:
     gradient of each compact (destination, relation) row's destination) is read by the
     kernel through an index, as its ``x`` is (one weight per relation or a shared one, not
     per head: those read dy in a head-major or ``node_perm`` order)."""
-    return (wgrad.op == Op.WGRAD and len(wgrad.shape) == 2 and wgrad.per in (None, "relation")
-            and a.op == Op.GATHER and a.args[0].kind == NODE and a.attr("norm") is None)
+    return (_row_wgrad(wgrad) and a.op == Op.GATHER and a.args[0].kind == NODE
+            and a.attr("norm") is None)
+
+
+def _row_wgrad(v: Value) -> bool:
+    """A weight gradient of one weight per relation or a shared one (not per head, not per
+    node type): its rows are read in their own order, so an index or a CSR can stand for
+    them."""
+    return v.op == Op.WGRAD and len(v.shape) == 2 and v.per in (None, "relation")
 
 
 def _stored_weight(lin: Value) -> Value:
