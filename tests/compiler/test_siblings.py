@@ -61,7 +61,7 @@ def test_linears_that_differ_stay_apart(case):
         x = N.input_("x", 6)
         outs = tuple(N.linear(x, N.param(n, (6, 32), per="node_type"), 1) for n in "ab")
     elif case == "narrow":             # RGAT's z W_r and its score term z W_r a_src
-        outs = tuple(_pair(bias=(False, False), widths=(32, 2), heads=(1, 1))[1])
+        outs = tuple(_pair(bias=(False, False), widths=(32, 1), heads=(1, 1))[1])
     elif case == "padding":            # 16 + 32 pads to 64 columns, separately to 48
         outs = tuple(_pair(widths=(16, 32), heads=(1, 1))[1])
     else:

@@ -157,16 +157,21 @@ def test_triton_default_and_autotune_schedules(schedule):
                                                       (True, False, True)])
 @pytest.mark.parametrize("k,n", [(40, 1), (1, 40), (19, 3), (8, 8)])
 def test_triton_narrow_products(dtype, gather, scatter, transpose, k, n):
-    """An output or reduction of at most 8 columns (RGAT's per-head scores, their dx)
-    multiplies without tl.dot, on tiles as narrow as that side: output, dx and dW against
-    the torch backend, with the heuristic's narrow tiles and the tuner's list."""
+    """An fp32 output or reduction of one column (RGAT's one-head score, its dx) multiplies
+    without tl.dot, on tiles that narrow; other narrow sides (per-head scores, N = heads)
+    and half types run tl.dot tiles padded to 16.  Output, dx and dW against the torch
+    backend, with the heuristic's tiles and the tuner's list."""
     case = make_case(k=k, n=n, gather=gather, scatter=scatter, transpose=transpose,
                      dtype=dtype)
     spec = GemmSpec(gather, scatter, transpose, dtype, k, n)
-    assert spec.narrow and spec.grad_input_spec().narrow
+    narrow = min(k, n) == 1 and dtype == torch.float32
+    assert spec.narrow == spec.grad_input_spec().narrow == narrow
     sched = default_schedule(spec)
-    # the narrow side whole (the output's when both are narrow)
-    assert (sched.block_n if n <= 8 else sched.block_k) == next_pow2(n if n <= 8 else k)
+    if narrow:      # the narrow side whole
+        assert (sched.block_n if n == 1 else sched.block_k) == 1
+    else:           # tl.dot: every side at least 16
+        w = sched.wgrad_meta
+        assert min(sched.block_n, sched.block_k, w["BLOCK_N"], w["BLOCK_K"]) >= 16
     for schedule in (None, sched, tune_configs(spec)[-1]):
         check_triton(case, schedule=schedule)
 
@@ -251,7 +256,7 @@ def test_specs_and_schedules():
         GemmSchedule(block_k=12)
     with pytest.raises(ValueError, match="block_m must be a power of two >= 16"):
         GemmSchedule(block_m=8)          # the weight gradient's tl.dot reduction step
-    # tiles narrower than 16 only where tl.dot is not used (min(K, N) <= 8)
+    # tiles narrower than 16 only where tl.dot is not used (fp32, min(K, N) == 1)
     with pytest.raises(ValueError, match=r"block_n=64, block_k=8 \(weight gradient 64, 8\) "
                                          "must be >= 16"):
         GemmSchedule(block_k=8).check_fits(spec)
@@ -260,6 +265,12 @@ def test_specs_and_schedules():
     narrow = GemmSpec(True, False, False, torch.float32, K=64, N=1)
     GemmSchedule(block_n=1, block_k=8).check_fits(narrow)
     assert narrow.narrow and not spec.narrow
+    # per-head scores (N = 8) and half types take padded tl.dot tiles (measured faster)
+    for other in (GemmSpec(True, False, False, torch.float32, K=128, N=8),
+                  GemmSpec(True, False, False, torch.bfloat16, K=64, N=1)):
+        assert not other.narrow and default_schedule(other).block_n == 16
+        with pytest.raises(ValueError, match="fp32 and min"):
+            GemmSchedule(block_n=other.N, block_k=8).check_fits(other)
     assert (default_schedule(narrow).block_n, default_schedule(narrow).block_k) == (1, 32)
     assert len(set(tune_configs(narrow))) == len(tune_configs(narrow)) > 1
     # the narrow weight gradient: [K, N] whole (N = 1 not padded), rows per step in budget

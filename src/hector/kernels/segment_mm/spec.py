@@ -53,8 +53,14 @@ PROLOGUES = {
     "tanh": (torch.tanh, lambda x: 1 - torch.tanh(x) ** 2),
 }
 
-#: Widest output or reduction the forward/``dx`` kernel multiplies without ``tl.dot``.
-NARROW = 8
+#: Widest output or reduction the kernels multiply without ``tl.dot`` (fp32 only; see
+#: :attr:`GemmSpec.narrow`).  Measured on the H200 (12.9M gathered rows, wikikg2's 535
+#: segments; ms, broadcast path against tl.dot with that side padded to 16): fp32 K = 128,
+#: N = 1 / 2 / 4 / 8: 2.33 / 3.47 / 5.66 / 9.35 against 8.54 / 2.90 / 2.92 / 2.92; K = 8,
+#: N = 128 (a dx): 11.8 against 3.57; dW of K = 128, N = 8: 11.2 against 2.2, N = 1: 2.6
+#: against 7.8; bf16 K = 128, N = 1 / 8: 1.79 / 8.30 against 0.84 / 0.97.  The broadcast
+#: product wins only where the padded tile would do 16x the multiply-adds on the FMA units.
+NARROW = 1
 #: Elements of a narrow kernel's [BLOCK_M, BLOCK_K, BLOCK_N] product tile (registers).  On
 #: the H200 (12.9M gathered fp32 rows, K = 64): N = 1 ran 1.28 ms on 256x1x32 tiles with 8
 #: warps, 1.37 on 128x1x64 with 4 (its byte floor 0.78 ms; 4.4 ms through a 64x16 tl.dot
@@ -124,10 +130,12 @@ class GemmSpec:
 
     @property
     def narrow(self) -> bool:
-        """The output or the reduction is at most :data:`NARROW` wide: the forward/``dx``
-        kernel multiplies by broadcasting instead of ``tl.dot`` (which pads each side to 16),
-        and its tiles may be that narrow."""
-        return min(self.K, self.N) <= NARROW
+        """An fp32 output or reduction at most :data:`NARROW` wide (RGAT's one-head score
+        projection, its dx, bias sums): the kernels multiply by broadcasting instead of
+        ``tl.dot`` (which pads each side to 16), and its tiles may be that narrow.  Wider
+        narrow sides (RGAT's per-head scores, N = heads) and half types run padded tl.dot
+        tiles, which measured 3-10x faster there (:data:`NARROW`)."""
+        return min(self.K, self.N) <= NARROW and self.dtype == torch.float32
 
     @property
     def accumulate(self) -> bool:
@@ -225,7 +233,7 @@ class GemmSchedule:
             raise ValueError(f"GemmSchedule: block_n={self.block_n}, block_k={self.block_k} "
                              f"(weight gradient {w['BLOCK_N']}, {w['BLOCK_K']}) must be >= 16 "
                              f"for K={spec.K}, N={spec.N} (tiles narrower than 16 need "
-                             f"min(K, N) <= {NARROW})")
+                             f"fp32 and min(K, N) <= {NARROW})")
 
     @property
     def meta(self) -> dict:
