@@ -335,6 +335,16 @@ def test_strategy_rule():
     spec = AttentionSpec.of(torch.empty(1, 8, 8))
     sched = default_schedule(spec, "edge", 1_000_000, 5.0, lanes)
     assert sched.block_h == 8 and sched.chunk >= 4 * sched.block_e
+    # 8 heads x 16 (RGAT 128x8): one program holds every head, 2 edges per step (a 256-element
+    # tile), and the tuner may try one edge per step (both measured faster on the H200)
+    from hector.kernels.attention.spec import tune_configs
+    wide = default_schedule(AttentionSpec.of(torch.empty(1, 8, 16)), "edge", 16_109_182, 1.25,
+                            lanes)
+    assert (wide.block_h, wide.block_e, wide.num_warps) == (8, 2, 1)
+    assert {c.block_e for c in tune_configs(wide)} == {1, 2, 4}
+    # rows of 64 elements keep 4 edges per step, as before
+    assert default_schedule(AttentionSpec.of(torch.empty(1, 4, 16)), "edge", 16_109_182, 1.25,
+                            lanes).block_e == 4
     # many short chunks on a big graph (mag: 8192-edge chunks measured 1.3-1.6x slower)
     assert default_schedule(spec, "edge", 21_111_007, 6.9, lanes).chunk == MAX_CHUNK <= 1024
     # mid-size graphs get enough chunks to fill the device: 128-edge chunks measured 1.4-2.5x
