@@ -341,7 +341,8 @@ def test_strategy_rule():
     wide = default_schedule(AttentionSpec.of(torch.empty(1, 8, 16)), "edge", 16_109_182, 1.25,
                             lanes)
     assert (wide.block_h, wide.block_e, wide.num_warps) == (8, 2, 1)
-    assert {c.block_e for c in tune_configs(wide)} == {1, 2, 4}
+    assert {(c.block_e, c.num_warps) for c in tune_configs(wide)} == {
+        (2, 1), (4, 1), (8, 1), (1, 1), (2, 2), (4, 2)}
     # rows of 64 elements keep 4 edges per step, as before
     assert default_schedule(AttentionSpec.of(torch.empty(1, 4, 16)), "edge", 16_109_182, 1.25,
                             lanes).block_e == 4

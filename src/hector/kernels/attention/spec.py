@@ -142,16 +142,20 @@ def default_schedule(spec: AttentionSpec, strategy: str, num_edges: int, mean_de
 @functools.lru_cache(maxsize=1024)
 def tune_configs(sched: Schedule) -> Tuple[Schedule, ...]:
     """The config list of a traversal around the heuristic ``sched`` (first: what runs
-    untuned): the edge tile doubled and halved, and twice the warps.  Strategy, chunk and the
+    untuned): the edge tile doubled, quadrupled and halved, twice the warps, and the doubled
+    tile on twice the warps (a 128-element row starts at 2 edges per step; the old heuristic's
+    4 and its tuner's 8 and 4-on-2-warps stay candidates).  Strategy, chunk and the
     head/feature tiles stay (they shape the grid, the chunk tables and the partial buffers,
     and BLOCK_D must cover a head), so every config is valid wherever ``sched`` is; edge
     tiles stay within [1, 128] and warps within [1, 8].  ``reason`` is dropped: it describes
     the graph, not the config."""
     base = replace(sched, reason="")
     seen = [base]
-    for cfg in (replace(base, block_e=min(base.block_e * 2, 128)),
+    wider = replace(base, block_e=min(base.block_e * 2, 128))
+    for cfg in (wider, replace(base, block_e=min(base.block_e * 4, 128)),
                 replace(base, block_e=max(base.block_e // 2, 1)),
-                replace(base, num_warps=min(base.num_warps * 2, 8))):
+                replace(base, num_warps=min(base.num_warps * 2, 8)),
+                replace(wider, num_warps=min(base.num_warps * 2, 8))):
         if cfg not in seen:
             seen.append(cfg)
     return tuple(seen)
