@@ -164,11 +164,11 @@ def edge_schedule(heads, dim_k=5, dim_v=6, chunk=13):
 
 
 def run_triton_vs_torch(terms, heads, strategy, dtype=torch.float32, rel=1e-4, dropout=0.0,
-                        graph=None, bias=False):
+                        graph=None, bias=False, schedule=None):
     g = graph if graph is not None else make_graph()
     x = make_inputs(g, heads, terms, dtype=dtype, bias=bias)
     kw = dict(TERMS[terms][1], dropout=dropout, training=dropout > 0, seed=11)
-    sched = edge_schedule(heads) if strategy == "edge" else None
+    sched = schedule or (edge_schedule(heads) if strategy == "edge" else None)
     ref = outputs_and_grads(lambda **t: edge_attention(g, **t, **kw, backend="torch"), x)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)     # numpy overflow chatter
@@ -186,6 +186,18 @@ def run_triton_vs_torch(terms, heads, strategy, dtype=torch.float32, rel=1e-4, d
 @pytest.mark.parametrize("terms", ["gat", "agnn", "transformer", "all"])
 def test_triton_fp32(terms, heads, strategy):
     run_triton_vs_torch(terms, heads, strategy)
+
+
+@needs_triton
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+@pytest.mark.parametrize("block_e", [1, 2])
+@pytest.mark.parametrize("terms", ["gat", "all"])
+def test_triton_short_edge_tiles_all_heads(terms, block_e, strategy):
+    """The tiles the heuristic and tuner now pick for 128-element rows (RGAT's 8 heads x 16):
+    1 or 2 edges per step, every head in one program; output and every gradient."""
+    sched = Schedule(strategy, block_e=block_e, block_h=4, block_dk=8, block_dv=8,
+                     chunk=13 if strategy == "edge" else 0)
+    run_triton_vs_torch(terms, 3, strategy, schedule=sched)
 
 
 @needs_triton
