@@ -75,14 +75,15 @@ def _widest(order, uses: Counter) -> Dict[Value, Tuple[Value, Value, Optional[Va
 
 def _declined(widths: List[int]) -> str:
     """Why one GEMM of these output widths would cost more than one per width ('' if not).
-    A narrow output (a score term, N <= NARROW) has its own kernel, which reads a row in
-    one step; beside a wide one it would be padded to a tl.dot tile (RGAT's ``z W_r`` and
-    ``z W_r a_src`` on mag: N = 32 + 2 as one 64-wide tile, inference 3.5 -> 5.0 ms).  Nor
-    may the fused output pad to more columns than the separate ones: the fp32 GEMMs are
-    bound by their multiply-adds."""
+    A one-column output (a one-head score term, N <= NARROW) has its own kernel in fp32,
+    which reads a row in one step; beside a wide one it would be padded to a tl.dot tile
+    (RGAT's ``z W_r`` and ``z W_r a_src`` on mag, then with N = 32 + 2 on that kernel: one
+    64-wide tile, inference 3.5 -> 5.0 ms).  Nor may the fused output pad to more columns
+    than the separate ones (wider score terms, N = heads, are padded tl.dot tiles either
+    way and meet this rule): the fp32 GEMMs are bound by their multiply-adds."""
     if min(widths) <= NARROW:
-        return (f"an output of {min(widths)} columns runs on the narrow kernel; fused it "
-                "would pad to a full tile")
+        return (f"an output of {min(widths)} columns runs on the narrow kernel (fp32); fused "
+                "it would pad to a full tile")
     if padded_width(sum(widths)) > sum(padded_width(n) for n in widths):
         return (f"one GEMM computes {padded_width(sum(widths))} padded columns, separate "
                 f"ones {sum(padded_width(n) for n in widths)}")
