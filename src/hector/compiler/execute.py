@@ -25,8 +25,8 @@ import torch
 
 from .ir import Op, Value, toposort
 from .plan import Plan, Step
-from .lower import gemm_addend, gemm_parts
-from .steps_torch import GraphIndex, attention_torch_lse, eval_body, eval_op
+from .lower import extra_cols, gemm_addend, gemm_parts
+from .steps_torch import GraphIndex, attention_torch_lse, eval_body, eval_op, extra_product
 from .steps_triton import (run_attention, run_attention_bwd, run_gemm, run_traversal, run_wgrad,
                            run_wsum)
 
@@ -65,7 +65,11 @@ def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str,
         _, bias = gemm_parts(body)
         return run_gemm(step, args[0], args[1], ix, "triton",
                         args[bias.attr("index")] if bias is not None else None,
-                        args[addend.attr("index")] if addend is not None else None)
+                        args[addend.attr("index")] if addend is not None else None,
+                        args[-1] if extra_cols(step) else None)
+    if extra_cols(step):     # (y, y V): the product the Triton kernel's epilogue forms
+        y = eval_body(step.body, args, ix)
+        return y, extra_product(y, args[-1], step.extra.shape)
     if step.extra is not None and step.body.op == Op.WGRAD:    # (dW, db) of one dy
         dy = args[step.body.args[1].attr("index")]
         return eval_body(step.body, args, ix), eval_body(step.extra.attr("body"), [dy], ix)

@@ -9,13 +9,14 @@ segmentation for a typed linear, an ``AttentionSpec`` for a fused attention, a
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.edgewise.spec import EdgewiseSpec, node
-from ..kernels.segment_mm.spec import GemmSpec, fp32_dot
+from ..kernels.segment_mm.spec import NARROW, GemmSpec, fp32_dot
 from .ir import (CDST, CSRC, EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, attention_lse,
                  attention_of_bwd, attention_roles, kernel, toposort)
 from ..kernels.traversal.spec import MAX_ADDENDS
@@ -75,7 +76,8 @@ def lower(outputs: Sequence[Value], dtype: torch.dtype = torch.float32) -> Plan:
         extra = attention_lse(v) if body.op == Op.ATTENTION else None
         steps.append(Step(name=_name(template, body), template=template, body=body,
                           inputs=v.args, output=v, spec=spec, note=note, extra=extra))
-    return Plan(tuple(_bias_sums_with_wgrads(steps)), tuple(outputs), tuple(leaves))
+    steps = _bias_sums_with_wgrads(_extra_products(steps))
+    return Plan(tuple(steps), tuple(outputs), tuple(leaves))
 
 
 def _dy_of(step: Step) -> Tuple[Value, str, str]:
@@ -113,6 +115,82 @@ def _bias_sums_with_wgrads(steps: List[Step]) -> List[Step]:
                           inputs=w.inputs, output=w.output, spec=w.spec,
                           note=w.note + "; and the bias gradient from the same dy tiles",
                           extra=s.output)
+        gone.add(lo)
+    return [merged.get(k, t) for k, t in enumerate(steps) if k not in gone]
+
+
+#: Widest output whose rows a GEMM's epilogue multiplies by a second weight (its tile then
+#: spans the whole row: ``GemmSpec.extra_cols``).
+EXTRA_MAX_N = 128
+#: Most extra columns an epilogue forms (one row sum each).  H200, 12.9M gathered rows, 535
+#: segments, ms for the two GEMMs -> one with the extra product (docs/perf-notes.md, "Session
+#: 24"): fp32 K = N = 64, E = 1 / 2 / 4: 4.22 -> 3.05, 4.53 -> 3.21, 4.55 -> 3.68; K = N = 128,
+#: E = 1 / 2 / 4 / 8: 12.9 -> 10.8, 13.6 -> 11.2, 13.6 -> 11.9, 13.6 -> 13.2; bf16 K = N =
+#: 128, E = 1 / 2 / 4 / 8: 3.13 -> 2.61, 3.20 -> 2.97, 3.23 -> 3.27, 3.28 -> 3.89.  Through
+#: RGAT 128x8 on wikikg2 (E = 8, fp32) inference went 20.5 -> 22.5 ms.
+EXTRA_MAX_COLS = 2
+
+
+def _plain_gemm(s: Step) -> bool:
+    """A typed linear stored row by row: no bias, addend, scatter, CSR, prologue, heads."""
+    if s.template != "gemm" or s.extra is not None or s.body.op != Op.LINEAR:
+        return False
+    gs, rs = s.spec
+    return not (gs.has_scatter or gs.has_bias or gs.has_addend or gs.has_csr or gs.prologue
+                or gs.transpose_weight or gs.extra_cols or rs.per_head or rs.scatter
+                or rs.csr_out)
+
+
+def extra_cols(step: Step) -> int:
+    """Columns of a GEMM step's extra product (its ``extra`` output; 0: none)."""
+    return step.spec[0].extra_cols if (step.template == "gemm" and step.body.op == Op.LINEAR
+                                       and step.spec is not None) else 0
+
+
+def _extra_products(steps: List[Step]) -> List[Step]:
+    """``x (W V)`` (a GEMM whose weight is a weight step ``wmul(W, V)``, ``V`` shared) beside
+    ``x W`` over the same rows becomes the second output of ``x W``'s GEMM, whose epilogue
+    multiplies each whole fp32 row by ``V`` (``GemmSpec.extra_cols``): RGAT's source score
+    ``x (W_r a)`` after ``reorder``, which re-read every gathered row of ``x`` for one column
+    per head (one head of 64 on wikikg2's 12.9M compact rows: 1.3 ms on the H200 beside the
+    message GEMM's 2.9; the epilogue adds 0.1).  At most :data:`EXTRA_MAX_COLS` columns (one
+    row sum each: wider, the epilogue costs what the second GEMM did).  ``W V`` stays a
+    weight step (a backward may read it).  Only when no step between the two reads either's
+    output (the merged step runs where the later one was)."""
+    made = {s.output: s for s in steps}
+    at = {s.output: i for i, s in enumerate(steps)}
+    mains = {}
+    for i, s in enumerate(steps):
+        if _plain_gemm(s) and NARROW < s.spec[0].N <= EXTRA_MAX_N:
+            mains.setdefault((s.inputs[0], s.inputs[1], s.spec[1]), i)
+    merged: Dict[int, Step] = {}
+    gone = set()
+    for j, s in enumerate(steps):
+        w = made.get(s.inputs[1]) if _plain_gemm(s) else None
+        if (w is None or w.template != "weight" or w.body.op != Op.WMUL
+                or any(a.op != Op.ARG for a in w.body.args)):
+            continue
+        v = w.inputs[1]
+        key = (s.inputs[0], w.inputs[0], s.spec[1])
+        if (key not in mains or len(v.shape) != 2 or v.per is not None or at.get(v, -1) > j
+                or v.shape[1] > EXTRA_MAX_COLS):
+            continue
+        i = mains[key]
+        main = steps[i]
+        if i == j or v.shape[0] != main.spec[0].N:
+            continue
+        lo, hi = sorted((i, j))
+        outs = {main.output, s.output}
+        if any(outs & set(t.inputs) for t in steps[lo + 1:hi]):
+            continue
+        del mains[key]
+        e = v.shape[1]
+        merged[hi] = Step(name=main.name + "_extra", template="gemm", body=main.body,
+                          inputs=main.inputs + (v,), output=main.output,
+                          spec=(replace(main.spec[0], extra_cols=e), main.spec[1]),
+                          note=main.note + f"; + x (W V) ({e} columns: each fp32 row times a "
+                          f"shared {main.spec[0].N} x {e} weight in the epilogue; no GEMM of "
+                          "its own)", extra=s.output)
         gone.add(lo)
     return [merged.get(k, t) for k, t in enumerate(steps) if k not in gone]
 

@@ -505,6 +505,13 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
     return grads
 
 
+def extra_product(y: torch.Tensor, v: torch.Tensor, shape) -> torch.Tensor:
+    """``y V`` row by row (``y``'s rows flattened), in fp32 at least and rounded once, as
+    the GEMM's epilogue forms a step's extra product (``GemmSpec.extra_cols``)."""
+    work = torch.promote_types(y.dtype, torch.float32)
+    return (y.flatten(1).to(work) @ v.to(work)).to(y.dtype).reshape((y.shape[0],) + tuple(shape))
+
+
 def eval_body(body: Value, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
     """Evaluate a kernel body, its ``arg`` leaves bound to ``inputs``."""
     memo: Dict[Value, torch.Tensor] = {}

@@ -112,10 +112,13 @@ def _pieces(ix: GraphIndex, kind: str, segments: Optional[str], m: WeightedCSR, 
 
 
 def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str,
-             bias: Optional[torch.Tensor] = None, addend: Optional[torch.Tensor] = None):
+             bias: Optional[torch.Tensor] = None, addend: Optional[torch.Tensor] = None,
+             extra_weight: Optional[torch.Tensor] = None):
     """A typed-linear step on the segment GEMM template; ``bias``: the weight row ``fuse``
     made its epilogue (sliced as ``w`` is); ``addend``: the node rows it adds to each output
-    row (its addend epilogue).  A CSR prologue (``rs.csr``) sums the input rows
+    row (its addend epilogue); ``extra_weight``: the shared ``V`` of its extra product
+    (``GemmSpec.extra_cols``: returns ``(y, y V)``).  A CSR prologue (``rs.csr``) sums the
+    input rows
     in the kernel; on a CSR with hub rows (longer than the traversal's chunk: a tile would
     walk a hub's entries alone) the traversal kernel sums them first instead."""
     gs, rs = step.spec     # (gs.prologue: the kernel applies it to the x tiles it loads)
@@ -143,7 +146,7 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
                              gather_unique=True, scatter_unique=rs.scatter is None,
                              bias=None if bias is None else bias.reshape(weight.shape[0], -1))
         return out.reshape((num_out,) + tuple(step.output.shape))
-    return _run_gemm(step, rs, x, w, ix, backend, bias, addend)
+    return _run_gemm(step, rs, x, w, ix, backend, bias, addend, extra_weight)
 
 
 def _piece_index(ix: GraphIndex, kind: str, segments: Optional[str], m: WeightedCSR, key,
@@ -204,7 +207,8 @@ def _out_rows(ix: GraphIndex, rs, rows: int, perm: Optional[torch.Tensor]):
 
 
 def _run_gemm(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: str,
-              bias: Optional[torch.Tensor] = None, addend: Optional[torch.Tensor] = None):
+              bias: Optional[torch.Tensor] = None, addend: Optional[torch.Tensor] = None,
+              extra_weight: Optional[torch.Tensor] = None):
     gs = step.spec[0]
     gather = None
     if rs.gather is not None:   # x holds the source rows; the GEMM reads them by index
@@ -235,7 +239,12 @@ def _run_gemm(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backen
                      transpose_weight=rs.transpose_weight, backend=backend,
                      gather_unique=gather is None, scatter_unique=rs.scatter is None, bias=bias,
                      prologue=gs.prologue,
-                     addend=None if addend is None else addend.reshape(num_out, -1))
+                     addend=None if addend is None else addend.reshape(num_out, -1),
+                     extra_weight=extra_weight)
+    if extra_weight is not None:
+        out, more = out
+        return (out.reshape((num_out,) + tuple(step.output.shape)),
+                more.reshape((num_out,) + tuple(step.extra.shape)))
     return out.reshape((num_out,) + tuple(step.output.shape))
 
 

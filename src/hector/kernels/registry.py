@@ -49,6 +49,8 @@ MACROS = ("_macros.py.j2",)
 DEFAULT_CACHE_DIR = Path("~/.cache/hector/kernels")
 
 _BOOL = (False, True)
+#: Columns a segment GEMM's epilogue may append (``GemmSpec.extra_cols``; 0: none).
+_EXTRA_COLS = tuple(range(0, 129))
 #: fp32 ``tl.dot`` modes (see hector.kernels.segment_mm.spec.INPUT_PRECISIONS).
 _PRECISIONS = ("ieee", "tf32", "tf32x3")
 _SCORE = dict(has_qk=_BOOL, has_src=_BOOL, has_dst=_BOOL, has_leaky=_BOOL, has_dropout=_BOOL,
@@ -93,7 +95,8 @@ class Entry:
 KERNELS: Mapping[str, Entry] = MappingProxyType({
     "segment_mm": Entry("segment_mm.py.j2", "segment_mm_kernel",
                         dict(_GEMM, accumulate=_BOOL, has_bias=_BOOL, narrow=_BOOL,
-                             has_csr=_BOOL, has_addend=_BOOL, has_csr_out=_BOOL)),
+                             has_csr=_BOOL, has_addend=_BOOL, has_csr_out=_BOOL,
+                             extra_cols=_EXTRA_COLS)),
     "segment_mm_wgrad": Entry("segment_mm_wgrad.py.j2", "segment_mm_wgrad_kernel",
                               dict(_GEMM, atomic=_BOOL, has_sums=_BOOL, has_csr=_BOOL,
                                    narrow=_BOOL)),

@@ -103,8 +103,8 @@ def gemm_params(spec: GemmSpec, wgrad: bool = False) -> dict:
     if wgrad:
         return dict(shared, narrow=spec.narrow)
     return dict(shared, accumulate=spec.accumulate, has_bias=spec.has_bias,
-                                     narrow=spec.narrow, has_csr=spec.has_csr,
-                                     has_addend=spec.has_addend, has_csr_out=spec.has_csr_out)
+                narrow=spec.narrow, has_csr=spec.has_csr, has_addend=spec.has_addend,
+                has_csr_out=spec.has_csr_out, extra_cols=spec.extra_cols)
 
 
 def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x: torch.Tensor,
@@ -112,8 +112,11 @@ def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x:
                 scatter: Optional[torch.Tensor], num_out_rows: int,
                 bias: Optional[torch.Tensor] = None,
                 csr: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
-                addend: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """One forward-template launch; returns ``[M or num_out_rows, N]`` in ``spec.dtype``.
+                addend: Optional[torch.Tensor] = None,
+                extra_weight: Optional[torch.Tensor] = None):
+    """One forward-template launch; returns ``[M or num_out_rows, N]`` in ``spec.dtype``;
+    with ``spec.extra_cols = E`` the pair of it and ``[M, E]``, each fp32 row times
+    ``extra_weight`` ``[N, E]`` (the epilogue's extra product).
     ``csr`` (``spec.has_csr``): (ptr, col, val) whose rows the prologue sums; with
     ``spec.has_csr_out`` the CSR whose rows the epilogue adds each output row through
     (``scatter[r]`` its row; ``num_out_rows`` its columns).
@@ -129,6 +132,8 @@ def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x:
         out = torch.zeros(num_out_rows, n, dtype=torch.float32, device=x.device)
     else:
         out = torch.empty(m, n, dtype=spec.dtype, device=x.device)
+    more = (torch.empty(m, spec.extra_cols, dtype=spec.dtype, device=x.device)
+            if spec.extra_cols else None)
     tiles = tile_map(bounds, sched.block_m, x.device)
     grid = (tiles.shape[0], _cdiv(n, sched.block_n))
     transpose = spec.transpose_weight
@@ -144,11 +149,14 @@ def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x:
             tiles, x, gather if gather is not None else tiles, weight,
             bias if bias is not None else tiles, scatter if scatter is not None else tiles,
             out, *(csr if csr is not None else (tiles,) * 3),
-            addend if addend is not None else tiles, spec.K, n, x.stride(0),
-            x.stride(1), *_weight_strides(weight, transpose),
+            addend if addend is not None else tiles,
+            *((extra_weight, more) if more is not None else (tiles, tiles)), spec.K, n,
+            x.stride(0), x.stride(1), *_weight_strides(weight, transpose),
             bias.stride(0) if bias is not None else 0, out.stride(0), out.stride(1),
-            *(addend.stride() if addend is not None else (0, 0)), **sched.meta)
-    return out.to(spec.dtype)
+            *(addend.stride() if addend is not None else (0, 0)),
+            *(extra_weight.stride() + more.stride() if more is not None else (0,) * 4),
+            **sched.meta)
+    return out.to(spec.dtype) if more is None else (out, more)
 
 
 def wgrad_rows(sched: GemmSchedule, m: int, tiles_kn: int, device: torch.device) -> int:
@@ -284,10 +292,11 @@ class SegmentMMFunction(torch.autograd.Function):
 
 def _spec_of(x, weight, gather, scatter, transpose_weight: bool, unique: Tuple[bool, bool],
              has_bias: bool = False, prologue: str = "", has_csr: bool = False,
-             has_addend: bool = False) -> GemmSpec:
+             has_addend: bool = False, extra_cols: int = 0) -> GemmSpec:
     n = out_width(weight, transpose_weight)
     return GemmSpec.of(x, gather, scatter, transpose_weight, n, *unique, has_bias=has_bias,
-                       prologue=prologue, has_csr=has_csr, has_addend=has_addend)
+                       prologue=prologue, has_csr=has_csr, has_addend=has_addend,
+                       extra_cols=extra_cols)
 
 
 @torch.library.custom_op("hector::segment_mm", mutates_args=())
@@ -364,6 +373,58 @@ def _autograd_backward(ctx, dout):
 
 
 segment_mm_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("hector::segment_mm_extra", mutates_args=())
+def segment_mm_extra_op(x: torch.Tensor, weight: torch.Tensor, gather: Optional[torch.Tensor],
+                        bounds: List[int], extra_weight: torch.Tensor,
+                        gather_unique: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(y, y @ V)``: ``y`` the segment GEMM ``x[gather[r]] @ W[s]`` stored row by row and
+    ``V`` = ``extra_weight`` ``[N, E]`` applied by its epilogue to each fp32 row of ``y``
+    (``GemmSpec.extra_cols``)."""
+    spec = _spec_of(x, weight, gather, None, False, (gather_unique, False),
+                    extra_cols=extra_weight.shape[1])
+    bounds = tuple(bounds)
+
+    def run(sched):
+        return launch_gemm(spec, sched, bounds, x, weight, gather, None, bounds[-1],
+                           extra_weight=extra_weight)
+    return run(pick_schedule(spec, None, bounds, x.device, run))
+
+
+@segment_mm_extra_op.register_fake
+def _(x, weight, gather, bounds, extra_weight, gather_unique=False):
+    return (x.new_empty(bounds[-1], weight.shape[2]),
+            x.new_empty(bounds[-1], extra_weight.shape[1]))
+
+
+def _extra_setup_context(ctx, inputs, output):
+    x, weight, gather, bounds, extra_weight, gather_unique = inputs
+    ctx.save_for_backward(x, weight, gather, extra_weight, output[0])
+    ctx.bounds, ctx.gather_unique = list(bounds), gather_unique
+
+
+def _extra_backward(ctx, dy, dmore):
+    """``y``'s gradient takes ``dmore @ V^T`` too (in fp32 at least); ``dV = y^T dmore``;
+    then the segment GEMM's own backward."""
+    x, weight, gather, extra_weight, y = ctx.saved_tensors
+    need_x, need_w, _, _, need_v = ctx.needs_input_grad[:5]
+    work = torch.promote_types(y.dtype, torch.float32)
+    if dy is None:
+        dy = torch.zeros_like(y)
+    dv = None
+    if dmore is not None:
+        dm = dmore.to(work)
+        dy = (dy.to(work) + dm @ extra_weight.to(work).t()).to(y.dtype)
+        dv = (y.to(work).t() @ dm).to(extra_weight.dtype) if need_v else None
+    dx = dw = None
+    if need_x or need_w:
+        dx, dw = call(segment_mm_backward_op, dy, x, weight, gather, None, ctx.bounds, False,
+                      need_x, need_w, ctx.gather_unique, False, "")
+    return dx if need_x else None, dw if need_w else None, None, None, dv, None
+
+
+segment_mm_extra_op.register_autograd(_extra_backward, setup_context=_extra_setup_context)
 
 
 @torch.library.custom_op("hector::segment_mm_wgrad", mutates_args=())
@@ -552,7 +613,8 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[in
                       schedule: ScheduleChoice = None, gather_unique: bool = False,
                       scatter_unique: bool = False,
                       bias: Optional[torch.Tensor] = None, prologue: str = "",
-                      addend: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      addend: Optional[torch.Tensor] = None,
+                      extra_weight: Optional[torch.Tensor] = None):
     """The Triton path of :func:`hector.kernels.segment_mm.op.segment_mm` (inputs already validated;
     ``bounds`` is ``seg_ptr`` as Python ints).  A pinned schedule runs the
     ``autograd.Function``; otherwise the ``hector::segment_mm`` custom op."""
@@ -561,6 +623,12 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[in
     gather = gather.contiguous() if gather is not None else None
     scatter = scatter.contiguous() if scatter is not None else None
     rows = num_out_rows if scatter is not None else bounds[-1]
+    if extra_weight is not None:     # (the op checked: no scatter, bias, addend, prologue)
+        if isinstance(schedule, GemmSchedule):
+            raise ValueError("segment_mm: extra_weight runs on the heuristic or autotuned "
+                             "schedule; a pinned GemmSchedule is not taken with it")
+        return call(segment_mm_extra_op, x, weight, gather, list(bounds), extra_weight,
+                    gather_unique)
     if isinstance(schedule, GemmSchedule):
         spec = GemmSpec.of(x, gather, scatter, transpose_weight, n, gather_unique, scatter_unique,
                            has_bias=bias is not None, prologue=prologue,

@@ -29,7 +29,8 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
                gather_unique: bool = False, scatter_unique: bool = False,
                bias: Optional[torch.Tensor] = None,
                prologue: Optional[str] = None,
-               addend: Optional[torch.Tensor] = None) -> torch.Tensor:
+               addend: Optional[torch.Tensor] = None,
+               extra_weight: Optional[torch.Tensor] = None):
     r"""Segment GEMM with an optional gather on the input rows and scatter-add on the output
     rows: a typed linear layer whose weight is picked per segment of rows.
 
@@ -81,9 +82,16 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
             elsewhere, with no pass of its own); floating point, on ``x``'s device.  Only
             where each output row is stored once: no ``scatter``, or ``scatter_unique``.
             Differentiable (its gradient is the output's).
+        extra_weight: ``[N, E]`` (``x``'s dtype): also return ``y @ extra_weight``, each
+            row's product formed by the kernel's epilogue from the fp32 row ``y_r`` before
+            its rounding (RGAT's source score ``(x W_r) a`` beside ``x W_r``, without a
+            second GEMM reading the gathered rows again).  Only for rows stored in order:
+            no ``scatter``, ``bias``, ``addend``, ``prologue`` or ``transpose_weight``; the
+            heuristic or autotuned schedule.  Differentiable in ``extra_weight`` too.
 
     Returns:
-        ``[M, N]``, or ``[num_out_rows, N]`` with ``scatter`` (rows never hit are 0).
+        ``[M, N]``, or ``[num_out_rows, N]`` with ``scatter`` (rows never hit are 0); with
+        ``extra_weight`` the pair ``([M, N], [M, E])``.
 
     Index ranges of ``gather``/``scatter`` are not checked per call (that needs a pass over
     the data; the ``Graph`` that produced them checked them once); set ``HECTOR_DEBUG=1`` to
@@ -93,6 +101,7 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
                                   transpose_weight, gather_unique, scatter_unique, bias)
     _check_addend(addend, x, weight, bounds, scatter, num_out_rows, scatter_unique,
                   transpose_weight)
+    _check_extra(extra_weight, x, weight, scatter, bias, addend, prologue, transpose_weight)
     if prologue is not None and prologue not in PROLOGUES:
         raise ValueError(f"prologue must be None or one of {sorted(PROLOGUES)}, got "
                          f"{prologue!r}")
@@ -105,9 +114,33 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
                                  transpose_weight, schedule, gather_unique, scatter_unique,
                                  # (rows may be strided: the kernel takes a row stride)
                                  bias if bias is None or bias.stride(1) == 1
-                                 else bias.contiguous(), prologue or "", addend)
+                                 else bias.contiguous(), prologue or "", addend,
+                                 extra_weight)
     return segment_mm_torch(x, weight, bounds, gather, scatter, num_out_rows, transpose_weight,
-                            bias, prologue, addend)
+                            bias, prologue, addend, extra_weight)
+
+
+def _check_extra(extra_weight, x, weight, scatter, bias, addend, prologue,
+                 transpose_weight) -> None:
+    """``extra_weight`` is None or ``[N, E]`` in ``x``'s dtype and device, on a GEMM whose
+    rows are stored in order with nothing added (see :func:`segment_mm`)."""
+    if extra_weight is None:
+        return
+    C.check_tensor(extra_weight, "extra_weight")
+    n = out_width(weight, transpose_weight)
+    if extra_weight.dim() != 2 or extra_weight.shape[0] != n or extra_weight.shape[1] < 1:
+        raise ValueError(f"extra_weight must be [N, E] = [{n}, E >= 1], got "
+                         f"{list(extra_weight.shape)}")
+    if extra_weight.dtype != x.dtype:
+        raise TypeError(f"extra_weight must have x's dtype {x.dtype}, got {extra_weight.dtype}")
+    C.check_same_device([("x", x), ("extra_weight", extra_weight)])
+    if (scatter is not None or bias is not None or addend is not None or prologue
+            or transpose_weight):
+        raise ValueError("extra_weight needs output rows stored in order with nothing added: "
+                         "no scatter, bias, addend, prologue or transpose_weight")
+    if n <= 1 and x.dtype == torch.float32:
+        raise ValueError("extra_weight needs N > 1 in fp32 (a one-column fp32 product runs "
+                         "on the narrow kernel, which has no such epilogue)")
 
 
 def _check_addend(addend, x, weight, bounds, scatter, num_out_rows, scatter_unique,

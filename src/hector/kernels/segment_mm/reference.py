@@ -21,7 +21,8 @@ def segment_mm_torch(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[int
                      transpose_weight: bool = False,
                      bias: Optional[torch.Tensor] = None,
                      prologue: Optional[str] = None,
-                     addend: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     addend: Optional[torch.Tensor] = None,
+                     extra_weight: Optional[torch.Tensor] = None):
     """See :func:`hector.kernels.segment_mm.op.segment_mm` (inputs already validated).
 
     ``bounds`` is ``seg_ptr`` as Python ints (the op reads it on the host once).  Half
@@ -54,6 +55,8 @@ def segment_mm_torch(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[int
         out = y
     if addend is not None:      # (in fp32 at least, before the one rounding, as the kernel)
         out = out + addend.to(work)
+    if extra_weight is not None:    # (from the unrounded rows, as the kernel's epilogue)
+        return out.to(x.dtype), (out @ extra_weight.to(work)).to(x.dtype)
     return out.to(x.dtype)
 
 

@@ -87,6 +87,10 @@ class GemmSpec:
         out[col[e]] += val[e] y_r            [has_csr_out: over the entries e of CSR row
                                               scatter[r] (a CSR scatter epilogue; the
                                               transpose of the CSR prologue)]
+        more[r] = y_r @ V                    [extra_cols = E > 0: a second [M, E] output,
+                                              each fp32 row y_r (before its rounding)
+                                              times a shared [N, E] weight V, by the
+                                              epilogue]
 
     ``K`` is the reduction size (row width of ``x``) and ``N`` the output width, whatever the
     weight's layout: ``[S, K, N]``, or ``[S, N, K]`` when ``transpose_weight``.
@@ -109,6 +113,7 @@ class GemmSpec:
     has_csr: bool = False
     has_addend: bool = False
     has_csr_out: bool = False
+    extra_cols: int = 0
 
     def __post_init__(self):
         if self.input_precision not in INPUT_PRECISIONS:
@@ -127,6 +132,13 @@ class GemmSpec:
         if self.has_addend and self.accumulate:
             raise ValueError("GemmSpec: an addend needs each output row stored once (no "
                              "scatter, or a permutation): summed rows would add it repeatedly")
+        if not 0 <= self.extra_cols <= 128:
+            raise ValueError(f"GemmSpec.extra_cols must be in [0, 128], got {self.extra_cols}")
+        if self.extra_cols and (self.has_scatter or self.has_bias or self.has_addend
+                                or self.has_csr or self.transpose_weight or self.narrow):
+            raise ValueError("GemmSpec: extra columns (y @ V in the epilogue) need rows stored "
+                             "in order, no bias, addend or CSR prologue, an untransposed "
+                             f"weight and a tl.dot product (N > {NARROW} or a half type)")
 
     @property
     def narrow(self) -> bool:
@@ -152,14 +164,15 @@ class GemmSpec:
                        gather_unique=self.scatter_unique, scatter_unique=self.gather_unique,
                        transpose_weight=not self.transpose_weight, K=self.N, N=self.K,
                        has_bias=False, prologue=None, has_csr=False, has_addend=False,
-                       has_csr_out=False)
+                       has_csr_out=False, extra_cols=0)
 
     @staticmethod
     def of(x: torch.Tensor, gather: Optional[torch.Tensor], scatter: Optional[torch.Tensor],
            transpose_weight: bool, N: int, gather_unique: bool = False,
            scatter_unique: bool = False, has_bias: bool = False,
            prologue: Optional[str] = None, has_csr: bool = False,
-           has_addend: bool = False, has_csr_out: bool = False) -> "GemmSpec":
+           has_addend: bool = False, has_csr_out: bool = False,
+           extra_cols: int = 0) -> "GemmSpec":
         # fp32: see fp32_dot.  Half types ignore the setting (their products are exact).
         return GemmSpec(has_gather=gather is not None, has_scatter=scatter is not None,
                         transpose_weight=bool(transpose_weight), dtype=x.dtype,
@@ -169,7 +182,7 @@ class GemmSpec:
                         scatter_unique=scatter is not None and bool(scatter_unique),
                         has_bias=bool(has_bias), prologue=prologue or None,
                         has_csr=bool(has_csr), has_addend=bool(has_addend),
-                        has_csr_out=bool(has_csr_out))
+                        has_csr_out=bool(has_csr_out), extra_cols=int(extra_cols))
 
 
 @dataclass(frozen=True)
@@ -225,6 +238,9 @@ class GemmSchedule:
     def check_fits(self, spec: "GemmSpec") -> None:
         """Tiles narrower than 16 only for a narrow spec (the others multiply with tl.dot); a
         CSR prologue's reduction tile spans the whole ``K``."""
+        if spec.extra_cols and self.block_n < spec.N:
+            raise ValueError(f"GemmSchedule: block_n={self.block_n} must be >= N={spec.N} with "
+                             "extra columns (the epilogue multiplies whole output rows)")
         if spec.has_csr and self.block_k < spec.K:
             raise ValueError(f"GemmSchedule: block_k={self.block_k} must be >= K={spec.K} "
                              "with a CSR prologue (its summed rows are formed whole)")
@@ -302,7 +318,12 @@ def default_schedule(spec: GemmSpec, interpreting: bool = False) -> GemmSchedule
 
 
 def _csr_tiles(spec: GemmSpec, sched: GemmSchedule) -> GemmSchedule:
-    """A CSR prologue's schedule: the reduction tile spans all of ``K`` (``check_fits``)."""
+    """A CSR prologue's schedule: the reduction tile spans all of ``K``; with extra columns
+    the output tile spans all of ``N`` (``check_fits``)."""
+    if spec.extra_cols and sched.block_n < spec.N:     # (a wider tile: the warps it would get)
+        block_n = _side(spec.N, spec.N)
+        sched = replace(sched, block_n=block_n, num_warps=max(
+            sched.num_warps, 8 if block_n * sched.block_m >= 8192 else 4))
     return replace(sched, block_k=max(next_pow2(spec.K), sched.block_k)) if spec.has_csr \
         else sched
 
