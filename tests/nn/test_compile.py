@@ -22,8 +22,10 @@ from helpers import random_hetero, random_relational  # noqa: E402
 
 # hgt_wide: K and V 16 wide, so the siblings pass runs them as one GEMM read through column
 # views and the attention backward writes their gradients into one buffer (at 8 wide they
-# stay apart: a narrow output has its own kernel).
-LAYERS = ("gat", "agnn", "transformer", "rgcn", "rgcn_dense", "rgat", "hgt", "hgt_wide")
+# stay apart: a narrow output has its own kernel).  rgat_1h: one head, so the source score
+# is the message GEMM's extra product (hector::segment_mm_extra).
+LAYERS = ("gat", "agnn", "transformer", "rgcn", "rgcn_dense", "rgat", "rgat_1h", "hgt",
+          "hgt_wide")
 
 
 def make_case(name, prebuilt=True, backend="torch"):
@@ -56,10 +58,10 @@ def _make_case(name, prebuilt, backend):
         layer = hector.nn.RGCNConv(16, 8, 8, backend=backend)
         graph = Graph(ei, et, num_nodes=24, num_relations=8)
         return layer, ((x, graph) if prebuilt else (x, ei, et))
-    if name in ("rgcn", "rgat"):
+    if name in ("rgcn", "rgat", "rgat_1h"):
         kw = dict(heads=2) if name == "rgat" else {}
         cls = hector.nn.RGCNConv if name == "rgcn" else hector.nn.RGATConv
-        layer = cls(16, 8, 4, backend=backend, **kw)
+        layer = cls(16, 16 if name == "rgat_1h" else 8, 4, backend=backend, **kw)
         graph = Graph(ei, et, num_nodes=24, num_relations=4)
         return layer, ((x, graph) if prebuilt else (x, ei, et))
     if name == "gat":
@@ -155,3 +157,14 @@ def test_dense_rgcn_case_runs_the_addend_epilogue():
     assert any(s.template == "gemm" and s.spec is not None and s.spec[0].has_csr_out
                for s in back)
     assert any(s.body.op == Op.WGRAD and s.body.args[0].op == Op.SCATTER for s in back)
+
+
+def test_one_head_rgat_case_runs_the_extra_product():
+    """``rgat_1h`` exercises the GEMM's extra product (RGAT's source score from the message
+    GEMM's epilogue), which the two-head case's fused sibling GEMM does not."""
+    layer, (x, graph) = make_case("rgat_1h")
+    layer(x, graph)
+    steps = layer.program.compiled_for(graph).forward_plan.steps
+    assert [s.spec[0].extra_cols for s in steps
+            if s.template == "gemm" and s.spec is not None and s.spec[0].extra_cols] == [1]
+
