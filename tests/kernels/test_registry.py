@@ -10,9 +10,9 @@ from hector.kernels import registry
 
 GEMM = dict(has_gather=True, has_scatter=False, dot_fp32=False, input_precision="ieee",
             accumulate=False, has_bias=False, narrow=False, prologue="",
-            has_csr=False, has_addend=False, has_csr_out=False)
+            has_csr=False, has_addend=False, has_csr_out=False, extra_cols=0)
 WGRAD = {k: v for k, v in GEMM.items()
-         if k not in ("accumulate", "has_bias", "has_addend", "has_csr_out")}
+         if k not in ("accumulate", "has_bias", "has_addend", "has_csr_out", "extra_cols")}
 SCORE = dict(has_qk=True, has_src=False, has_dst=True, has_leaky=True, has_dropout=False,
              edge_parallel=False, has_bias=False, dst_edge=False)
 TRITON_OK = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -109,7 +109,7 @@ def test_unknown_kernel_and_bad_parameters_are_named(cache):
     with pytest.raises(TypeError, match="needs parameter 'has_scatter'"):
         registry.source("segment_mm", has_gather=True, dot_fp32=False, input_precision="ieee",
                         accumulate=False, has_bias=False, has_csr=False, has_addend=False,
-                        has_csr_out=False)
+                        has_csr_out=False, extra_cols=0)
     with pytest.raises(ValueError, match="'input_precision' must be one of"):
         registry.source("segment_mm", **dict(GEMM, input_precision="bf16x9"))
     with pytest.raises(ValueError, match="'has_gather' must be one of"):
