@@ -118,9 +118,8 @@ def run_gemm(step, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backend: st
     made its epilogue (sliced as ``w`` is); ``addend``: the node rows it adds to each output
     row (its addend epilogue); ``extra_weight``: the shared ``V`` of its extra product
     (``GemmSpec.extra_cols``: returns ``(y, y V)``).  A CSR prologue (``rs.csr``) sums the
-    input rows
-    in the kernel; on a CSR with hub rows (longer than the traversal's chunk: a tile would
-    walk a hub's entries alone) the traversal kernel sums them first instead."""
+    input rows in the kernel; on a CSR with hub rows (longer than the traversal's chunk: a
+    tile would walk a hub's entries alone) the traversal kernel sums them first instead."""
     gs, rs = step.spec     # (gs.prologue: the kernel applies it to the x tiles it loads)
     if addend is not None and (rs.csr is not None or rs.per_head or rs.scatter is not None):
         raise ValueError("an addend epilogue needs a GEMM whose rows are stored once, without "
