@@ -123,8 +123,8 @@ def _bias_sums_with_wgrads(steps: List[Step]) -> List[Step]:
 #: spans the whole row: ``GemmSpec.extra_cols``).
 EXTRA_MAX_N = 128
 #: Most extra columns an epilogue forms (one row sum each).  H200, 12.9M gathered rows, 535
-#: segments, ms for the two GEMMs -> one with the extra product (docs/perf-notes.md, "Session
-#: 24"): fp32 K = N = 64, E = 1 / 2 / 4: 4.22 -> 3.05, 4.53 -> 3.21, 4.55 -> 3.68; K = N = 128,
+#: segments, ms for the two GEMMs -> one with the extra product (``scripts/gemm_extra.py``;
+#: docs/perf-notes.md, "Session 24"): fp32 K = N = 64, E = 1 / 2 / 4: 4.22 -> 3.05, 4.53 -> 3.21, 4.55 -> 3.68; K = N = 128,
 #: E = 1 / 2 / 4 / 8: 12.9 -> 10.8, 13.6 -> 11.2, 13.6 -> 11.9, 13.6 -> 13.2; bf16 K = N =
 #: 128, E = 1 / 2 / 4 / 8: 3.13 -> 2.61, 3.20 -> 2.97, 3.23 -> 3.27, 3.28 -> 3.89.  Through
 #: RGAT 128x8 on wikikg2 (E = 8, fp32) inference went 20.5 -> 22.5 ms.
