@@ -19,9 +19,9 @@ from helpers import rel_err  # noqa: E402
 from test_attention_backward import _compiled, _grads, _graph, gat_like  # noqa: E402
 
 
-def _forward_plan(model, dims, graph):
+def _forward_plan(model, dims, graph, dtype=torch.float32):
     m = _compiled(model, dims, graph)
-    return m.program.compiled_for(graph, torch.float32).forward_plan
+    return m.program.compiled_for(graph, dtype).forward_plan
 
 
 def _gemms(plan):
@@ -46,11 +46,19 @@ def test_rgat_source_score_rides_on_the_message_gemm(heads, out_dim):
     assert [s.spec[0].extra_cols for s in _gemms(plan) if s is not step] == [0]
 
 
-def test_no_extra_product_of_more_columns_than_the_epilogue_takes():
-    heads = lowering.EXTRA_MAX_COLS + 2
-    plan = _forward_plan(models.rgat, dict(in_dim=8, out_dim=32, heads=heads), _graph())
-    assert all(s.spec[0].extra_cols == 0 for s in _gemms(plan))
-    assert len([s for s in _gemms(plan) if s.spec[1].rows == CSRC]) == 2
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_extra_columns_are_capped_per_dtype(dtype):
+    """fp32 takes up to 8 columns, half types 2 (the score GEMM they replace is cheaper in
+    bf16); N = 128 throughout, wider than one fused sibling tile."""
+    cap = lowering.extra_max_cols(dtype)
+    assert cap == (8 if dtype == torch.float32 else 2)
+    for heads, merged in ((cap, True), (2 * cap, False)):
+        dims = dict(in_dim=8, out_dim=128 // heads, heads=heads)
+        gemms = _gemms(_forward_plan(models.rgat, dims, _graph(), dtype))
+        src = [s for s in gemms if s.spec[1].rows == CSRC]
+        assert len(src) == (1 if merged else 2), (heads, [s.name for s in gemms])
+        assert [s.spec[0].extra_cols for s in src if s.spec[0].extra_cols] == \
+            ([heads] if merged else [])
 
 
 def test_no_extra_product_when_the_row_is_wider_than_a_tile():

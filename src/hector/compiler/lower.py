@@ -127,8 +127,17 @@ EXTRA_MAX_N = 128
 #: docs/perf-notes.md, "Session 24"): fp32 K = N = 64, E = 1 / 2 / 4: 4.22 -> 3.05, 4.53 -> 3.21, 4.55 -> 3.68; K = N = 128,
 #: E = 1 / 2 / 4 / 8: 12.9 -> 10.8, 13.6 -> 11.2, 13.6 -> 11.9, 13.6 -> 13.2; bf16 K = N =
 #: 128, E = 1 / 2 / 4 / 8: 3.13 -> 2.61, 3.20 -> 2.97, 3.23 -> 3.27, 3.28 -> 3.89.  Through
-#: RGAT 128x8 on wikikg2 (E = 8, fp32) inference went 20.5 -> 22.5 ms.
-EXTRA_MAX_COLS = 2
+#: RGAT 128x8 on wikikg2 (E = 8, fp32) inference went 20.5 -> 22.5 ms on the tuner's list of
+#: then (15.4 ms merged; 13.2 on the 4-warp tiles it has now).  The epilogue's row sums cost
+#: the same in any dtype; the score GEMM they replace is ~3x cheaper in bf16: so fp32 takes
+#: up to 8 columns, half types 2.
+EXTRA_MAX_COLS = {torch.float32: 8}
+EXTRA_MAX_COLS_HALF = 2
+
+
+def extra_max_cols(dtype: torch.dtype) -> int:
+    """Most extra columns an epilogue forms for a GEMM of ``dtype`` (:data:`EXTRA_MAX_COLS`)."""
+    return EXTRA_MAX_COLS.get(dtype, EXTRA_MAX_COLS_HALF)
 
 
 def _plain_gemm(s: Step) -> bool:
@@ -153,8 +162,8 @@ def _extra_products(steps: List[Step]) -> List[Step]:
     multiplies each whole fp32 row by ``V`` (``GemmSpec.extra_cols``): RGAT's source score
     ``x (W_r a)`` after ``reorder``, which re-read every gathered row of ``x`` for one column
     per head (one head of 64 on wikikg2's 12.9M compact rows: 1.3 ms on the H200 beside the
-    message GEMM's 2.9; the epilogue adds 0.1).  At most :data:`EXTRA_MAX_COLS` columns (one
-    row sum each: wider, the epilogue costs what the second GEMM did).  ``W V`` stays a
+    message GEMM's 2.9; the epilogue adds 0.1).  At most :func:`extra_max_cols` columns (one
+    row sum each: wider, the epilogue costs more than the second GEMM did).  ``W V`` stays a
     weight step (a backward may read it).  Only when no step between the two reads either's
     output (the merged step runs where the later one was)."""
     made = {s.output: s for s in steps}
@@ -173,7 +182,7 @@ def _extra_products(steps: List[Step]) -> List[Step]:
         v = w.inputs[1]
         key = (s.inputs[0], w.inputs[0], s.spec[1])
         if (key not in mains or len(v.shape) != 2 or v.per is not None or at.get(v, -1) > j
-                or v.shape[1] > EXTRA_MAX_COLS):
+                or v.shape[1] > extra_max_cols(s.spec[0].dtype)):
             continue
         i = mains[key]
         main = steps[i]
