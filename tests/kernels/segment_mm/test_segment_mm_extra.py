@@ -132,3 +132,21 @@ def test_a_pinned_schedule_is_refused_with_extra_weight():
     x, w, v = _inputs(torch.float32, 19, 24, 4)
     with pytest.raises(ValueError, match="pinned"):
         segment_mm(x, w, BOUNDS, extra_weight=v, backend="triton", schedule=TILE)
+
+
+@needs_triton
+@pytest.mark.parametrize("k, n, e", [(64, 64, 1), (128, 128, 8)])
+def test_every_tuner_config_gives_the_same_product(k, n, e):
+    """The autotuner may pick any config of the list (the 4-warp tiles added for the extra
+    product among them): each one's output and extra product equal the torch backend's."""
+    x, w, v = (t.detach() for t in _inputs(torch.float32, k, n, e))
+    g = _layout("gathered")["gather"]
+    y_ref, p_ref = segment_mm(x, w, BOUNDS, gather=g, extra_weight=v, backend="torch")
+    spec = GemmSpec.of(x, g, None, False, n, extra_cols=e)
+    configs = tune_configs(spec)
+    assert len(configs) >= 3
+    for cfg in configs:
+        y, p = launch.launch_gemm(spec, cfg, tuple(BOUNDS), x, w, g, None, ROWS,
+                                  extra_weight=v)
+        assert rel_err(y, y_ref) < TOL[torch.float32], cfg
+        assert rel_err(p, p_ref) < TOL[torch.float32], cfg
