@@ -61,6 +61,21 @@ def test_extra_columns_are_capped_per_dtype(dtype):
             ([heads] if merged else [])
 
 
+def test_no_extra_product_when_the_message_gemm_is_narrow():
+    """One input feature (K = 1 in fp32): the message GEMM runs on the narrow kernel, which
+    has no epilogue product, so its score stays a GEMM of its own -- and the layer compiles
+    (it raised in lowering before) and equals the torch backend."""
+    g = _graph()
+    dims = dict(in_dim=1, out_dim=16, heads=1)
+    plan = _forward_plan(models.rgat, dims, g)
+    assert all(s.spec[0].extra_cols == 0 for s in _gemms(plan))
+    out, grads = _grads(models.rgat, dims, g, "ir", "triton")
+    ref_out, ref = _grads(models.rgat, dims, g, "torch", "torch")
+    assert rel_err(out, ref_out) < 1e-5
+    for name in ref:
+        assert rel_err(grads[name], ref[name]) < 1e-4, name
+
+
 def test_no_extra_product_when_the_row_is_wider_than_a_tile():
     plan = _forward_plan(models.rgat, dict(in_dim=8, out_dim=96, heads=2), _graph())
     assert lowering.EXTRA_MAX_N < 192

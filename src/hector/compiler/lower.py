@@ -16,7 +16,7 @@ import torch
 
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.edgewise.spec import EdgewiseSpec, node
-from ..kernels.segment_mm.spec import NARROW, GemmSpec, fp32_dot
+from ..kernels.segment_mm.spec import GemmSpec, fp32_dot
 from .ir import (CDST, CSRC, EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, attention_lse,
                  attention_of_bwd, attention_roles, kernel, toposort)
 from ..kernels.traversal.spec import MAX_ADDENDS
@@ -124,9 +124,9 @@ def _bias_sums_with_wgrads(steps: List[Step]) -> List[Step]:
 EXTRA_MAX_N = 128
 #: Most extra columns an epilogue forms (one row sum each).  H200, 12.9M gathered rows, 535
 #: segments, ms for the two GEMMs -> one with the extra product (``scripts/gemm_extra.py``;
-#: docs/perf-notes.md, "Session 24"): fp32 K = N = 64, E = 1 / 2 / 4: 4.22 -> 3.05, 4.53 -> 3.21, 4.55 -> 3.68; K = N = 128,
-#: E = 1 / 2 / 4 / 8: 12.9 -> 10.8, 13.6 -> 11.2, 13.6 -> 11.9, 13.6 -> 13.2; bf16 K = N =
-#: 128, E = 1 / 2 / 4 / 8: 3.13 -> 2.61, 3.20 -> 2.97, 3.23 -> 3.27, 3.28 -> 3.89.  Through
+#: docs/perf-notes.md, "Session 24"): fp32 K = N = 64, E = 1 / 2 / 4: 4.22 -> 3.05, 4.53 ->
+#: 3.21, 4.55 -> 3.68; K = N = 128, E = 1 / 2 / 4 / 8: 12.9 -> 10.8, 13.6 -> 11.2, 13.6 ->
+#: 11.9, 13.6 -> 13.2; bf16 K = N = 128, E = 1 / 2 / 4 / 8: 3.13 -> 2.61, 3.20 -> 2.97, 3.23 -> 3.27, 3.28 -> 3.89.  Through
 #: RGAT 128x8 on wikikg2 (E = 8, fp32) inference went 20.5 -> 22.5 ms on the tuner's list of
 #: then (15.4 ms merged; 13.2 on the 4-warp tiles it has now).  The epilogue's row sums cost
 #: the same in any dtype; the score GEMM they replace is ~3x cheaper in bf16: so fp32 takes
@@ -170,7 +170,7 @@ def _extra_products(steps: List[Step]) -> List[Step]:
     at = {s.output: i for i, s in enumerate(steps)}
     mains = {}
     for i, s in enumerate(steps):
-        if _plain_gemm(s) and NARROW < s.spec[0].N <= EXTRA_MAX_N:
+        if _plain_gemm(s) and not s.spec[0].narrow and s.spec[0].N <= EXTRA_MAX_N:
             mains.setdefault((s.inputs[0], s.inputs[1], s.spec[1]), i)
     merged: Dict[int, Step] = {}
     gone = set()

@@ -127,6 +127,18 @@ def test_bad_extra_weight_names_the_argument(kw, exc, match):
         segment_mm(x.detach(), w.detach(), BOUNDS, backend="torch", **kw)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_narrow_fp32_product_is_refused_on_every_backend(backend):
+    """K = 1 in fp32 runs on the narrow kernel (no epilogue product): refused by the op's
+    checks, the same way on both backends, naming the argument."""
+    x, w, v = (t.detach() for t in _inputs(torch.float32, 1, 24, 2))
+    with pytest.raises(ValueError, match=r"extra_weight needs min\(K, N\) > 1.*K = 1"):
+        segment_mm(x, w, BOUNDS, extra_weight=v, backend=backend)
+    y, p = segment_mm(x.bfloat16(), w.bfloat16(), BOUNDS, extra_weight=v.bfloat16(),
+                      backend="torch")                  # (half types: tl.dot, so allowed)
+    assert p.shape == (ROWS, 2)
+
+
 @needs_triton
 def test_a_pinned_schedule_is_refused_with_extra_weight():
     x, w, v = _inputs(torch.float32, 19, 24, 4)

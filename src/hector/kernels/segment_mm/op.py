@@ -16,7 +16,7 @@ from ..eager import call
 from .launch import (out_width, segment_mm_csr_op, segment_mm_csr_scatter_op,
                      segment_mm_triton)
 from .reference import csr_rows_torch, csr_rows_transposed_torch, segment_mm_torch
-from .spec import PROLOGUES, GemmSchedule
+from .spec import NARROW, PROLOGUES, GemmSchedule, is_narrow
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -138,9 +138,10 @@ def _check_extra(extra_weight, x, weight, scatter, bias, addend, prologue,
             or transpose_weight):
         raise ValueError("extra_weight needs output rows stored in order with nothing added: "
                          "no scatter, bias, addend, prologue or transpose_weight")
-    if n <= 1 and x.dtype == torch.float32:
-        raise ValueError("extra_weight needs N > 1 in fp32 (a one-column fp32 product runs "
-                         "on the narrow kernel, which has no such epilogue)")
+    if is_narrow(x.shape[1], n, x.dtype):
+        raise ValueError(f"extra_weight needs min(K, N) > {NARROW} in fp32, got K = "
+                         f"{x.shape[1]}, N = {n} (such a product runs on the narrow kernel, "
+                         "which has no such epilogue)")
 
 
 def _check_addend(addend, x, weight, bounds, scatter, num_out_rows, scatter_unique,

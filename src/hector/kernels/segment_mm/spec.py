@@ -69,6 +69,12 @@ NARROW = 1
 _NARROW_TILE = 8192
 
 
+def is_narrow(K: int, N: int, dtype: torch.dtype) -> bool:
+    """Whether a ``K -> N`` product of ``dtype`` runs on the narrow (broadcast) kernel
+    (:attr:`GemmSpec.narrow`; callers that have no spec yet ask here)."""
+    return min(K, N) <= NARROW and dtype == torch.float32
+
+
 @dataclass(frozen=True)
 class GemmSpec:
     """Semantics of one segment GEMM over ``M`` logical rows cut into ``S`` segments::
@@ -138,7 +144,8 @@ class GemmSpec:
                                 or self.has_csr or self.transpose_weight or self.narrow):
             raise ValueError("GemmSpec: extra columns (y @ V in the epilogue) need rows stored "
                              "in order, no bias, addend or CSR prologue, an untransposed "
-                             f"weight and a tl.dot product (N > {NARROW} or a half type)")
+                             f"weight and a tl.dot product (min(K, N) > {NARROW} or a half "
+                             "type)")
 
     @property
     def narrow(self) -> bool:
@@ -147,7 +154,7 @@ class GemmSpec:
         ``tl.dot`` (which pads each side to 16), and its tiles may be that narrow.  Wider
         narrow sides (RGAT's per-head scores, N = heads) and half types run padded tl.dot
         tiles, which measured 3-10x faster there (:data:`NARROW`)."""
-        return min(self.K, self.N) <= NARROW and self.dtype == torch.float32
+        return is_narrow(self.K, self.N, self.dtype)
 
     @property
     def accumulate(self) -> bool:
