@@ -186,3 +186,62 @@ def test_prefetch_trains_the_same_model():
 def test_bad_minibatch_options_name_the_option(argv, option):
     with pytest.raises(ValueError, match=option):
         train(parse("--model", "gat", "--dataset", "synthetic:cora", *argv), out=io.StringIO())
+
+
+class _SlowLoader:
+    """Batches that take ``wait`` seconds to arrive (the sampling a loader does)."""
+
+    def __init__(self, batches, wait):
+        self.batches, self.wait = batches, wait
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        import time
+        for b in self.batches:
+            time.sleep(self.wait)
+            yield b
+
+
+def test_batch_clock_splits_an_epoch_into_sampling_gathering_and_compute():
+    import time
+    from types import SimpleNamespace
+    lin = torch.nn.Linear(6, NUM_CLASSES)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+
+    def model(x_b, blocks, n_id):          # the step takes at least 30 ms
+        time.sleep(0.03)
+        return lin(x_b)
+
+    x, y = torch.randn(NUM_NODES, 6), torch.randint(0, NUM_CLASSES, (NUM_NODES,))
+    batches = [SimpleNamespace(n_id=torch.arange(i, i + 5), seed=torch.arange(i, i + 5),
+                               blocks=[], batch_size=5) for i in (0, 10, 20)]
+    clock, ticks = minibatch.BatchClock(torch.device("cpu")), []
+    progress = SimpleNamespace(update=lambda n: ticks.append(n))
+    loss = minibatch.train_epoch(model, opt, _SlowLoader(batches, 0.02), x, y, clock, progress)
+    split = clock.seconds()
+    assert split["batches"] == 3 and ticks == [1, 1, 1] and loss > 0
+    assert 3 * 0.02 <= split["sample"] < 3 * 0.02 + 0.05      # the loader's waits, not more
+    assert split["compute"] >= 3 * 0.03 and split["gather"] < split["sample"]
+    # the loss is the mean of the batches' losses, computed from the right labels
+    with torch.no_grad():
+        want = sum(F.cross_entropy(lin(x[b.n_id]), y[b.seed]) for b in batches) / 3
+    assert loss == pytest.approx(float(want), rel=0.2)
+
+
+def test_hector_train_reports_each_phase_of_its_batches():
+    out = io.StringIO()
+    result = train(parse("--model", "rgcn", "--dataset", "synthetic:aifb", "--epochs", "2",
+                         "--hidden", "4", "--batch-size", "64", "--fanout", "5,5",
+                         "--log-every", "1"), out=out)
+    text = out.getvalue()
+    per = result["batch_ms"]
+    assert set(per) == {"sample", "gather", "compute"} and all(v > 0 for v in per.values())
+    line = re.search(r"^RESULT .* sample_ms=([0-9.]+) gather_ms=([0-9.]+) compute_ms=([0-9.]+) ",
+                     text, re.M)
+    assert line and float(line.group(3)) == pytest.approx(per["compute"], abs=1e-3)
+    # the batches of epoch 2 fill its training step (the phases are all of it but the loss read)
+    batches = int(re.search(r"^epoch +2 .*\((\d+) batches", text, re.M).group(1))
+    assert batches == -(-140 // 64)     # synthetic aifb's 140 training nodes
+    assert 0.7 * result["step_time"] <= batches * sum(per.values()) / 1e3 <= result["step_time"]

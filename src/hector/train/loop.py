@@ -321,16 +321,23 @@ def _train(args, out=None) -> dict:
         snap = sel.snapshot()
         eval_graph, _ = capture_graph(lambda: evaluate(step.loss), reset=lambda: sel.restore(snap))
     clock = PhaseClock(device, start_epoch)
+    splits: dict = {}      # mini-batch epochs: seconds per phase (``BatchClock.seconds``)
+    no_progress = getattr(args, "no_progress", False) or None
     last_epoch, stopped, logged = start_epoch - 1, False, start_epoch
     bar = tqdm(range(start_epoch, epochs + 1), desc=f"{cfg['model']}/{cfg['dataset']}",
                unit="epoch", file=sys.stderr, leave=False,
-               disable=getattr(args, "no_progress", False) or None)
+               disable=no_progress)
     t_train = time.perf_counter()
     for epoch in bar:
         clock.start()
         net.train()
         if loader is not None:
-            loss = torch.tensor(minibatch.train_epoch(net, opt, loader, x, y), device=device)
+            bclock = minibatch.BatchClock(device)
+            with tqdm(total=len(loader), desc=f"epoch {epoch}", unit="batch", file=sys.stderr,
+                      leave=False, disable=no_progress) as batch_bar:
+                loss = torch.tensor(minibatch.train_epoch(net, opt, loader, x, y, bclock,
+                                                          batch_bar), device=device)
+            splits[epoch] = bclock.seconds()   # train_epoch's loss read was the sync
         elif step is not None:
             loss = step()
         else:
@@ -350,7 +357,7 @@ def _train(args, out=None) -> dict:
         # The host looks at the recorded metrics only here (one sync): log lines, the
         # progress bar, early stopping, checkpoints.
         if ckpt_path or epoch % cfg["log_every"] == 0 or epoch == epochs or epoch == start_epoch:
-            last_epoch, stopped = _report(sel, clock, logged, epoch, cfg, bar, out)
+            last_epoch, stopped = _report(sel, clock, logged, epoch, cfg, bar, out, splits)
             logged = epoch + 1
             if ckpt_path:
                 save(last_epoch)
@@ -384,6 +391,9 @@ def _train(args, out=None) -> dict:
                   # the evaluation forward, metrics and model selection
                   eval_time=_median(eval_times),
                   captured=step is not None,
+                  # mini-batch epochs: ms per batch of each phase (median over the epochs
+                  # after the first, which compiles kernels)
+                  batch_ms=_batch_ms(splits),
                   total_time=time.perf_counter() - t_start)
     line = (f"RESULT model={result['model']} dataset={result['dataset']} "
             f"test_acc={result['test_acc']:.4f} train_acc={result['train_acc']:.4f} "
@@ -396,6 +406,7 @@ def _train(args, out=None) -> dict:
                f"step_time={result['step_time'] * 1e3:.3f}ms "
                f"eval_time={result['eval_time'] * 1e3:.3f}ms "
                f"captured={'yes' if result['captured'] else 'no'} " if epoch_times else "")
+            + "".join(f"{k}_ms={v:.3f} " for k, v in (result["batch_ms"] or {}).items())
             + f"train_time_s={result['train_time']:.2f} total_time_s={result['total_time']:.2f}")
     print(line, file=out, flush=True)
     return result
@@ -405,8 +416,23 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
+def _per_batch_ms(split: dict) -> dict:
+    n = max(split["batches"], 1)
+    return {k: 1e3 * split[k] / n for k in minibatch.BatchClock.PHASES}
+
+
+def _batch_ms(splits: dict) -> Optional[dict]:
+    """Median over the epochs after the first (all of them if only one) of each phase's
+    ms per batch; None without mini-batch epochs."""
+    if not splits:
+        return None
+    rows = [_per_batch_ms(splits[e]) for e in sorted(splits)]
+    rows = rows[1:] or rows
+    return {k: statistics.median(r[k] for r in rows) for k in minibatch.BatchClock.PHASES}
+
+
 def _report(sel: Selection, clock: "PhaseClock", first: int, last: int, cfg: dict, bar,
-            out) -> tuple:
+            out, splits: Optional[dict] = None) -> tuple:
     """Print the log lines of epochs ``first..last`` from the recorded metrics (one sync)
     and find an early stop among them; ``(last epoch that counts, stopped)``."""
     from tqdm import tqdm
@@ -417,6 +443,10 @@ def _report(sel: Selection, clock: "PhaseClock", first: int, last: int, cfg: dic
         if sel.has_val:
             msg += f"  val_loss {row['val_loss']:.4f}  val_acc {row['val_acc']:.4f}"
         msg += f"  time {clock.epoch_seconds(epoch):.3f}s"
+        if splits and epoch in splits:
+            per = _per_batch_ms(splits[epoch])
+            msg += (f"  ({splits[epoch]['batches']} batches, ms each: sample {per['sample']:.2f}"
+                    f" gather {per['gather']:.2f} compute {per['compute']:.2f})")
         stopped = sel.has_val and patience is not None and row["bad_epochs"] >= patience
         if (epoch % cfg["log_every"] == 0 or epoch == cfg["epochs"] or epoch == clock.first
                 or stopped):

@@ -4,6 +4,7 @@ full-graph training would not fit on the device."""
 from __future__ import annotations
 
 import os
+import time
 from typing import List, Optional
 
 import torch
@@ -80,20 +81,81 @@ def make_loader(graph, nodes, cfg: dict, rank: int = 0, world: int = 1) -> Neigh
                           prefetch=cfg.get("prefetch", 0))
 
 
-def train_epoch(model, opt, loader, x, y) -> float:
+class BatchClock:
+    """Where a mini-batch epoch's time goes, per batch: waiting for the loader (``sample``:
+    neighbour sampling and the blocks' ``Graph`` builds, or only the wait when the loader
+    prefetches), slicing the batch's features and labels (``gather``), and the training step
+    (``compute``: forward, loss, backward, optimizer step, the first-step planning of the new
+    blocks included).
+
+    On CUDA each boundary is an event recorded on the current stream and read once, after the
+    epoch's closing sync, so measuring adds no sync: a phase's time is then the stream's time
+    between its boundaries, which is the host's time where the GPU keeps up (small, host-bound
+    batches) and the GPU's where it does not.  On the CPU, ``perf_counter``."""
+
+    PHASES = ("sample", "gather", "compute")
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []             # per batch [start, sampled, gathered, stepped]
+
+    def mark(self, new_batch: bool = False):
+        if self.cuda:
+            now = torch.cuda.Event(enable_timing=True)
+            now.record()
+        else:
+            now = time.perf_counter()
+        if new_batch:
+            self.marks.append([now])
+        else:
+            self.marks[-1].append(now)
+
+    def _between(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+    def seconds(self) -> dict:
+        """Total seconds of each phase over the batches marked (the events must have
+        completed: call after a sync) and the batch count."""
+        totals = dict.fromkeys(self.PHASES, 0.0)
+        for m in self.marks:
+            for name, a, b in zip(self.PHASES, m, m[1:]):
+                totals[name] += self._between(a, b)
+        return dict(totals, batches=len(self.marks))
+
+
+def train_epoch(model, opt, loader, x, y, clock: Optional[BatchClock] = None,
+                progress=None) -> float:
     """One pass over ``loader``'s batches, one optimizer step per batch; mean loss.  The loss
     is summed on the device and read once, after the last batch: a read per batch would stall
-    the host until the GPU finished that batch, every batch."""
+    the host until the GPU finished that batch, every batch.  ``clock`` (a ``BatchClock``)
+    records each batch's phases; ``progress`` (a tqdm bar) advances once per batch."""
     total, seen = torch.zeros((), dtype=torch.float64, device=y.device), 0
-    for batch in loader:
-        opt.zero_grad(set_to_none=True)
+    batches = iter(loader)
+    while True:
+        if clock is not None:
+            clock.mark(new_batch=True)
+        batch = next(batches, None)
+        if batch is None:
+            if clock is not None:
+                clock.marks.pop()         # the loader's end is no batch
+            break
+        if clock is not None:
+            clock.mark()
         x_b = None if x is None else x.index_select(0, batch.n_id)
+        y_b = y[batch.seed]
+        if clock is not None:
+            clock.mark()
+        opt.zero_grad(set_to_none=True)
         logits = model(x_b, batch.blocks, n_id=batch.n_id)
-        loss = F.cross_entropy(logits.float(), y[batch.seed])
+        loss = F.cross_entropy(logits.float(), y_b)
         loss.backward()
         opt.step()
+        if clock is not None:
+            clock.mark()
         total += loss.detach() * batch.batch_size
         seen += batch.batch_size
+        if progress is not None:
+            progress.update(1)
     return total.item() / max(seen, 1)
 
 

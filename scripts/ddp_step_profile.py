@@ -1,0 +1,97 @@
+"""Where a mini-batch training step's time goes with ``--devices N``: torch.profiler over
+batches of ``hector train``'s own loop parts (the loader, the model, DistributedDataParallel,
+Adam) on rank 0, and the all-reduce time of the model's gradient bytes.
+
+    python scripts/ddp_step_profile.py [--model rgcn] [--dataset synthetic:mag] [--devices 2]
+                                       [--warmup 30] [--batches 10] [--top 25]
+
+Prints (rank 0): the model's parameter count and bytes, the median time of an all-reduce of a
+buffer of that many bytes, ms per batch of the profiled batches, and the top ops by self CUDA
+time and by self CPU time.  CUDA only.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def worker(rank, world, args):
+    from hector import datasets
+    from hector.train import distributed, minibatch, resolve_config
+    from hector.train.models import build
+    device = torch.device("cuda", rank)
+    ctx = distributed.init(device, rank, world) if world > 1 else distributed.context()
+    torch.cuda.set_device(device)
+    cfg = resolve_config(argparse.Namespace(
+        model=args.model, dataset=args.dataset, device="cuda", batch_size=1024,
+        fanout="25,20", devices=world, seed=0))
+    data = datasets.load(cfg["dataset"]).to(device)
+    x = None if data.x is None else data.x.float()
+    y = data.y.long()
+    model = build(cfg["model"], data, cfg, backend=cfg["backend"]).to(device)
+    net = distributed.wrap(model, device, cfg["model"] == "rgat") if world > 1 else model
+    opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    loader = iter(minibatch.make_loader(data.graph, data.train_idx, cfg, ctx.rank, ctx.world))
+
+    def one():
+        batch = next(loader)
+        x_b = None if x is None else x.index_select(0, batch.n_id)
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(net(x_b, batch.blocks, n_id=batch.n_id).float(), y[batch.seed])
+        loss.backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        one()
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if rank == 0:
+        print(f"model {cfg['model']}: {sum(p.numel() for p in model.parameters()):,} parameters, "
+              f"{nbytes / 2**20:.1f} MiB; devices {world}")
+    if world > 1:
+        import torch.distributed as dist
+        buf, times = torch.ones(nbytes // 4, device=device), []
+        for _ in range(6):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        if rank == 0:
+            print(f"all_reduce of {nbytes / 2**20:.1f} MiB: {statistics.median(times[1:]) * 1e3:.2f} ms"
+                  f" ({nbytes / statistics.median(times[1:]) / 1e9:.0f} GB/s algorithm bandwidth)")
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.batches):
+            one()
+        torch.cuda.synchronize()
+    if rank == 0:
+        print(f"{(time.perf_counter() - t0) / args.batches * 1e3:.2f} ms per batch (profiled)")
+        ka = prof.key_averages()
+        print(ka.table(sort_by="self_cuda_time_total", row_limit=args.top))
+        print(ka.table(sort_by="self_cpu_time_total", row_limit=args.top))
+    if world > 1:
+        distributed.shutdown()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="rgcn")
+    p.add_argument("--dataset", default="synthetic:mag")
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--batches", type=int, default=10)
+    p.add_argument("--top", type=int, default=25)
+    args = p.parse_args()
+    if args.devices > 1:
+        from hector.train import distributed
+        distributed.spawn(worker, args.devices, args)
+    else:
+        worker(0, 1, args)
+
+
+if __name__ == "__main__":
+    main()
