@@ -4,6 +4,7 @@ Adam) on rank 0, and the all-reduce time of the model's gradient bytes.
 
     python scripts/ddp_step_profile.py [--model rgcn] [--dataset synthetic:mag] [--devices 2]
                                        [--warmup 30] [--batches 10] [--top 25]
+                                       [--per-batch N]
 
 Prints (rank 0): the model's parameter count and bytes, the median time of an all-reduce of a
 buffer of that many bytes, ms per batch of the profiled batches, and the top ops by self CUDA
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 def worker(rank, world, args):
     from hector import datasets
     from hector.train import distributed, minibatch, resolve_config
+    from hector.train.loop import make_optimizer
     from hector.train.models import build
     device = torch.device("cuda", rank)
     ctx = distributed.init(device, rank, world) if world > 1 else distributed.context()
@@ -32,16 +34,23 @@ def worker(rank, world, args):
     y = data.y.long()
     model = build(cfg["model"], data, cfg, backend=cfg["backend"]).to(device)
     net = distributed.wrap(model, device, cfg["model"] == "rgat") if world > 1 else model
-    opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    opt = make_optimizer(model, cfg, device)
     loader = iter(minibatch.make_loader(data.graph, data.train_idx, cfg, ctx.rank, ctx.world))
 
-    def one():
+    def one(times=None):
+        t0 = time.perf_counter()
         batch = next(loader)
+        if times is not None:
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
         x_b = None if x is None else x.index_select(0, batch.n_id)
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(net(x_b, batch.blocks, n_id=batch.n_id).float(), y[batch.seed])
         loss.backward()
         opt.step()
+        if times is not None:
+            torch.cuda.synchronize()
+            times.append((t1 - t0, time.perf_counter() - t1))
 
     for _ in range(args.warmup):
         one()
@@ -61,6 +70,16 @@ def worker(rank, world, args):
         if rank == 0:
             print(f"all_reduce of {nbytes / 2**20:.1f} MiB: {statistics.median(times[1:]) * 1e3:.2f} ms"
                   f" ({nbytes / statistics.median(times[1:]) / 1e9:.0f} GB/s algorithm bandwidth)")
+    if args.per_batch:
+        # each batch timed alone (a sync after sampling and after the step), on every rank
+        times = []
+        for _ in range(args.per_batch):
+            one(times)
+        for name, col in (("sample", 0), ("step", 1)):
+            v = sorted(t[col] * 1e3 for t in times)
+            q = lambda f: v[min(len(v) - 1, int(f * len(v)))]   # noqa: E731
+            print(f"rank {rank} {name} ms: mean {statistics.mean(v):.2f} p10 {q(0.1):.2f} "
+                  f"p50 {q(0.5):.2f} p90 {q(0.9):.2f} max {v[-1]:.2f}", flush=True)
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -85,6 +104,8 @@ def main():
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--batches", type=int, default=10)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--per-batch", type=int, default=0, metavar="N",
+                   help="time N batches one by one on every rank (mean and percentiles)")
     args = p.parse_args()
     if args.devices > 1:
         from hector.train import distributed

@@ -66,43 +66,56 @@ def test_blocks_with_every_neighbour_equal_the_full_graph(model, features, node_
     torch.testing.assert_close(out, full[batch.seed], rtol=1e-4, atol=1e-5)
 
 
-def _ddp_worker(rank, world, folder):
+def _ddp_worker(rank, world, folder, model_name="rgcn", features=True):
     distributed.init(torch.device("cpu"), rank, world)
     try:
-        data = tiny_data()
-        model = tiny_model("rgcn", data)
+        data = tiny_data(features)
+        model = tiny_model(model_name, data)
         net = distributed.wrap(model, torch.device("cpu"))
         loader = NeighborLoader(data.graph, [-1, -1], input_nodes=data.train_idx, batch_size=4,
                                 shuffle=True, seed=3, num_parts=world, part=rank)
         batch = next(iter(loader))
-        logits = net(data.x[batch.n_id], batch.blocks, n_id=batch.n_id)
+        x = None if data.x is None else data.x[batch.n_id]
+        logits = net(x, batch.blocks, n_id=batch.n_id)
         F.cross_entropy(logits, data.y[batch.seed]).backward()
-        torch.save({"seed": batch.seed, "batches": len(loader),
-                    "grads": {n: p.grad for n, p in model.named_parameters()}},
+        if hasattr(net, "sync_rows"):
+            net.sync_rows(batch.n_id)
+        torch.save({"seed": batch.seed, "batches": len(loader), "n_id": batch.n_id,
+                    "grads": {n: p.grad for n, p in model.named_parameters()},
+                    "row_sparse": hasattr(net, "sync_rows")},
                    f"{folder}/rank{rank}.pt")
     finally:
         distributed.shutdown()
 
 
-def test_two_gloo_processes_give_the_union_batch_gradients(tmp_path):
-    distributed.spawn(_ddp_worker, 2, str(tmp_path))
+# rgcn with features: plain DDP; featureless rgcn (its first layer's weight and root have a
+# row per node) and featureless gat (an embedding table): the tables by their touched rows.
+@pytest.mark.parametrize("model_name,features,tables", [
+    ("rgcn", True, ()), ("rgcn", False, ("conv1.weight", "conv1.root")),
+    ("gat", False, ("embed.weight",))])
+def test_two_gloo_processes_give_the_union_batch_gradients(tmp_path, model_name, features,
+                                                          tables):
+    distributed.spawn(_ddp_worker, 2, str(tmp_path), model_name, features)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     seeds = torch.cat([r["seed"] for r in ranks])
     assert seeds.unique().numel() == 8                     # disjoint shares of 4
     assert ranks[0]["batches"] == ranks[1]["batches"] == 2  # 16 seeds / 2 ranks / 4
+    assert all(r["row_sparse"] == bool(tables) for r in ranks)
     # One process, the union batch: the mean loss over 8 seeds is the mean of the two
     # ranks' means, so its gradient is DDP's average.
-    data = tiny_data()
-    model = tiny_model("rgcn", data)
+    data = tiny_data(features)
+    model = tiny_model(model_name, data)
+    assert set(model.node_tables()) == set(tables)
     batch = NeighborLoader(data.graph, [-1, -1], input_nodes=seeds).sample(seeds)
-    F.cross_entropy(model(data.x[batch.n_id], batch.blocks, n_id=batch.n_id),
-                    data.y[seeds]).backward()
+    x = None if data.x is None else data.x[batch.n_id]
+    F.cross_entropy(model(x, batch.blocks, n_id=batch.n_id), data.y[seeds]).backward()
     for name, p in model.named_parameters():
         for r in ranks:
             torch.testing.assert_close(r["grads"][name], p.grad, rtol=1e-4, atol=1e-6)
-    # ...and not the gradient of one rank's batch alone.
-    assert not torch.allclose(ranks[0]["grads"]["conv2.weight"],
-                              _one_rank_grad(data, ranks[0]["seed"]), rtol=1e-3)
+    if model_name == "rgcn" and features:
+        # ...and not the gradient of one rank's batch alone.
+        assert not torch.allclose(ranks[0]["grads"]["conv2.weight"],
+                                  _one_rank_grad(data, ranks[0]["seed"]), rtol=1e-3)
 
 
 def _one_rank_grad(data, seeds):
@@ -245,3 +258,13 @@ def test_hector_train_reports_each_phase_of_its_batches():
     batches = int(re.search(r"^epoch +2 .*\((\d+) batches", text, re.M).group(1))
     assert batches == -(-140 // 64)     # synthetic aifb's 140 training nodes
     assert 0.7 * result["step_time"] <= batches * sum(per.values()) / 1e3 <= result["step_time"]
+
+
+@pytest.mark.parametrize("device,capture,fused", [("cpu", False, None), ("cuda", False, True),
+                                                  ("cuda", True, None)])
+def test_the_optimizer_is_fused_on_cuda_unless_captured(device, capture, fused):
+    from hector.train.loop import make_optimizer
+    lin = torch.nn.Linear(3, 2)
+    opt = make_optimizer(lin, dict(lr=0.1, weight_decay=0.01), torch.device(device), capture)
+    assert opt.defaults["fused"] is fused and opt.defaults["capturable"] is capture
+    assert opt.defaults["lr"] == 0.1 and opt.defaults["weight_decay"] == 0.01

@@ -72,12 +72,14 @@ def sample_hop(index: SamplingIndex, dst: torch.Tensor, fanout: Union[int, torch
         perm = torch.randperm(total, generator=generator, device=dst.device)
         order = torch.sort(group[perm], stable=True)
         cand, g = perm[order.indices], order.values
-    # Rank of each candidate inside its group: its index minus the index where the group
-    # starts (a running maximum of the group-start marks).
-    i = torch.arange(total, device=dst.device)
-    starts = torch.ones(total, dtype=torch.bool, device=dst.device)
-    starts[1:] = g[1:] != g[:-1]
-    rank = i - torch.cummax(torch.where(starts, i, torch.zeros_like(i)), 0).values
+    # Rank of each candidate inside its group: its index minus the index where its group
+    # starts.  The groups come out of the sort in ascending order, each contiguous, so a
+    # destination's group starts where its candidates started before the sort (``first``);
+    # a (destination, relation) group at the first index holding its value (a binary search
+    # in the sorted groups).  Not a running maximum of the group-start marks: torch.cummax
+    # took 1.26 ms per hop on CUDA (synthetic mag, batch 1024), most of a hop's GPU time.
+    group_start = torch.searchsorted(g, g) if per_relation else first[g]
+    rank = torch.arange(total, device=dst.device) - group_start
     keep = (limit[cand] < 0) | (rank < limit[cand])
     chosen = torch.sort(cand[keep]).values      # back to CSR order: stable, readable blocks
     return index.col[pos[chosen]], seg[chosen], rel[chosen]

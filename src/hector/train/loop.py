@@ -174,6 +174,19 @@ class PhaseClock:
         return epochs[1:] or epochs, steps[1:] or steps, evals[1:] or evals
 
 
+def make_optimizer(model: torch.nn.Module, cfg: dict, device: torch.device,
+                   capture: bool = False) -> torch.optim.Adam:
+    """``hector train``'s Adam.  A captured step needs ``capturable`` (its step count lives
+    on the device).  An uncaptured step on CUDA uses the fused implementation: one kernel
+    per parameter group instead of ~10 multi-tensor passes.  On synthetic mag, RGCN's
+    featureless first layer holds 155M parameters, whose foreach Adam took 3.6 ms of the
+    GPU per mini-batch (torch.profiler, H200), on the path of the next batch's sampling,
+    which waits for the device."""
+    fused = device.type == "cuda" and not capture
+    return torch.optim.Adam(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"],
+                            capturable=capture, fused=fused or None)
+
+
 def train(args, out=None) -> dict:
     """Run one training as ``hector train`` does; print progress and the RESULT line to
     ``out`` (stdout); return the result as a dict."""
@@ -277,8 +290,7 @@ def _train(args, out=None) -> dict:
         edge_index, edge_type = model.graph_of(edge_index, edge_type, data.num_nodes), None
     # CUDA-graph capture of the full-graph step (one process, no mini-batches).
     capture = loader is None and ctx.world == 1 and _capture_wanted(args, cfg, device, out)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"],
-                           capturable=capture)
+    opt = make_optimizer(model, cfg, device, capture)
     eval_nodes = torch.cat([i for i in (train_idx, val_idx, test_idx) if i is not None])
 
     def predict():

@@ -149,6 +149,8 @@ def train_epoch(model, opt, loader, x, y, clock: Optional[BatchClock] = None,
         logits = model(x_b, batch.blocks, n_id=batch.n_id)
         loss = F.cross_entropy(logits.float(), y_b)
         loss.backward()
+        if hasattr(model, "sync_rows"):   # node tables averaged by their touched rows
+            model.sync_rows(batch.n_id)
         opt.step()
         if clock is not None:
             clock.mark()

@@ -8,7 +8,7 @@ the other models: an embedding table).
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -176,6 +176,17 @@ class Net(nn.Module):
                                          backend=backend)
         else:
             raise ValueError(f"unknown model {model!r}")
+
+    def node_tables(self) -> Dict[str, int]:
+        """Parameters with one row per graph node, by name, with their row dimension: the
+        embedding table and the featureless RGCN layer's weights.  A mini-batch reads only
+        its sampled nodes' rows of them (see ``hector.train.distributed.wrap``)."""
+        tables = {}
+        if self.embed is not None:
+            tables["embed.weight"] = 0
+        if isinstance(self.conv1, FeaturelessRGCN):
+            tables.update({"conv1.weight": 1, "conv1.root": 0})
+        return tables
 
     def graph_of(self, edge_index: torch.Tensor, edge_type: Optional[torch.Tensor],
                  num_nodes: int) -> Graph:
