@@ -254,3 +254,16 @@ def test_property_on_a_1000_node_graph(seed, hops, per_relation, batch_size, shu
         if i == 2:
             break
         check_batch(graph, batch, fanouts)
+
+
+@pytest.mark.parametrize("fanouts", [[3, 2], [{"writes": 2, "cites": 1, "in": 0,
+                                                "written_by": 3}, 2], [-1, 1], [50]])
+def test_max_nodes_bounds_every_batch(fanouts):
+    graph = hetero_graph()
+    loader = NeighborLoader(graph, fanouts, batch_size=3, shuffle=True, seed=2)
+    sizes = [batch.n_id.numel() for batch in loader]
+    assert max(sizes) <= loader.max_nodes <= graph.num_nodes
+    if fanouts == [3, 2]:
+        assert loader.max_nodes == 3 * 4 * 3
+    if fanouts[0] == -1:
+        assert loader.max_nodes == graph.num_nodes

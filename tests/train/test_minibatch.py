@@ -268,3 +268,57 @@ def test_the_optimizer_is_fused_on_cuda_unless_captured(device, capture, fused):
     opt = make_optimizer(lin, dict(lr=0.1, weight_decay=0.01), torch.device(device), capture)
     assert opt.defaults["fused"] is fused and opt.defaults["capturable"] is capture
     assert opt.defaults["lr"] == 0.1 and opt.defaults["weight_decay"] == 0.01
+
+
+class _Tables(torch.nn.Module):
+    """Two node tables (rows on dims 0 and 1) and a plain weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.zeros(100, 3))
+        self.stacked = torch.nn.Parameter(torch.zeros(2, 100, 4))
+        self.lin = torch.nn.Linear(3, 1)
+
+    def node_tables(self):
+        return {"table": 0, "stacked": 1}
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def _rank_grads(rank):
+    """Rank ``rank``'s touched rows and gradients (zero outside those rows)."""
+    g = torch.Generator().manual_seed(rank)
+    n_id = torch.randperm(100, generator=g)[:12 + 5 * rank]
+    table, stacked = torch.zeros(100, 3), torch.zeros(2, 100, 4)
+    table[n_id] = torch.randn(n_id.numel(), 3, generator=g)
+    stacked[:, n_id] = torch.randn(2, n_id.numel(), 4, generator=g)
+    return n_id, table, stacked
+
+
+def _sync_worker(rank, world, folder):
+    distributed.init(torch.device("cpu"), rank, world)
+    try:
+        model = _Tables()
+        net = distributed.wrap(model, torch.device("cpu"))
+        out = {}
+        # no bound (a host read of the union); a bound under the row count (rows padded
+        # with row 0); a bound over it (every row)
+        for max_rows in (None, 17, 60):
+            n_id, table, stacked = _rank_grads(rank)
+            model.table.grad, model.stacked.grad = table.clone(), stacked.clone()
+            net.sync_rows(n_id, max_rows)
+            out[str(max_rows)] = (model.table.grad, model.stacked.grad)
+        torch.save(out, f"{folder}/rank{rank}.pt")
+    finally:
+        distributed.shutdown()
+
+
+def test_row_sparse_sync_averages_node_tables_with_and_without_a_bound(tmp_path):
+    distributed.spawn(_sync_worker, 2, str(tmp_path))
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    (_, t0, s0), (_, t1, s1) = _rank_grads(0), _rank_grads(1)
+    for key in ("None", "17", "60"):
+        for r in ranks:
+            torch.testing.assert_close(r[key][0], (t0 + t1) / 2)
+            torch.testing.assert_close(r[key][1], (s0 + s1) / 2)

@@ -12,7 +12,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
@@ -115,14 +115,27 @@ def _row_sparse_ddp():
             for p, _ in self._tables:          # DDP's start-up broadcast skips them
                 dist.broadcast(p.data, 0)
 
-        def sync_rows(self, n_id: torch.Tensor) -> None:
+        def sync_rows(self, n_id: torch.Tensor, max_rows: Optional[int] = None) -> None:
             """Average the tables' gradients over the ranks; ``n_id``: this rank's batch's
-            global node ids (every row its forward read)."""
+            global node ids (every row its forward read); ``max_rows``: at most this many
+            ids in any rank's batch (``NeighborLoader.max_nodes``).
+
+            With ``max_rows`` the union's rows are listed without a host sync, padded to
+            ``world * max_rows`` with row 0 (a padding position carries row 0's own sum, so
+            writing it back is harmless): a host read here would wait for the slowest rank
+            every step instead of letting this rank sample its next batch meanwhile."""
             device = self._tables[0][0].device
             mask = torch.zeros(self._num_rows, dtype=torch.uint8, device=device)
             mask[n_id] = 1
             dist.all_reduce(mask, op=dist.ReduceOp.MAX)
-            rows = mask.nonzero().squeeze(1)
+            bound = (None if max_rows is None else
+                     min(self._num_rows, dist.get_world_size() * int(max_rows)))
+            if bound is None:
+                rows = mask.nonzero().squeeze(1)
+            elif bound == self._num_rows:   # the union may be every row: all of them
+                rows = torch.arange(self._num_rows, device=device)
+            else:
+                rows = torch.nonzero_static(mask, size=bound, fill_value=0).squeeze(1)
             parts = []
             for p, d in self._tables:
                 if p.grad is None:            # a table this step did not reach

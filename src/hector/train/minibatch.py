@@ -150,7 +150,7 @@ def train_epoch(model, opt, loader, x, y, clock: Optional[BatchClock] = None,
         loss = F.cross_entropy(logits.float(), y_b)
         loss.backward()
         if hasattr(model, "sync_rows"):   # node tables averaged by their touched rows
-            model.sync_rows(batch.n_id)
+            model.sync_rows(batch.n_id, getattr(loader, "max_nodes", None))
         opt.step()
         if clock is not None:
             clock.mark()
