@@ -291,6 +291,31 @@ def test_triton_runs_of_empty_rows(strategy, dropout):
     run_triton_vs_torch("all", 3, strategy, dropout=dropout, graph=g)
 
 
+def test_active_and_idle_rows_from_the_degree_statistics_without_nonzero():
+    """With the empty-row count the graph's build read, the active and idle row ids are one
+    stable sort apart (no ``nonzero``: a device sync per CSR of every new block's attention
+    graph), the same ids ``nonzero`` gives; a derived graph's cut source side too."""
+    import itertools
+
+    from hector.graph.derived import AttentionGraph
+    from hector.kernels.attention import launch as L
+    from helpers import aten_ops
+    g = graph_with_empty_runs()
+    cut = AttentionGraph(g.src, g.dst, g.num_nodes, num_src=30, num_dst=50)
+    for graph, side in itertools.product((g, cut), ("dst", "src")):
+        full = L.side_csr(graph, side)
+        want_active = (full.degrees() > 0).nonzero().squeeze(1)
+        want_idle = (full.degrees() == 0).nonzero().squeeze(1)
+        (csr, ids), ops = aten_ops(lambda: L.active_rows(graph, full,
+                                                         L.empty_rows(graph, side)))
+        idle, more = aten_ops(lambda: L.idle_rows(graph, full, L.empty_rows(graph, side)))
+        assert "aten::nonzero" not in ops + more and "aten::item" not in ops + more
+        assert torch.equal(ids.cpu(), want_active.cpu()) and torch.equal(idle.cpu(),
+                                                                         want_idle.cpu())
+        assert torch.equal(csr.ptr.cpu(), torch.cat([full.ptr[want_active],
+                                                     full.ptr[-1:]]).cpu())
+
+
 @needs_triton
 def test_triton_auto_and_partial_grads():
     """'auto' strategy and schedule, no q/k term, and only some inputs requiring grad."""
