@@ -147,12 +147,16 @@ def chunk_rows(graph, csr, chunk: int) -> torch.Tensor:
         n, e = ptr.numel() - 1, int(graph.num_edges)
         num_chunks = max(1, -(-e // chunk))
         bounds = (torch.arange(num_chunks + 1, device=ptr.device) * chunk).clamp_(max=e)
-        first = torch.searchsorted(ptr[1:].contiguous(), bounds, right=True)
-        first[0], first[-1] = 0, n
-        # The row holding the next chunk's first edge is cut (so shared) when it starts before.
-        end = first[1:] + (ptr[first[1:]] < bounds[1:]).to(torch.int64)
-        rows = torch.stack([first[:-1], end], dim=1)
-        table[key] = rows.to(graph.index_dtype).contiguous()
+        # (a 1-D slice of a contiguous pointer is contiguous; a stack's result too: no
+        # .contiguous() calls, each an aten op of every new block's first step)
+        first = torch.searchsorted(ptr[1:], bounds, right=True)
+        first[:1].zero_()           # (in place on views: no scalar lifted to a tensor)
+        first[-1:].fill_(n)
+        # The row holding the next chunk's first edge is cut (so shared) when it starts before
+        # (the comparison's bool adds as 0 or 1).
+        nxt = first[1:]
+        end = nxt + (ptr.index_select(0, nxt) < bounds[1:])
+        table[key] = torch.stack([first[:-1], end], dim=1).to(graph.index_dtype)
     return table[key]
 
 
