@@ -97,7 +97,9 @@ def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
                                        device=ix.graph.device)
             else:
                 raise ValueError(f"plan leaf {leaf.op}({dict(leaf.attrs)}) has no value")
-    if backend == "triton":       # (the traversal CSRs' row bins in one read)
+    # The traversal CSRs' row bins in one read; not while torch.compile traces (a host read
+    # there would break the graph: each CSR then reads its own inside its custom op).
+    if backend == "triton" and not torch.compiler.is_compiling():
         prepare_traversals(plan.steps, ix)
     for step, dead in zip(plan.steps, plan.last_uses if releases is None else releases):
         if step.output not in given:     # else a weight root the caller evaluated already
