@@ -109,3 +109,27 @@ def weighted_grads(m, g, in_dim: int, dev, dtype=torch.float32):
     grads = {n: p.grad.float().cpu() for n, p in m.named_parameters()}
     grads["x"] = x.grad.float().cpu()
     return out.detach().float().cpu(), grads
+
+
+def aten_ops(fn, nested: bool = False):
+    """(``fn()``, how many aten ops it ran at top level, by name): what each costs a
+    dispatcher call on the host (10-20 us a launch on CUDA), counted by torch.profiler on the
+    CPU; ops an aten op runs inside itself are not counted again (``nested``: they are, e.g.
+    the ``nonzero`` inside a boolean mask's ``index``)."""
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = fn()
+    ops = Counter()
+
+    def walk(node):
+        if node.name.startswith("aten::"):
+            ops[node.name] += 1
+            if not nested:
+                return
+        for child in node.children:
+            walk(child)
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    return out, ops

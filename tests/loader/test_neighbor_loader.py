@@ -267,3 +267,26 @@ def test_max_nodes_bounds_every_batch(fanouts):
         assert loader.max_nodes == 3 * 4 * 3
     if fanouts[0] == -1:
         assert loader.max_nodes == graph.num_nodes
+
+
+@pytest.mark.parametrize("hetero", [False, True])
+def test_a_batch_reads_the_device_once_per_hop_and_once_per_block(hetero):
+    """With one fan-out for all relations, a hop's one read sizes its candidates and counts
+    the edges it keeps (no nonzero for the kept ones); seeds of one node type need no read
+    of their type pointers.  Per batch of two hops: two sampler reads, two block builds and
+    the relabelling's two ``unique`` (nine device syncs before on CUDA)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from helpers import aten_ops, host_reads
+    graph = hetero_graph() if hetero else random_graph()
+    seeds = "paper" if hetero else None
+    loader = NeighborLoader(graph, [3, 2], input_nodes=seeds, batch_size=8, shuffle=True,
+                            seed=0)
+    it = iter(loader)
+    with host_reads(functions=("unique",)) as seen:
+        batch, ops = aten_ops(lambda: next(it), nested=True)
+    assert ops["aten::nonzero"] == 0     # (inside a boolean mask's index too)
+    where = Counter(c.split("/hector/")[-1].split(":")[0] for _, _, c in seen)
+    assert where == {"loader/sampler.py": 4, "graph/graph.py": 2}, where   # 2 of them unique
+    check_batch(graph, batch, [3, 2])

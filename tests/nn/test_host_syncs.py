@@ -125,3 +125,43 @@ def test_attention_layers_steady_state_reads_no_device_values(make, backend):
             with torch.no_grad():
                 layer(x, ei)
     _check_steady_state(call, lambda: [])
+
+
+
+def _row_bins_reads(seen):
+    """The reads of traversal row bins among ``seen``: a CSR's own on its first launch
+    (``schedule.row_bins``), or a plan's for all its CSRs (``csr.resolve_layouts``)."""
+    import inspect
+
+    from hector.kernels.traversal import csr
+    resolve = range(0)
+    if hasattr(csr, "resolve_layouts"):
+        lines, first = inspect.getsourcelines(csr.resolve_layouts)
+        resolve = range(first, first + len(lines))
+    return [c for _, _, c in seen if "/kernels/traversal/schedule.py" in c or (
+        "/kernels/traversal/csr.py" in c and int(c.rsplit(":", 1)[1]) in resolve)]
+
+
+def test_a_new_blocks_traversal_row_bins_are_one_read_per_plan():
+    """A plan's traversal CSRs get their row bins in one read before the first launches
+    (each read its own on its first launch before: RGCN's forward on a mini-batch block two
+    a layer, the mean per (destination, relation) and the sum over relations, a device sync
+    each on CUDA): one read for the forward plan, one for the backward."""
+    from hector.compiler.steps_torch import GraphIndex
+    from hector.loader import NeighborLoader
+    torch.manual_seed(0)
+    ei, et = random_relational(num_nodes=60, num_edges=400)
+    dev = device_for("triton")
+    g = hector.Graph(ei.to(dev), edge_type=et.to(dev), num_nodes=60, num_relations=4)
+    block = next(iter(NeighborLoader(g, [5], batch_size=16, seed=0))).blocks[0]
+    layer = RGCNConv(16, 8, 4, backend="triton").to(dev)
+    x = torch.randn(block.num_nodes, 16, device=dev, requires_grad=True)
+    with host_reads() as seen:
+        out = layer(x, block)
+    fwd = _row_bins_reads(seen)
+    with host_reads() as seen:
+        out.square().sum().backward()
+    bwd = _row_bins_reads(seen)
+    assert len(fwd) == 1 and len(bwd) <= 1, (fwd, bwd)
+    bins = [m.bins for k, m in GraphIndex.of(block).memo.items() if k[0] == "traversal_csr"]
+    assert len(bins) >= 2 and all(b is not None for b in bins)

@@ -27,8 +27,8 @@ from .ir import Op, Value, toposort
 from .plan import Plan, Step
 from .lower import extra_cols, gemm_addend, gemm_parts
 from .steps_torch import GraphIndex, attention_torch_lse, eval_body, eval_op, extra_product
-from .steps_triton import (run_attention, run_attention_bwd, run_gemm, run_traversal, run_wgrad,
-                           run_wsum)
+from .steps_triton import (prepare_traversals, run_attention, run_attention_bwd, run_gemm,
+                           run_traversal, run_wgrad, run_wsum)
 
 
 def triton_step(step: Step) -> bool:
@@ -97,6 +97,10 @@ def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
                                        device=ix.graph.device)
             else:
                 raise ValueError(f"plan leaf {leaf.op}({dict(leaf.attrs)}) has no value")
+    # The traversal CSRs' row bins in one read; not while torch.compile traces (a host read
+    # there would break the graph: each CSR then reads its own inside its custom op).
+    if backend == "triton" and not torch.compiler.is_compiling():
+        prepare_traversals(plan.steps, ix)
     for step, dead in zip(plan.steps, plan.last_uses if releases is None else releases):
         if step.output not in given:     # else a weight root the caller evaluated already
             args = [env[i] for i in step.inputs]

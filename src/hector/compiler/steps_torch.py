@@ -11,7 +11,8 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-from ..graph.build import counts_of, counts_to_ptr, sort_key, sorted_ptr, take_rows
+from ..graph.build import (counts_of, counts_to_ptr, host_constant, sort_key, sorted_ptr,
+                           take_rows)
 from ..kernels.activations import gelu_grad
 from ..kernels.traversal.reference import edge_softmax_torch
 from .ir import (CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, attention_roles, place_tiles,
@@ -59,8 +60,8 @@ class GraphIndex:
                 raise ValueError("this plan re-slices a per-node-type weight per relation, but "
                                  "the graph has a relation whose sources have several node "
                                  "types (compile for this graph's statistics)")
-            self.memo["relation_source_type"] = torch.tensor(
-                types, dtype=torch.int64).to(self.graph.device)
+            # (shared by every graph of the schema: no copy, no stream wait per block)
+            self.memo["relation_source_type"] = host_constant(tuple(types), self.graph.device)
         return self.memo["relation_source_type"]
 
     def move(self, one: str, many: str, end: str) -> torch.Tensor:

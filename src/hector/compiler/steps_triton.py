@@ -41,7 +41,7 @@ from ..kernels.segment_mm.launch import (segment_mm_wgrad_csr_op, segment_mm_wgr
                                          segment_mm_wgrad_sums_op, segment_sums)
 from ..kernels.segment_mm.op import segment_mm, segment_mm_csr, segment_mm_csr_scatter
 from ..kernels.traversal.csr import (WeightedCSR, compose, from_groups, narrow_cols,
-                                      one_per_row, scaled)
+                                      one_per_row, resolve_layouts, scaled)
 from ..kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
 from . import ir
 from .ir import (CDST, CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_of_bwd, attention_roles,
@@ -435,6 +435,26 @@ def _reversed_chain(movements: tuple) -> tuple:
             ("gather", "mean"): ("scatter", "mean"), ("scatter", "mean"): ("gather", "mean")}
     return tuple(flip[(op, how)][:1] + (one, many, end) + flip[(op, how)][1:]
                  for op, one, many, end, how in reversed(movements))
+
+
+def prepare_traversals(steps, ix: GraphIndex) -> None:
+    """Build the weighted CSRs of every movement-and-addition traversal among ``steps`` (a
+    plan's, in order) and find all their row bins with one host read, before any runs: each
+    CSR read its own on its first launch, a device sync each on CUDA (RGCN's forward launches
+    two per layer, the mean per (destination, relation) and the sum over relations).  Once
+    per (plan, graph): a later call finds the CSRs memoised and their bins set."""
+    key = ("traversals_prepared", id(steps))
+    if key in ix.memo:
+        return
+    ix.memo[key] = True
+    csrs = []
+    for step in steps:
+        spec = step.spec
+        if step.template != "traversal" or spec.kernel is None or spec.edgewise is not None \
+                or spec.softmax is not None:
+            continue
+        csrs += [movement_csr(ix, movements, coef) for _, movements, coef in spec.linear.sources]
+    resolve_layouts(csrs)
 
 
 def run_traversal(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:

@@ -3,8 +3,9 @@ over nodes or edges.  Everything runs on the device of its inputs and works in i
 ``Graph`` narrows the results to its index dtype at the end."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -16,6 +17,15 @@ INT32_LIMIT = 2 ** 31 - 1
 def index_dtype(num_nodes: int, num_edges: int) -> torch.dtype:
     """int32 indices where every id and pointer fits (half the bytes, faster gathers)."""
     return torch.int32 if max(num_nodes, num_edges) < INT32_LIMIT else torch.int64
+
+
+@functools.lru_cache(maxsize=64)
+def host_constant(values: Tuple, device: torch.device) -> torch.Tensor:
+    """``torch.tensor(values, dtype=int64, device=device)``, made once per (values, device) and
+    shared (never write into it): a host-to-device copy from pageable memory waits for the
+    stream, and every mini-batch block asking for the same small table (a schema's relation
+    endpoint types, each relation's source type) would pay that wait and ~5 aten ops."""
+    return torch.tensor(values, dtype=torch.int64, device=device)
 
 
 def counts_to_ptr(counts: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,6 @@ every layer and kernel reads.  Built once per graph with vectorised torch ops; v
 at build time, so the hot path never re-checks ids."""
 from __future__ import annotations
 
-import functools
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -431,13 +430,6 @@ def _check_names(names, name: str, expected: int, expected_name: str) -> None:
         raise ValueError(f"{name} has {len(names)} entries but {expected_name}={expected}")
 
 
-@functools.lru_cache(maxsize=64)
-def _endpoint_table(pairs: Tuple[Tuple[int, int], ...], device: torch.device) -> torch.Tensor:
-    """``[R, 2]`` (source type, destination type) of each relation on ``device``, kept: a
-    host-to-device copy waits for the stream (a sync every mini-batch block would pay)."""
-    return torch.tensor(pairs, dtype=torch.int64, device=device)
-
-
 def _check_endpoint_types(src, dst, etype, ntype, node_type_names: List[str],
                           relation_names: Sequence[EdgeTypeName], check_ids: bool = True) -> None:
     """Each edge of relation (s, r, d) must leave a node of type s and enter one of type d
@@ -451,7 +443,7 @@ def _check_endpoint_types(src, dst, etype, ntype, node_type_names: List[str],
     if ntype is None or src.numel() == 0 or not check_ids:
         return
     pairs = tuple((index[s], index[d]) for s, _, d in relation_names)
-    want = _endpoint_table(pairs, src.device)[etype]
+    want = build.host_constant(pairs, src.device)[etype]      # [R, 2], kept per device
     bad = (ntype[src] != want[:, 0]) | (ntype[dst] != want[:, 1])
     if bool(bad.any()):
         e = int(bad.nonzero()[0, 0])

@@ -93,14 +93,18 @@ class DegreeStats:
 
     @staticmethod
     def parts(degrees: torch.Tensor, super_threshold: int) -> List[torch.Tensor]:
-        """The 0-d float64 device tensors a :class:`DegreeStats` of ``degrees`` is made of
-        (none for an empty array), for a caller that reads them with other values at once."""
+        """The 0-d device tensors a :class:`DegreeStats` of ``degrees`` is made of (none for
+        an empty array; float64 and int64, which ``torch.stack`` / ``cat`` promote to
+        float64, exact below 2^53), for a caller that reads them with other values at once.
+        Seven ops (ten before: two compare-sum-cast triples for the isolated and super
+        counts; on CUDA count_nonzero is two kernels, so eight launches against ten):
+        every mini-batch block and derived attention graph runs them twice."""
         if not degrees.numel():
             return []
         d = degrees.to(torch.float64)
-        return [d.mean(), d.std(unbiased=False), d.max(),
-                (degrees == 0).sum().to(torch.float64),
-                (degrees >= super_threshold).sum().to(torch.float64)]
+        # (the isolated count is the array's length less its nonzero count)
+        return [d.mean(), d.std(unbiased=False), degrees.max(), torch.count_nonzero(degrees),
+                (degrees >= super_threshold).sum()]
 
     @staticmethod
     def from_values(degree_arrays: List[torch.Tensor], values: List[float],
@@ -111,7 +115,7 @@ class DegreeStats:
             if degrees.numel() == 0:
                 out.append(DegreeStats(0, 0.0, 0.0, 0, 0, super_threshold))
                 continue
-            (mean, std, mx, iso, sup), values = values[:5], values[5:]
-            out.append(DegreeStats(int(mx), mean, std / mean if mean > 0 else 0.0, int(iso),
-                                   int(sup), super_threshold))
+            (mean, std, mx, nonzero, sup), values = values[:5], values[5:]
+            out.append(DegreeStats(int(mx), mean, std / mean if mean > 0 else 0.0,
+                                   degrees.numel() - int(nonzero), int(sup), super_threshold))
         return out

@@ -137,6 +137,19 @@ class NeighborLoader:
         self.generator = torch.Generator(device=graph.device)
         self.generator.manual_seed(seed + 7919 * part)
         self.node_type_ptr = list(graph.host_ptr["node"])
+        self.seed_type = self._only_seed_type()
+
+    def _only_seed_type(self) -> Optional[int]:
+        """The node type of every seed when they share one (read once, here), else None: a
+        batch's destination type pointers are then known without a read (a device sync per
+        batch on CUDA)."""
+        if self.graph.num_node_types == 1:
+            return 0
+        if not self.seeds.numel():
+            return None
+        types = self.index.node_type[self.seeds]
+        lo, hi = torch.stack([types.min(), types.max()]).tolist()
+        return lo if lo == hi else None
 
     # -- argument parsing -----------------------------------------------------------------
     def _fanout(self, f, hop: int) -> Union[int, torch.Tensor]:
@@ -218,17 +231,22 @@ class NeighborLoader:
         seeds = self._part_seeds()
         for b in range(len(self)):
             chunk = seeds[b * self.batch_size:(b + 1) * self.batch_size]
-            if self.graph.num_node_types > 1:
-                chunk = chunk[torch.sort(self.index.node_type[chunk], stable=True).indices]
+            if self.seed_type is not None:     # every seed of one type: ordered already
+                t, n = self.seed_type, chunk.numel()
+                yield self.sample(chunk, [0] * (t + 1) + [n] * (self.graph.num_node_types - t))
+                continue
+            chunk = chunk[torch.sort(self.index.node_type[chunk], stable=True).indices]
             yield self.sample(chunk)
 
-    def sample(self, seeds: torch.Tensor) -> Batch:
-        """The batch of these seeds (global ids, ordered by node type)."""
+    def sample(self, seeds: torch.Tensor, seed_type_ptr: Optional[List[int]] = None) -> Batch:
+        """The batch of these seeds (global ids, ordered by node type); ``seed_type_ptr``:
+        their type pointers, when the caller knows them (else one read)."""
         g, blocks, node_ids = self.graph, [], []
         dst = seeds
         # Destinations per node type: the seeds' counted once (one read), every later hop's
         # are the previous block's sources, whose type pointers its build has read.
-        dst_ptr = build.type_ptr(self.index.node_type[dst], g.num_node_types)[0].tolist()
+        dst_ptr = seed_type_ptr if seed_type_ptr is not None else build.type_ptr(
+            self.index.node_type[dst], g.num_node_types)[0].tolist()
         for fanout in self.fanouts:
             src, dst_pos, rel = sample_hop(self.index, dst, fanout, self.generator)
             nodes, dst_local, src_local = relabel(self.index, dst, src)

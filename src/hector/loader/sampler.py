@@ -52,17 +52,22 @@ def sample_hop(index: SamplingIndex, dst: torch.Tensor, fanout: Union[int, torch
     """
     start = index.ptr[dst]
     deg = index.ptr[dst + 1] - start
-    total = int(deg.sum())                      # host sync: the size of every array below
+    per_relation = isinstance(fanout, torch.Tensor)
+    # Host sync: the size of every array below, and with one fan-out for all relations the
+    # number of edges kept (min(degree, fanout) per destination) in the same read, so the
+    # kept candidates need no nonzero (a second sync per hop on CUDA).
+    if per_relation or fanout < 0:
+        total, kept = int(deg.sum()), None
+    else:
+        total, kept = torch.stack([deg.sum(), deg.clamp(max=fanout).sum()]).tolist()
     seg = torch.repeat_interleave(torch.arange(dst.numel(), device=dst.device), deg,
                                   output_size=total)
     first = torch.cumsum(deg, 0) - deg          # where each destination's candidates start
     pos = start[seg] + torch.arange(total, device=dst.device) - first[seg]
     rel = index.rel[pos]
-    per_relation = isinstance(fanout, torch.Tensor)
     if all(f < 0 for f in (fanout.tolist() if per_relation else [fanout])):
         return index.col[pos], seg, rel
     group = seg * index.num_relations + rel if per_relation else seg
-    limit = fanout[rel] if per_relation else torch.full_like(rel, fanout)
     if dst.numel() * index.num_relations < _KEY_GROUPS:
         key = group * _KEY_RANGE + torch.randint(0, _KEY_RANGE, (total,), generator=generator,
                                                  device=dst.device)
@@ -80,8 +85,13 @@ def sample_hop(index: SamplingIndex, dst: torch.Tensor, fanout: Union[int, torch
     # took 1.26 ms per hop on CUDA (synthetic mag, batch 1024), most of a hop's GPU time.
     group_start = torch.searchsorted(g, g) if per_relation else first[g]
     rank = torch.arange(total, device=dst.device) - group_start
-    keep = (limit[cand] < 0) | (rank < limit[cand])
-    chosen = torch.sort(cand[keep]).values      # back to CSR order: stable, readable blocks
+    if kept is None:
+        limit = fanout[rel[cand]]
+        chosen = torch.sort(cand[(limit < 0) | (rank < limit)]).values
+    else:
+        # The kept candidates sorted back to CSR order (stable, readable blocks): those left
+        # out sort last as ``total`` (past every position), and their count is known.
+        chosen = torch.sort(torch.where(rank < fanout, cand, total)).values[:kept]
     return index.col[pos[chosen]], seg[chosen], rel[chosen]
 
 

@@ -1,6 +1,7 @@
 """``hector.kernels.attention.op.edge_attention``: the torch backend against a naive per-row
 loop in float64, the Triton kernels (both schedules) against the torch backend, input
 validation, and the semantics against PyG's GATConv / AGNNConv / TransformerConv."""
+import itertools
 import math
 import os
 import warnings
@@ -289,6 +290,54 @@ def test_triton_runs_of_empty_rows(strategy, dropout):
         assert sel is not None and compressed.ptr.numel() == sel.numel() + 1
         assert bool((csr.degrees()[sel] > 0).all())
     run_triton_vs_torch("all", 3, strategy, dropout=dropout, graph=g)
+
+
+def test_chunk_rows_in_18_ops_equal_the_searched_rows():
+    """Each edge chunk's (first row, end row): the rows holding its first and last edge
+    (edgeless rows on a boundary go to the chunk before), in 18 aten ops (22 before: two
+    scalars lifted to tensors and copied, a cast of the comparison); every new block's
+    attention graph builds two per layer and direction."""
+    from hector.kernels.attention import launch as L
+    from helpers import aten_ops
+    gen = torch.Generator().manual_seed(0)
+    for e in (0, 1, 7, 300):
+        dst = torch.sort(torch.randint(5, 45, (e,), generator=gen)).values
+        g = Graph(torch.stack([torch.randint(0, 50, (e,), generator=gen), dst]), num_nodes=50)
+        for csr, chunk in itertools.product((g.csr_in, g.csr_out), (1, 3, 16)):
+            rows, ops = aten_ops(lambda: L.chunk_rows(g, csr, chunk))
+            assert sum(ops.values()) <= 18, ops
+            ptr = csr.ptr.long()
+            for c, (lo, hi) in enumerate(rows.tolist()):
+                a, b = min(c * chunk, e), min((c + 1) * chunk, e)
+                want_lo = 0 if c == 0 else int((ptr[1:] <= a).sum())
+                want_hi = 50 if b == e else int((ptr[1:] <= b).sum()) + int(
+                    ptr[int((ptr[1:] <= b).sum())] < b)
+                assert (lo, hi) == (want_lo, want_hi), (e, chunk, c)
+
+
+def test_active_and_idle_rows_from_the_degree_statistics_without_nonzero():
+    """With the empty-row count the graph's build read, the active and idle row ids are one
+    stable sort apart (no ``nonzero``: a device sync per CSR of every new block's attention
+    graph), the same ids ``nonzero`` gives; a derived graph's cut source side too."""
+    import itertools
+
+    from hector.graph.derived import AttentionGraph
+    from hector.kernels.attention import launch as L
+    from helpers import aten_ops
+    g = graph_with_empty_runs()
+    cut = AttentionGraph(g.src, g.dst, g.num_nodes, num_src=30, num_dst=50)
+    for graph, side in itertools.product((g, cut), ("dst", "src")):
+        full = L.side_csr(graph, side)
+        want_active = (full.degrees() > 0).nonzero().squeeze(1)
+        want_idle = (full.degrees() == 0).nonzero().squeeze(1)
+        (csr, ids), ops = aten_ops(lambda: L.active_rows(graph, full,
+                                                         L.empty_rows(graph, side)))
+        idle, more = aten_ops(lambda: L.idle_rows(graph, full, L.empty_rows(graph, side)))
+        assert "aten::nonzero" not in ops + more and "aten::item" not in ops + more
+        assert torch.equal(ids.cpu(), want_active.cpu()) and torch.equal(idle.cpu(),
+                                                                         want_idle.cpu())
+        assert torch.equal(csr.ptr.cpu(), torch.cat([full.ptr[want_active],
+                                                     full.ptr[-1:]]).cpu())
 
 
 @needs_triton

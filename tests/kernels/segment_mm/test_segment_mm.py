@@ -20,6 +20,7 @@ from hector.kernels.segment_mm.spec import (PROLOGUES, GemmSchedule, GemmSpec, d
                                            tune_configs)
 from hector.kernels.segment_mm.launch import tile_map
 from hector.kernels.sizes import next_pow2
+from helpers import aten_ops
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TRITON_OK = DEVICE.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -226,6 +227,17 @@ def test_tile_map_covers_every_row_once(lengths, block):
         assert bounds[seg] <= lo < hi <= bounds[seg + 1] and hi - lo <= block
         covered[lo:hi] += 1
     assert bool((covered == 1).all())
+
+
+def test_tile_map_runs_no_torch_op_on_cpu():
+    """The table is built with numpy: a new mini-batch block builds 4-10 maps per step, and
+    the torch version ran ~22 aten ops each (55-135 of a block's first step)."""
+    bounds = (0, 7, 7, 52, 55, 1001)      # a layout no other test uses (not cached yet)
+    got, ops = aten_ops(lambda: tile_map(bounds, 16, torch.device("cpu")))
+    assert sum(ops.values()) <= 2, ops      # from_numpy (lift_fresh), the no-op .to(device)
+    assert got.dtype == torch.int32 and got.tolist()[:5] == [
+        [0, 0, 7], [2, 7, 23], [2, 23, 39], [2, 39, 52], [3, 52, 55]]
+    assert got.tolist()[-1] == [4, 999, 1001] and got.shape == (1 + 3 + 1 + 60, 3)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (pinned async copy)")

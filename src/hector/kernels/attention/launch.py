@@ -147,18 +147,24 @@ def chunk_rows(graph, csr, chunk: int) -> torch.Tensor:
         n, e = ptr.numel() - 1, int(graph.num_edges)
         num_chunks = max(1, -(-e // chunk))
         bounds = (torch.arange(num_chunks + 1, device=ptr.device) * chunk).clamp_(max=e)
-        first = torch.searchsorted(ptr[1:].contiguous(), bounds, right=True)
-        first[0], first[-1] = 0, n
-        # The row holding the next chunk's first edge is cut (so shared) when it starts before.
-        end = first[1:] + (ptr[first[1:]] < bounds[1:]).to(torch.int64)
-        rows = torch.stack([first[:-1], end], dim=1)
-        table[key] = rows.to(graph.index_dtype).contiguous()
+        # (a 1-D slice of a contiguous pointer is contiguous; a stack's result too: no
+        # .contiguous() calls, each an aten op of every new block's first step)
+        first = torch.searchsorted(ptr[1:], bounds, right=True)
+        first[:1].zero_()           # (in place on views: no scalar lifted to a tensor)
+        first[-1:].fill_(n)
+        # The row holding the next chunk's first edge is cut (so shared) when it starts before
+        # (the comparison's bool adds as 0 or 1).
+        nxt = first[1:]
+        end = nxt + (ptr.index_select(0, nxt) < bounds[1:])
+        table[key] = torch.stack([first[:-1], end], dim=1).to(graph.index_dtype)
     return table[key]
 
 
-def active_rows(graph, csr) -> Tuple["CSR", torch.Tensor]:
+def active_rows(graph, csr, num_empty: Optional[int] = None) -> Tuple["CSR", torch.Tensor]:
     """The rows of ``csr`` that hold edges, as a compressed CSR, and their ids (every row's
-    id when all hold edges).
+    id when all hold edges).  ``num_empty``: how many rows hold none, when the host knows
+    (:func:`empty_rows`), so no ``nonzero`` reads the count back (a device sync per CSR of
+    every new mini-batch block's attention graph).
 
     The edge-parallel schedule hands each run of edgeless rows to one program, which walks it
     serially: 620K such rows (the derived graph of compiled RGAT on fb15k) cost 125 ms, and
@@ -169,9 +175,12 @@ def active_rows(graph, csr) -> Tuple["CSR", torch.Tensor]:
     table = _chunk_tables.setdefault(graph, {})
     key = ("active", id(csr))
     if key not in table:
-        deg = csr.ptr[1:] - csr.ptr[:-1]
-        nz = (deg > 0).nonzero().squeeze(1)
-        if nz.numel() == deg.numel():
+        rows = csr.ptr.numel() - 1
+        if num_empty is None:
+            nz = (csr.ptr[1:] > csr.ptr[:-1]).nonzero().squeeze(1)
+        else:
+            nz = _rows_by_use(graph, csr, num_empty)[:rows - num_empty]
+        if nz.numel() == rows:
             table[key] = (csr, nz)
         else:
             ptr = torch.cat([csr.ptr[nz], csr.ptr[-1:]]).contiguous()
@@ -179,23 +188,50 @@ def active_rows(graph, csr) -> Tuple["CSR", torch.Tensor]:
     return table[key]
 
 
-def idle_rows(graph, csr) -> torch.Tensor:
+def idle_rows(graph, csr, num_empty: Optional[int] = None) -> torch.Tensor:
     """The ids of the rows of ``csr`` without edges (what :func:`active_rows` leaves out),
-    cached per (graph, csr)."""
+    cached per (graph, csr); ``num_empty`` as there."""
     table = _chunk_tables.setdefault(graph, {})
     key = ("idle", id(csr))
     if key not in table:
-        table[key] = (csr.ptr[1:] == csr.ptr[:-1]).nonzero().squeeze(1)
+        if num_empty is None:
+            table[key] = (csr.ptr[1:] == csr.ptr[:-1]).nonzero().squeeze(1)
+        else:
+            rows = csr.ptr.numel() - 1
+            table[key] = _rows_by_use(graph, csr, num_empty)[rows - num_empty:]
     return table[key]
 
 
-def _rows_of(graph, csr, sched: Schedule):
-    """(csr to traverse, data row of each of its rows, its number of rows) for one traversal;
-    node-parallel traverses every row in place (the ids are then unused: ``csr.ptr`` stands
-    in)."""
+def _rows_by_use(graph, csr, num_empty: int) -> torch.Tensor:
+    """Every row id of ``csr``: those with edges ascending, then those without ascending (a
+    stable sort of the empty flag; the host knows where the two parts meet), the same ids
+    ``nonzero`` gives each part; shared by :func:`active_rows` and :func:`idle_rows`."""
+    table = _chunk_tables.setdefault(graph, {})
+    key = ("by_use", id(csr))
+    if key not in table:
+        if num_empty == 0:
+            table[key] = torch.arange(csr.ptr.numel() - 1, device=csr.ptr.device)
+        else:
+            empty = (csr.ptr[1:] == csr.ptr[:-1]).to(torch.uint8)
+            table[key] = torch.sort(empty, stable=True).indices
+    return table[key]
+
+
+def empty_rows(graph, side: str) -> int:
+    """How many rows of :func:`side_csr` hold no edge, from the degree statistics the graph's
+    build read (no device read): the rows past the cut hold none, so all the graph's rows
+    with edges lie in it."""
+    stats = graph.in_degree if side == "dst" else graph.out_degree
+    return side_rows(graph, side) - (graph.num_nodes - stats.num_isolated)
+
+
+def _rows_of(graph, csr, sched: Schedule, side: str):
+    """(csr to traverse, data row of each of its rows, its number of rows) for one traversal
+    of ``side``'s rows; node-parallel traverses every row in place (the ids are then unused:
+    ``csr.ptr`` stands in)."""
     if sched.strategy != "edge":
         return csr, csr.ptr, csr.ptr.numel() - 1
-    csr, ids = active_rows(graph, csr)
+    csr, ids = active_rows(graph, csr, empty_rows(graph, side))
     return csr, ids, (csr.ptr.numel() - 1)
 
 
@@ -423,14 +459,14 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
     n = side_rows(graph, "dst")
     sched = plan.dst
     full = side_csr(graph, "dst")
-    csr, row_ids, n_rows = _rows_of(graph, full, sched)
+    csr, row_ids, n_rows = _rows_of(graph, full, sched, "dst")
     skips = csr is not full                    # edgeless rows left out (edge-parallel)
     out = torch.empty((n, heads, dim_v), dtype=v.dtype, device=v.device)
     if skips:
         # The rows the kernels skip hold the bias alone, or zeros: written there only (for a
         # 1.94M x 64 fp32 output, 1.13M rows skipped, on the H200: a full-height zero fill
         # took 0.1 ms, a broadcast copy of the bias 0.29 ms, an index_put 0.27).
-        fill_rows(idle_rows(graph, full), out.new_zeros(heads * dim_v) if bias is None
+        fill_rows(idle_rows(graph, full, empty_rows(graph, "dst")), out.new_zeros(heads * dim_v) if bias is None
                   else bias.reshape(-1), out.view(n, heads * dim_v))
     lse = _rows_out(skips, (n, heads), dtype=torch.float32, device=v.device)
     grid, rows, nchunks = _traversal(graph, csr, sched, heads)
@@ -515,7 +551,7 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         # written) per row; k, v, a_src per edge through the column ids.
         sched = plan.dst
         full = side_csr(graph, "dst")
-        csr, row_ids, n_rows = _rows_of(graph, full, sched)
+        csr, row_ids, n_rows = _rows_of(graph, full, sched, "dst")
         skips = csr is not full
         tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse),
                    _or(dst_index, lse), dout, lse, delta)
@@ -548,7 +584,7 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         # q, a_dst, dout, lse, delta per edge through the column ids (destinations).
         sched = plan.src
         full = side_csr(graph, "src")
-        csr, row_ids, n_rows = _rows_of(graph, full, sched)
+        csr, row_ids, n_rows = _rows_of(graph, full, sched, "src")
         skips = csr is not full
         tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse),
                    _or(dst_index, lse), dout, lse, delta)

@@ -10,7 +10,7 @@ row), and no edge-sized intermediate is ever formed at run time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -54,6 +54,20 @@ class WeightedCSR:
     def to_sparse(self) -> torch.Tensor:
         return torch.sparse_coo_tensor(torch.stack([self.row_ids(), self.col.long()]), self.val,
                                        (self.rows, self.cols), check_invariants=True).coalesce()
+
+
+def resolve_layouts(csrs: Sequence[WeightedCSR]) -> None:
+    """Give every CSR of ``csrs`` without row bins its bins, with ONE host read for all
+    (:attr:`WeightedCSR.layout` reads once per CSR, a device sync each on CUDA): what a plan
+    calls with the CSRs its traversal steps will launch, before the first of them runs."""
+    todo = list({id(m): m for m in csrs if m.bins is None}.values())
+    pending = [PendingBins.of(m.ptr) for m in todo]
+    facts = [p.facts for p in pending if p.facts is not None]
+    values = torch.cat(facts).tolist() if facts else []
+    for m, p in zip(todo, pending):
+        n = 0 if p.facts is None else p.facts.numel()
+        object.__setattr__(m, "bins", p.finish(values[:n]))
+        values = values[n:]
 
 
 def from_coo(row: torch.Tensor, col: torch.Tensor, val: Optional[torch.Tensor],

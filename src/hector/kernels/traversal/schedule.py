@@ -73,32 +73,31 @@ class PendingBins:
     ptr: torch.Tensor
     counts: torch.Tensor
     is_short: torch.Tensor
-    per_row: torch.Tensor
     facts: Optional[torch.Tensor]
     chunk: Optional[int]
 
     @staticmethod
     def of(ptr: torch.Tensor, short_max: int = SHORT_MAX,
            chunk: Optional[int] = CHUNK) -> "PendingBins":
-        counts = ptr[1:] - ptr[:-1]
+        counts = torch.diff(ptr)
         is_short = counts <= short_max
-        per_row = (counts + chunk - 1) // chunk if chunk is not None else counts
         if counts.numel() == 0:
-            return PendingBins(ptr, counts, is_short, per_row, None, chunk)
-        zero = counts.new_zeros(())
+            return PendingBins(ptr, counts, is_short, None, chunk)
         # Every host fact in one read (each read is a device sync on CUDA, paid per CSR of
         # every new mini-batch block): the short count, the short rows' longest, the long
-        # rows' total and longest, and how many chunks the long rows make.
+        # rows' total and longest, and how many chunks the long rows make.  Twelve ops (17
+        # before): each long row's length (0 for a short one) serves the long total, the
+        # short rows' lengths (what it leaves) and the chunk count (a short row makes none).
+        long_len = counts.masked_fill(is_short, 0)
+        total = long_len.sum()
         facts = torch.stack([
-            is_short.sum(), torch.where(is_short, counts, zero).max(),
-            torch.where(is_short, zero, counts).sum(), counts.max(),
-            torch.where(is_short, zero, per_row).sum()])
-        return PendingBins(ptr, counts, is_short, per_row, facts, chunk)
+            is_short.sum(), (counts - long_len).max(), total, counts.max(),
+            ((long_len + (chunk - 1)) // chunk).sum() if chunk is not None else total])
+        return PendingBins(ptr, counts, is_short, facts, chunk)
 
     def finish(self, facts: list) -> RowBins:
         """The bins, given the host values of ``facts`` (empty for no rows)."""
-        ptr, counts, is_short, per_row, chunk = (self.ptr, self.counts, self.is_short,
-                                                 self.per_row, self.chunk)
+        ptr, counts, is_short, chunk = self.ptr, self.counts, self.is_short, self.chunk
         rows = counts.numel()
         if rows == 0:
             return RowBins(0, 0, None, None, 0, 0.0)
@@ -111,7 +110,7 @@ class PendingBins:
         short_ids, long_ids = by_bin[:num_short], by_bin[num_short:]
         starts = ends = chunk_of = None
         if chunk is not None and longest > chunk:
-            per_row = per_row.index_select(0, long_ids)
+            per_row = (counts.index_select(0, long_ids) + (chunk - 1)) // chunk
             chunk_of = torch.zeros(num_long + 1, dtype=torch.int64, device=ptr.device)
             torch.cumsum(per_row, 0, out=chunk_of[1:])
             owner = torch.repeat_interleave(torch.arange(num_long, device=ptr.device),
