@@ -13,7 +13,6 @@ from ..graph import Graph, build
 from ..graph.block import mark_block
 from .prefetch import prefetched
 from .sampler import SamplingIndex, relabel, sample_hop
-from .side_stream import on_side_stream
 
 
 @dataclass
@@ -92,11 +91,6 @@ class NeighborLoader:
             graph's device and its default stream.  On an H200 ``prefetch=2`` made epochs of
             synthetic mag (fan-out 25,20, batch 1024) 10-17% shorter, but small Python-bound
             batches slower (both threads queue for the GIL): measure before turning it on.
-        sample_stream: sample on a CUDA stream of the loader's own, so that sampling's host
-            reads wait for its own kernels only, not for the training step's tail (see
-            :mod:`hector.loader.side_stream`); each batch is handed to the stream current
-            when the iteration started.  Default (None): on for a CUDA graph without
-            ``prefetch``.
 
     Sampling runs on the graph's device; move the graph first (``graph.to('cuda')``).
     """
@@ -104,7 +98,7 @@ class NeighborLoader:
     def __init__(self, graph: Graph, num_neighbors: Sequence, input_nodes=None,
                  batch_size: int = 1, shuffle: bool = False, seed: Optional[int] = None,
                  drop_last: bool = False, num_parts: int = 1, part: int = 0,
-                 prefetch: int = 0, sample_stream: Optional[bool] = None):
+                 prefetch: int = 0):
         if not isinstance(graph, Graph):
             raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
         if graph.num_node_types > 1 and not graph.node_types_contiguous:
@@ -120,14 +114,6 @@ class NeighborLoader:
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self.num_parts, self.part = num_parts, part
         self.prefetch = C.check_count(prefetch, "prefetch")
-        if sample_stream is not None and not isinstance(sample_stream, bool):
-            raise TypeError(f"sample_stream must be a bool or None, got {sample_stream!r}")
-        if sample_stream and (graph.device.type != "cuda" or self.prefetch):
-            raise ValueError("sample_stream=True needs a CUDA graph and prefetch=0 (got a "
-                             f"{graph.device.type} graph, prefetch={self.prefetch})")
-        if sample_stream is None:
-            sample_stream = graph.device.type == "cuda" and not self.prefetch
-        self.stream = torch.cuda.Stream(graph.device) if sample_stream else None
         self.fanouts = [self._fanout(f, i) for i, f in enumerate(_as_list(num_neighbors))]
         self.seeds = self._input_nodes(input_nodes)
         self.index = SamplingIndex.of(graph)
@@ -223,8 +209,6 @@ class NeighborLoader:
     def __iter__(self):
         if self.prefetch:
             return prefetched(self._batches(), self.prefetch, self.graph.device)
-        if self.stream is not None:
-            return on_side_stream(self._batches(), self.stream)
         return self._batches()
 
     def _batches(self):
