@@ -15,7 +15,6 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
 
 def worker(rank, world, args):
@@ -35,19 +34,17 @@ def worker(rank, world, args):
     model = build(cfg["model"], data, cfg, backend=cfg["backend"]).to(device)
     net = distributed.wrap(model, device, cfg["model"] == "rgat") if world > 1 else model
     opt = make_optimizer(model, cfg, device)
-    loader = iter(minibatch.make_loader(data.graph, data.train_idx, cfg, ctx.rank, ctx.world))
+    loader = minibatch.make_loader(data.graph, data.train_idx, cfg, ctx.rank, ctx.world)
+    batches = iter(loader)
 
     def one(times=None):
         t0 = time.perf_counter()
-        batch = next(loader)
+        batch = next(batches)
         if times is not None:
             torch.cuda.synchronize()
             t1 = time.perf_counter()
         x_b = None if x is None else x.index_select(0, batch.n_id)
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(net(x_b, batch.blocks, n_id=batch.n_id).float(), y[batch.seed])
-        loss.backward()
-        opt.step()
+        minibatch.train_step(net, opt, batch, x_b, y[batch.seed], loader.max_nodes)
         if times is not None:
             torch.cuda.synchronize()
             times.append((t1 - t0, time.perf_counter() - t1))

@@ -124,6 +124,8 @@ class NeighborLoader:
         self.generator.manual_seed(seed + 7919 * part)
         self.node_type_ptr = list(graph.host_ptr["node"])
         self.seed_type = self._only_seed_type()
+        #: The most nodes a batch can hold (see ``_max_nodes``).
+        self.max_nodes = self._max_nodes()
 
     def _only_seed_type(self) -> Optional[int]:
         """The node type of every seed when they share one (read once, here), else None: a
@@ -191,11 +193,12 @@ class NeighborLoader:
         share = seeds.numel() // self.num_parts if self.num_parts > 1 else seeds.numel()
         return seeds[self.part * share:(self.part + 1) * share]
 
-    @property
-    def max_nodes(self) -> int:
+    def _max_nodes(self) -> int:
         """The most nodes a batch can hold (``n_id``'s length at most): each hop adds at most
         its fan-out of sources per destination (summed over relations for per-relation
-        fan-outs; every node when a fan-out is -1), never more than the graph's nodes."""
+        fan-outs; every node when a fan-out is -1), never more than the graph's nodes.  Made
+        once, at construction: per-relation fan-outs live on the graph's device, so each
+        call would read them back."""
         n, total = min(self.batch_size, self.seeds.numel()), self.graph.num_nodes
         for f in self.fanouts:
             per = f.tolist() if isinstance(f, torch.Tensor) else [f]

@@ -7,7 +7,6 @@ set up instead, and ``--devices`` is ignored.
 """
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import sys
@@ -16,6 +15,7 @@ from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 @dataclass
@@ -84,71 +84,64 @@ def share_cpu(world: int) -> int:
     return torch.get_num_threads()
 
 
-@functools.lru_cache(maxsize=None)
-def _row_sparse_ddp():
-    """The class :class:`RowSparseDDP`, made on first use (as ``wrap`` imports DDP)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
+class RowSparseDDP(DDP):
+    """``DistributedDataParallel`` that all-reduces node-indexed tables (an embedding
+    table, the featureless RGCN layer's weights: parameters with one row per node of the
+    graph) by the rows some rank's batch touched, not whole.
 
-    class RowSparseDDP(DDP):
-        """``DistributedDataParallel`` that all-reduces node-indexed tables (an embedding
-        table, the featureless RGCN layer's weights: parameters with one row per node of the
-        graph) by the rows some rank's batch touched, not whole.
+    A mini-batch reads the rows of its sampled nodes only, so every other row of such a
+    table's gradient is zero on every rank.  DDP would all-reduce the whole table each
+    step: on synthetic mag the featureless RGCN's 592 MiB (2.0 ms on two H200s) for a
+    batch touching a small part of the rows.  Here DDP skips the tables
+    (``_set_params_and_buffers_to_ignore_for_model``) and :meth:`sync_rows`, called
+    after ``backward``, all-reduces a mask of the rows touched (one byte per row), then
+    only the union's gradient rows, averaged as DDP averages (sum / world).  Rows outside
+    the union are zero on every rank, so the result is DDP's."""
 
-        A mini-batch reads the rows of its sampled nodes only, so every other row of such a
-        table's gradient is zero on every rank.  DDP would all-reduce the whole table each
-        step: on synthetic mag the featureless RGCN's 592 MiB (2.0 ms on two H200s) for a
-        batch touching a small part of the rows.  Here DDP skips the tables
-        (``_set_params_and_buffers_to_ignore_for_model``) and :meth:`sync_rows`, called
-        after ``backward``, all-reduces a mask of the rows touched (one byte per row), then
-        only the union's gradient rows, averaged as DDP averages (sum / world).  Rows outside
-        the union are zero on every rank, so the result is DDP's."""
+    def __init__(self, module, tables: Dict[str, int], **kwargs):
+        type(self)._set_params_and_buffers_to_ignore_for_model(module, list(tables))
+        super().__init__(module, **kwargs)
+        params = dict(module.named_parameters())
+        self._tables = [(params[n], d) for n, d in tables.items()]
+        rows = {p.shape[d] for p, d in self._tables}
+        if len(rows) != 1:
+            raise ValueError(f"node tables of different row counts: {sorted(rows)}")
+        self._num_rows = rows.pop()
+        for p, _ in self._tables:          # DDP's start-up broadcast skips them
+            dist.broadcast(p.data, 0)
 
-        def __init__(self, module, tables: Dict[str, int], **kwargs):
-            type(self)._set_params_and_buffers_to_ignore_for_model(module, list(tables))
-            super().__init__(module, **kwargs)
-            params = dict(module.named_parameters())
-            self._tables = [(params[n], d) for n, d in tables.items()]
-            rows = {p.shape[d] for p, d in self._tables}
-            if len(rows) != 1:
-                raise ValueError(f"node tables of different row counts: {sorted(rows)}")
-            self._num_rows = rows.pop()
-            for p, _ in self._tables:          # DDP's start-up broadcast skips them
-                dist.broadcast(p.data, 0)
+    def sync_rows(self, n_id: torch.Tensor, max_rows: Optional[int] = None) -> None:
+        """Average the tables' gradients over the ranks; ``n_id``: this rank's batch's
+        global node ids (every row its forward read); ``max_rows``: at most this many
+        ids in any rank's batch (``NeighborLoader.max_nodes``).
 
-        def sync_rows(self, n_id: torch.Tensor, max_rows: Optional[int] = None) -> None:
-            """Average the tables' gradients over the ranks; ``n_id``: this rank's batch's
-            global node ids (every row its forward read); ``max_rows``: at most this many
-            ids in any rank's batch (``NeighborLoader.max_nodes``).
-
-            With ``max_rows`` the union's rows are listed without a host sync, padded to
-            ``world * max_rows`` with row 0 (a padding position carries row 0's own sum, so
-            writing it back is harmless): a host read here would wait for the slowest rank
-            every step instead of letting this rank sample its next batch meanwhile."""
-            device = self._tables[0][0].device
-            mask = torch.zeros(self._num_rows, dtype=torch.uint8, device=device)
-            mask[n_id] = 1
-            dist.all_reduce(mask, op=dist.ReduceOp.MAX)
-            bound = (None if max_rows is None else
-                     min(self._num_rows, dist.get_world_size() * int(max_rows)))
-            if bound is None:
-                rows = mask.nonzero().squeeze(1)
-            elif bound == self._num_rows:   # the union may be every row: all of them
-                rows = torch.arange(self._num_rows, device=device)
-            else:
-                rows = torch.nonzero_static(mask, size=bound, fill_value=0).squeeze(1)
-            parts = []
-            for p, d in self._tables:
-                if p.grad is None:            # a table this step did not reach
-                    p.grad = torch.zeros_like(p)
-                parts.append(p.grad.index_select(d, rows))
-            flat = torch.cat([t.reshape(-1) for t in parts])
-            dist.all_reduce(flat)
-            flat.div_(dist.get_world_size())
-            for (p, d), part, flat_part in zip(self._tables, parts,
-                                               flat.split([t.numel() for t in parts])):
-                p.grad.index_copy_(d, rows, flat_part.view(part.shape))
-
-    return RowSparseDDP
+        With ``max_rows`` the union's rows are listed without a host sync, padded to
+        ``world * max_rows`` with row 0 (a padding position carries row 0's own sum, so
+        writing it back is harmless): a host read here would wait for the slowest rank
+        every step instead of letting this rank sample its next batch meanwhile."""
+        device = self._tables[0][0].device
+        mask = torch.zeros(self._num_rows, dtype=torch.uint8, device=device)
+        mask[n_id] = 1
+        dist.all_reduce(mask, op=dist.ReduceOp.MAX)
+        bound = (None if max_rows is None else
+                 min(self._num_rows, dist.get_world_size() * int(max_rows)))
+        if bound is None:
+            rows = mask.nonzero().squeeze(1)
+        elif bound == self._num_rows:   # the union may be every row: all of them
+            rows = torch.arange(self._num_rows, device=device)
+        else:
+            rows = torch.nonzero_static(mask, size=bound, fill_value=0).squeeze(1)
+        parts = []
+        for p, d in self._tables:
+            if p.grad is None:            # a table this step did not reach
+                p.grad = torch.zeros_like(p)
+            parts.append(p.grad.index_select(d, rows))
+        flat = torch.cat([t.reshape(-1) for t in parts])
+        dist.all_reduce(flat)
+        flat.div_(dist.get_world_size())
+        for (p, d), part, flat_part in zip(self._tables, parts,
+                                           flat.split([t.numel() for t in parts])):
+            p.grad.index_copy_(d, rows, flat_part.view(part.shape))
 
 
 def wrap(model: torch.nn.Module, device: torch.device, unused_parameters: bool = False):
@@ -156,8 +149,7 @@ def wrap(model: torch.nn.Module, device: torch.device, unused_parameters: bool =
     parameters its forward never reads (RGAT keeps PyG's ``mod`` weights), which DDP must
     then look for every step.  A model whose ``node_tables()`` names parameters with one row
     per graph node gets :class:`RowSparseDDP` (call its ``sync_rows(n_id)`` after each
-    backward: ``hector.train.minibatch.train_epoch`` does)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    backward: ``hector.train.minibatch.train_step`` does)."""
     ids = [device.index] if device.type == "cuda" else None
     # gradient_as_bucket_view: the gradients are views into DDP's all-reduce buckets, so no
     # copy into the buckets before the all-reduce and none back after it.
@@ -165,7 +157,7 @@ def wrap(model: torch.nn.Module, device: torch.device, unused_parameters: bool =
                   gradient_as_bucket_view=True)
     tables = model.node_tables() if hasattr(model, "node_tables") else {}
     if tables:
-        return _row_sparse_ddp()(model, tables, **kwargs)
+        return RowSparseDDP(model, tables, **kwargs)
     return DDP(model, **kwargs)
 
 
