@@ -22,7 +22,9 @@ drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HG
 * pyg compute (with ``--pyg``): PyG's namesake layers, whose parameters ours take over
   (``from_pyg``), on the same blocks: forward + backward after a warm-up on the batch;
 * syncs (with ``--count-syncs``, CUDA only): synchronizing CUDA calls (host reads of device
-  tensors) of build and of first, and the Triton compilations of first (a kernel variant not
+  tensors) of build and of first (and of first's backward alone: with several GPUs a sync
+  there waits for the gradient all-reduces DDP started, so for the peer rank), and the
+  Triton compilations of first (a kernel variant not
   met before: compiled, or loaded from Triton's disk cache); the syncs are counted by
   ``torch.cuda.set_sync_debug_mode`` on a second
   build of the batch's blocks (so the timings above are not slowed by the counting).
@@ -149,9 +151,10 @@ def make_model(kind, graph, width, device, pyg=None, backend=None):
     return torch.nn.ModuleList(ours_cls.from_pyg(r) for r in refs).to(device), refs
 
 
-def step(kind, model, graph, batch, x, pyg_layers=False):
+def step(kind, model, graph, batch, x, pyg_layers=False, backward=torch.Tensor.backward):
     """Forward + backward of the two layers on the batch's blocks (``pyg_layers``: PyG's,
-    called on the block's local edge_index, keeping the destination rows)."""
+    called on the block's local edge_index, keeping the destination rows); ``backward(loss)``
+    runs the backward (a counter may wrap it)."""
     h = x.index_select(0, batch.n_id)
     for conv, block in zip(model, batch.blocks):
         if pyg_layers and kind != "hgt":
@@ -171,7 +174,7 @@ def step(kind, model, graph, batch, x, pyg_layers=False):
                            for i, t in enumerate(graph.node_type_names)])
         else:
             h = torch.relu(conv(h, block))
-    h.float().square().mean().backward()
+    backward(h.float().square().mean())
 
 
 def _per_type_edges(block, graph):
@@ -301,7 +304,7 @@ def main():
         count_triton_compiles()
     head = ("model", "edges/batch", "sample", "build", "plan", "(of it compile)", "compute",
             "(of it feature gather)", "(build+plan)/compute", "pyg compute") + (
-        ("syncs build", "syncs first", "Triton compiles first") if args.count_syncs else ())
+        ("syncs build", "syncs first", "(of it backward)", "Triton compiles first") if args.count_syncs else ())
     print("| " + " | ".join(head) + " |  (ms per batch, medians)")
     print("|" + "---|" * len(head))
     for kind in args.models.split(","):
@@ -332,8 +335,11 @@ def main():
             if args.count_syncs:       # fresh blocks again: their per-graph memos are empty
                 again, n_build = count_syncs(lambda: [rebuild(b) for b in blocks])
                 batch.blocks = again
-                _, n_first = count_syncs(lambda: step(kind, model, graph, batch, x))
-                syncs = (n_build, n_first, compiles)
+                bwd = []             # the backward's own, counted apart (nested catch)
+                _, n_first = count_syncs(lambda: step(
+                    kind, model, graph, batch, x,
+                    backward=lambda loss: bwd.append(count_syncs(loss.backward)[1])))
+                syncs = (n_build, n_first + bwd[0], bwd[0], compiles)
             if args.cprofile and i:    # fresh blocks again, profiled apart from the timings
                 again = [rebuild(b) for b in blocks]
                 batch.blocks = again
@@ -348,9 +354,9 @@ def main():
         med = [statistics.median(c) for c in zip(*rows)]
         print(f"| {kind} | {int(med[0]):,} | " + " | ".join(f"{1e3 * v:.1f}" for v in med[1:7])
               + f" | {(med[2] + med[3]) / med[5]:.2f} | {1e3 * med[7]:.1f} |"
-              + "".join(f" {v:.0f} |" for v in med[8:10])
-              + ("" if len(med) < 11 else   # compiles: the total, and batches with any
-                 f" {sum(r[10] for r in rows)} in {sum(r[10] > 0 for r in rows)} batches |"))
+              + "".join(f" {v:.0f} |" for v in med[8:11])
+              + ("" if len(med) < 12 else   # compiles: the total, and batches with any
+                 f" {sum(r[11] for r in rows)} in {sum(r[11] > 0 for r in rows)} batches |"))
         if args.torch_profile:
             torch_profile(kind, model, graph, batch, x, device, args.torch_profile)
         if args.cprofile:

@@ -322,3 +322,23 @@ def test_row_sparse_sync_averages_node_tables_with_and_without_a_bound(tmp_path)
         for r in ranks:
             torch.testing.assert_close(r[key][0], (t0 + t1) / 2)
             torch.testing.assert_close(r[key][1], (s0 + s1) / 2)
+
+
+def test_hgt_on_a_typed_block_builds_no_graph(monkeypatch):
+    """``hector train``'s HGT (one node type over the relations) runs on a block of a typed
+    graph through the block's one-type view: no Graph rebuilt from per-relation edge lists
+    (a boolean mask per relation, a range check per edge array and two sorts, each a device
+    sync on CUDA), and a second step on the same block reuses the view's plans."""
+    data = tiny_data(True, node_types=2)
+    net = tiny_model("hgt", data)
+    batch = next(iter(NeighborLoader(data.graph, [5, 5], batch_size=9, seed=1)))
+    built = []
+    real = Graph.__init__
+    monkeypatch.setattr(Graph, "__init__", lambda self, *a, **k: built.append(1) or real(self, *a, **k))
+    x = data.x[batch.n_id]
+    first = net(x, batch.blocks, n_id=batch.n_id)
+    again = net(x, batch.blocks, n_id=batch.n_id)
+    assert built == []
+    torch.testing.assert_close(first, again)
+    views = [b.derived(("one_node_type", tuple(net._meta[1])), None) for b in batch.blocks]
+    assert all(v is not None and not v.is_block for v in views)

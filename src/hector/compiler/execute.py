@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -78,14 +78,17 @@ def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str,
 
 def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
              backend: str, releases=None, consume: bool = False,
-             overwritable: frozenset = frozenset()) -> Dict[Value, torch.Tensor]:
+             overwritable: frozenset = frozenset(),
+             then: Optional[Plan] = None) -> Dict[Value, torch.Tensor]:
     """The plan's values by IR value that survive it: each value in ``releases[i]``
     (default ``plan.last_uses``; a forward that records for its backward keeps the saved
     values: ``CompiledPlan.forward_releases``) is dropped after step ``i``.  ``consume``:
     ``leaves`` is emptied, so a leaf the plan drops is freed then (the backward's saved
     values), not when the caller's dict goes.  ``overwritable``: leaves only this run holds
     (saved forward intermediates): a step reading one for the last time, whose storage no
-    value alive after it shares, may write its output over it (:func:`_donated`)."""
+    value alive after it shares, may write its output over it (:func:`_donated`).
+    ``then``: the plan that will run next on the same graph (a forward's backward), whose
+    traversals are prepared with this plan's."""
     env = dict(leaves)
     given = set(leaves)
     if consume:
@@ -100,7 +103,7 @@ def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
     # The traversal CSRs' row bins in one read; not while torch.compile traces (a host read
     # there would break the graph: each CSR then reads its own inside its custom op).
     if backend == "triton" and not torch.compiler.is_compiling():
-        prepare_traversals(plan.steps, ix)
+        prepare_traversals([plan.steps] + ([then.steps] if then is not None else []), ix)
     for step, dead in zip(plan.steps, plan.last_uses if releases is None else releases):
         if step.output not in given:     # else a weight root the caller evaluated already
             args = [env[i] for i in step.inputs]
@@ -227,7 +230,7 @@ class PlanFunction(torch.autograd.Function):
             if made is not None:
                 given.setdefault(made, t)
         env = run_plan(compiled.forward_plan, ix, given, backend,
-                       releases=compiled.forward_releases)
+                       releases=compiled.forward_releases, then=compiled.backward_plan)
         outs = tuple(env[o] for o in compiled.forward_plan.outputs)
         if torch.compiler.is_compiling():
             # torch 2.11's aot_autograd returned zero gradients for every input when an

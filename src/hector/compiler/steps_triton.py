@@ -437,23 +437,28 @@ def _reversed_chain(movements: tuple) -> tuple:
                  for op, one, many, end, how in reversed(movements))
 
 
-def prepare_traversals(steps, ix: GraphIndex) -> None:
-    """Build the weighted CSRs of every movement-and-addition traversal among ``steps`` (a
-    plan's, in order) and find all their row bins with one host read, before any runs: each
-    CSR read its own on its first launch, a device sync each on CUDA (RGCN's forward launches
-    two per layer, the mean per (destination, relation) and the sum over relations).  Once
-    per (plan, graph): a later call finds the CSRs memoised and their bins set."""
-    key = ("traversals_prepared", id(steps))
-    if key in ix.memo:
-        return
-    ix.memo[key] = True
+def prepare_traversals(plans, ix: GraphIndex) -> None:
+    """Build the weighted CSRs of every movement-and-addition traversal among ``plans``'
+    steps (each a plan's step list) and find all their row bins with one host read, before
+    any runs: each CSR read its own on its first launch, a device sync each on CUDA (RGCN's
+    forward launches two per layer, the mean per (destination, relation) and the sum over
+    relations).  Once per (plan, graph): a later call finds the CSRs memoised and their bins
+    set.  A forward that records for its backward passes both plans, so the backward reads
+    nothing: with several GPUs a read there would wait for the gradient all-reduces DDP has
+    started, and so for the slowest rank, in the middle of every step."""
     csrs = []
-    for step in steps:
-        spec = step.spec
-        if step.template != "traversal" or spec.kernel is None or spec.edgewise is not None \
-                or spec.softmax is not None:
+    for steps in plans:
+        key = ("traversals_prepared", id(steps))
+        if key in ix.memo:
             continue
-        csrs += [movement_csr(ix, movements, coef) for _, movements, coef in spec.linear.sources]
+        ix.memo[key] = True
+        for step in steps:
+            spec = step.spec
+            if step.template != "traversal" or spec.kernel is None \
+                    or spec.edgewise is not None or spec.softmax is not None:
+                continue
+            csrs += [movement_csr(ix, movements, coef)
+                     for _, movements, coef in spec.linear.sources]
     resolve_layouts(csrs)
 
 

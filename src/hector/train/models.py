@@ -286,11 +286,13 @@ class Net(nn.Module):
         return self.conv2(self._drop(h), b2)
 
     def _hgt_block(self, conv, h, block):
-        """HGTConv (built for one node type) on a block: the block's relations as the
-        layer's ``edge_index_dict``, then the block's destination rows."""
-        ei, et = block.input_edge_index(), block.input_edge_type()
-        eid = {e: ei[:, et == r] for r, e in enumerate(self._meta[1])}
-        return take_rows(conv({"n": h}, eid)["n"], dst_rows(block))
+        """HGTConv (built for one node type) on a block: the block as a graph of that one
+        node type (its index arrays shared, kept on the block so that a second step on it
+        plans nothing), then the block's destination rows."""
+        names = self._meta[1]
+        view = block.derived(("one_node_type", tuple(names)),
+                             lambda: block.with_one_node_type("n", names))
+        return take_rows(conv({"n": h}, view)["n"], dst_rows(block))
 
 
 def build(model: str, data, cfg: dict, backend: str = "torch") -> Net:
