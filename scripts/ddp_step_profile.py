@@ -4,11 +4,17 @@ Adam) on rank 0, and the all-reduce time of the model's gradient bytes.
 
     python scripts/ddp_step_profile.py [--model rgcn] [--dataset synthetic:mag] [--devices 2]
                                        [--warmup 30] [--batches 10] [--top 25]
-                                       [--per-batch N]
+                                       [--per-batch N] [--count-syncs N]
 
 Prints (rank 0): the model's parameter count and bytes, the median time of an all-reduce of a
 buffer of that many bytes, ms per batch of the profiled batches, and the top ops by self CUDA
 time and by self CPU time.  CUDA only.
+
+``--count-syncs N``: over N batches, every synchronizing CUDA call (a host read of device
+data, found by ``torch.cuda.set_sync_debug_mode``) of sampling and of the training step, by
+the Python line that made it, on every rank.  With several GPUs a sync inside the step after
+DDP started its all-reduces waits for the slowest rank, and stops this host from queueing
+ahead of its GPU.
 """
 import argparse
 import statistics
@@ -44,13 +50,15 @@ def worker(rank, world, args):
             torch.cuda.synchronize()
             t1 = time.perf_counter()
         x_b = None if x is None else x.index_select(0, batch.n_id)
-        minibatch.train_step(net, opt, batch, x_b, y[batch.seed], loader.max_nodes)
+        minibatch.train_step(net, opt, batch, x_b, y[batch.seed])
         if times is not None:
             torch.cuda.synchronize()
             times.append((t1 - t0, time.perf_counter() - t1))
 
     for _ in range(args.warmup):
         one()
+    if args.count_syncs:
+        count_syncs(rank, args.count_syncs, batches, net, opt, x, y, loader)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     if rank == 0:
         print(f"model {cfg['model']}: {sum(p.numel() for p in model.parameters()):,} parameters, "
@@ -93,6 +101,35 @@ def worker(rank, world, args):
         distributed.shutdown()
 
 
+def count_syncs(rank, n, batches, net, opt, x, y, loader):
+    """Print the synchronizing calls of ``n`` batches' sampling and steps by source line."""
+    import collections
+    import warnings
+    from hector.train import minibatch
+
+    def watched(fn):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                out = fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        where = collections.Counter(f"{w.filename.rsplit('/src/', 1)[-1]}:{w.lineno}"
+                                    for w in caught if "synchroniz" in str(w.message))
+        return out, where
+    totals = {"sample": collections.Counter(), "step": collections.Counter()}
+    for _ in range(n):
+        batch, seen = watched(lambda: next(batches))
+        totals["sample"] += seen
+        x_b = None if x is None else x.index_select(0, batch.n_id)
+        _, seen = watched(lambda: minibatch.train_step(net, opt, batch, x_b, y[batch.seed]))
+        totals["step"] += seen
+    for phase, where in totals.items():
+        print(f"rank {rank} {phase}: {sum(where.values()) / n:.1f} syncs per batch; "
+              + ", ".join(f"{k} x{v / n:g}" for k, v in where.most_common()), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="rgcn")
@@ -103,6 +140,8 @@ def main():
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--per-batch", type=int, default=0, metavar="N",
                    help="time N batches one by one on every rank (mean and percentiles)")
+    p.add_argument("--count-syncs", type=int, default=0, metavar="N",
+                   help="list the synchronizing calls of N batches by source line, every rank")
     args = p.parse_args()
     if args.devices > 1:
         from hector.train import distributed

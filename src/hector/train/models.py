@@ -109,8 +109,11 @@ class FeaturelessRGCN(nn.Module):
         else:
             w = self.weight[et, src]
         slot = dst_pos * R + et
-        count = torch.bincount(slot, minlength=n_dst * R)
-        msg = w * (1.0 / count[slot].clamp(min=1).to(w.dtype)).unsqueeze(1)
+        # (a scatter, not bincount: on CUDA bincount reads its input's maximum back to the
+        # host to size its output, a sync in every mini-batch step)
+        count = torch.zeros(n_dst * R, dtype=w.dtype, device=w.device).scatter_add_(
+            0, slot, torch.ones_like(slot, dtype=w.dtype))
+        msg = w * (1.0 / count[slot].clamp(min=1)).unsqueeze(1)
         out = torch.zeros(n_dst, H, dtype=msg.dtype, device=msg.device).index_add_(0, dst_pos, msg)
         return out + self.root[dst_ids] + self.bias
 
