@@ -57,6 +57,7 @@ import time
 
 import torch
 
+from hector.bench.timing import cuda_syncs
 from hector.datasets import synthetic
 from hector.graph.block import mark_block
 from hector.loader import NeighborLoader, relabel, sample_hop
@@ -84,15 +85,8 @@ def clock(fn, device):
 
 def count_syncs(fn):
     """(``fn()``, how many synchronizing CUDA calls it made)."""
-    import warnings
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            out = fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return out, sum("synchroniz" in str(w.message) for w in caught)
+    out, where = cuda_syncs(fn)
+    return out, sum(where.values())
 
 
 #: Triton compilations so far (``JITFunction._do_compile`` calls: a kernel variant met for the

@@ -104,20 +104,8 @@ def worker(rank, world, args):
 def count_syncs(rank, n, batches, net, opt, x, y, loader):
     """Print the synchronizing calls of ``n`` batches' sampling and steps by source line."""
     import collections
-    import warnings
+    from hector.bench.timing import cuda_syncs as watched
     from hector.train import minibatch
-
-    def watched(fn):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                out = fn()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        where = collections.Counter(f"{w.filename.rsplit('/src/', 1)[-1]}:{w.lineno}"
-                                    for w in caught if "synchroniz" in str(w.message))
-        return out, where
     totals = {"sample": collections.Counter(), "step": collections.Counter()}
     for _ in range(n):
         batch, seen = watched(lambda: next(batches))

@@ -108,3 +108,22 @@ def timed(fn, device: torch.device, repeats: int) -> dict:
     timed SLOW_REPEATS times (PyG on the large profiles takes seconds a run).  CPU:
     time.perf_counter after one warm-up, ``repeats`` runs or more (see the module doc)."""
     return summary(run_times(fn, device, repeats))
+
+
+def cuda_syncs(fn):
+    """``(fn(), syncs)``: the synchronizing CUDA calls ``fn`` made (host reads of device
+    data, each a wait for the GPU to drain), found by ``torch.cuda.set_sync_debug_mode``,
+    counted by the Python line that made each (``file:line``, the path from ``src/`` on).
+    The scripts that hunt per-batch syncs (``scripts/batch_overhead.py``,
+    ``scripts/ddp_step_profile.py``) use it; CUDA only."""
+    import collections
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return out, collections.Counter(f"{w.filename.rsplit('/src/', 1)[-1]}:{w.lineno}"
+                                    for w in caught if "synchroniz" in str(w.message))
