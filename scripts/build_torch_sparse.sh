@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Build torch-sparse (PyG's CPU neighbour sampler, when pyg-lib has no wheel for this
+# platform) and torch-scatter (which torch-sparse imports) from their PyPI sources against the
+# installed torch, into a folder of their own, so that `scripts/sampler_throughput.py --pyg`
+# can time PyG's own NeighborLoader:
+#
+#   bash scripts/build_torch_sparse.sh [TARGET]      # default TARGET: ./.pyg-sampler
+#   PYTHONPATH=.pyg-sampler python scripts/sampler_throughput.py --device cpu --pyg
+#
+# Kept out of the test environment on purpose: with torch-sparse importable PyG takes other
+# code paths in the layers the tests compare against.  About 25 minutes on two cores.
+set -euo pipefail
+target=${1:-.pyg-sampler}
+tmp=$(mktemp -d)
+for pkg in torch-scatter==2.1.2 torch-sparse==0.6.18; do
+  python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation "$pkg" -d "$tmp"
+done
+for src in "$tmp"/torch_scatter-*.tar.gz "$tmp"/torch_sparse-*.tar.gz; do
+  MAX_JOBS=${MAX_JOBS:-2} python3 -m pip wheel -q --no-build-isolation --no-deps "$src" \
+    -w "$tmp/wheel"
+done
+python3 -m pip install -q --no-deps --target "$target" "$tmp"/wheel/*.whl
+python3 -c "import sys; sys.path.insert(0, '$target'); import torch_sparse; print('torch_sparse', torch_sparse.__version__, 'in $target')"
