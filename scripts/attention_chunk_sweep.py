@@ -20,8 +20,8 @@ from dataclasses import replace
 import torch
 
 from hector.bench import suites
-from hector.kernels.attention.launch import (AttentionPlan, attention_backward,
-                                             attention_forward, make_plan)
+from hector.kernels.attention.launch import attention_backward, attention_forward
+from hector.kernels.attention.plan import AttentionPlan, make_plan
 from hector.kernels.attention.spec import AttentionSpec
 
 #: name: (heads, dim_qk, dim_v, q.k term, source term, destination term, leaky slope)

@@ -168,7 +168,7 @@ def main():
                     res["pyg"] = measure(make(kind, f, h), x, ei)
                     del ei
                 from hector.device import num_sms
-                from hector.kernels.attention.launch import choose_strategy
+                from hector.kernels.attention.plan import choose_strategy
                 chosen, why = choose_strategy(g.in_degree, g.num_edges, num_sms(g.device), h)
                 row = dict(graph=name, nodes=g.num_nodes, edges=g.num_edges, build_s=t_build,
                            max_degree=g.in_degree.max, kind=kind, f=f, heads=h, auto_choice=chosen,

@@ -20,7 +20,7 @@ from hector import Graph
 from hector.kernels.attention.op import edge_attention
 from hector.kernels.attention.spec import AttentionSpec
 from hector.device import num_sms
-from hector.kernels.attention.launch import choose_strategy, make_plan
+from hector.kernels.attention.plan import choose_strategy, make_plan
 
 TERMS = {   # name: (tensors, kwargs, heads, dim_k, dim_v)
     "gat": (("v", "a_src", "a_dst"), dict(negative_slope=0.2), 8, 0, 8),

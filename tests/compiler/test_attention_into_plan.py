@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hector
-from hector.kernels.attention import launch
+from hector.kernels.attention import custom_ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -28,12 +28,12 @@ CASES = [c if c[0] is not hector.compiler.models.rgat else
 def into_calls(monkeypatch):
     """``into_kv`` of every attention backward launched."""
     calls = []
-    real = launch.attention_backward
+    real = custom_ops.attention_backward
 
     def spy(*args, **kw):
         calls.append(args[17] if len(args) > 17 else kw.get("into_kv", False))
         return real(*args, **kw)
-    monkeypatch.setattr(launch, "attention_backward", spy)
+    monkeypatch.setattr(custom_ops, "attention_backward", spy)
     return calls
 
 

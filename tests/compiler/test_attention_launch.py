@@ -13,8 +13,9 @@ from hector.compiler import models
 from hector.compiler.lower import attention_spec
 from hector.compiler.steps_torch import GraphIndex
 from hector.compiler.steps_triton import attention_launch
-from hector.kernels.attention import launch
+from hector.kernels.attention import custom_ops
 from hector.kernels.attention.op import edge_attention
+from hector.kernels.attention.plan import make_plan
 from hector.kernels.attention.spec import AttentionSpec, Schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -51,7 +52,7 @@ CASES = {  # model, dims, node types, the op graph lowering must pick (plan.Atte
 def test_attention_step_launches_lowerings_spec_and_cached_schedules(monkeypatch, name):
     fn, dims, node_types, want_rows = CASES[name]
     launched, launched_bwd = [], []
-    real, real_bwd = launch.attention_forward, launch.attention_backward   # what the ops run
+    real, real_bwd = custom_ops.attention_forward, custom_ops.attention_backward  # what the ops run
 
     def spy(graph, spec, plan, params, *tensors):
         launched.append((graph, spec, plan))
@@ -60,8 +61,8 @@ def test_attention_step_launches_lowerings_spec_and_cached_schedules(monkeypatch
     def spy_bwd(graph, spec, plan, *rest):
         launched_bwd.append((graph, spec, plan))
         return real_bwd(graph, spec, plan, *rest)
-    monkeypatch.setattr(launch, "attention_forward", spy)
-    monkeypatch.setattr(launch, "attention_backward", spy_bwd)
+    monkeypatch.setattr(custom_ops, "attention_forward", spy)
+    monkeypatch.setattr(custom_ops, "attention_backward", spy_bwd)
     torch.manual_seed(0)
     g = _graph(node_types)
     module = hector.compile(fn, backend="triton", **dims).to(g.device)
@@ -129,7 +130,7 @@ def test_op_rejects_a_spec_or_plan_that_does_not_fit(monkeypatch):
     dev = device_for("triton")
     g = Graph(torch.tensor([[0, 1, 2], [1, 2, 0]]), num_nodes=3).to(dev)
     v, a = torch.randn(3, 2, 4, device=dev), torch.randn(3, 2, device=dev)
-    monkeypatch.setattr(launch, "attention_forward",
+    monkeypatch.setattr(custom_ops, "attention_forward",
                         lambda *args: pytest.fail("a kernel ran before the checks"))
     wrong = AttentionSpec.of(v, a_src=a)                     # says a_src; a_dst is given
     with pytest.raises(ValueError, match="spec"):
@@ -138,7 +139,7 @@ def test_op_rejects_a_spec_or_plan_that_does_not_fit(monkeypatch):
         edge_attention(g, v, a_src=a, spec="node", backend="triton")
     with pytest.raises(TypeError, match="plan"):
         edge_attention(g, v, a_src=a, plan="node", backend="triton")
-    plan = launch.make_plan(g, AttentionSpec.of(v, a_src=a))
+    plan = make_plan(g, AttentionSpec.of(v, a_src=a))
     sched = Schedule("node", 4, 2, 1, 4)
     with pytest.raises(ValueError, match="plan and schedule"):
         edge_attention(g, v, a_src=a, plan=plan, schedule=sched, backend="triton")

@@ -173,8 +173,9 @@ def test_tuned_attention_destination_term_per_edge_stays_exact(forced_tuning):
     those rows with atomics: every autotune trial must start from zeros (they summed into
     one another's: the GPU's first RGAT backward per shape had d a_dst several times over)."""
     from hector import Graph
-    from hector.kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
-                                                 edge_attention_triton, make_plan)
+    from hector.kernels.attention.custom_ops import (edge_attention_grads_triton,
+                                                     edge_attention_triton)
+    from hector.kernels.attention.plan import AttentionPlan, make_plan
     from hector.kernels.attention.spec import AttentionSpec
     gen = torch.Generator().manual_seed(2)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hector.graph import Graph
-from hector.kernels.attention import launch as attention_launch
+from hector.kernels.attention import custom_ops as attention_ops
 from hector.kernels.segment_mm import launch as gemm_launch
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")    # interpreter chatter
@@ -38,18 +38,18 @@ def test_edge_attention_ops_pass_opcheck():
     g = torch.Generator().manual_seed(0)
     ei = torch.tensor([[0, 1, 2, 3, 1, 4], [1, 2, 0, 1, 1, 2]])
     graph = Graph(ei, num_nodes=6).to(dev)  # node 5: no edge at all
-    handle = attention_launch.graph_handle(graph)
+    handle = attention_ops.graph_handle(graph)
     n, heads = 6, 2
     v = torch.randn(n, heads, 3, generator=g).to(dev).requires_grad_()
     a_src = torch.randn(n, heads, generator=g).to(dev).requires_grad_()
     a_dst = torch.randn(n, heads, generator=g).to(dev).requires_grad_()
     args = (handle, v, None, None, a_src, a_dst, 1.0, 0.2, 0.0, 0, "auto", 0)
-    torch.library.opcheck(attention_launch.edge_attention_op, args)
-    out, lse = attention_launch.edge_attention_op(*args)
+    torch.library.opcheck(attention_ops.edge_attention_op, args)
+    out, lse = attention_ops.edge_attention_op(*args)
     dout = torch.randn_like(out)
     bwd = (handle, dout, v.detach(), None, None, a_src.detach(), a_dst.detach(), out.detach(),
            lse, 1.0, 0.2, 0.0, 0, "auto", 0, [True, False, False, True, False])
-    torch.library.opcheck(attention_launch.edge_attention_backward_op, bwd,
+    torch.library.opcheck(attention_ops.edge_attention_backward_op, bwd,
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -58,14 +58,14 @@ def test_edge_attention_op_with_a_bias_epilogue_passes_opcheck():
     g = torch.Generator().manual_seed(3)
     ei = torch.tensor([[0, 1, 2, 3, 1, 4], [1, 2, 0, 1, 1, 2]])
     graph = Graph(ei, num_nodes=6).to(dev)
-    handle = attention_launch.graph_handle(graph)
+    handle = attention_ops.graph_handle(graph)
     v = torch.randn(6, 2, 3, generator=g).to(dev).requires_grad_()
     a_src = torch.randn(6, 2, generator=g).to(dev).requires_grad_()
     a_dst = torch.randn(6, 2, generator=g).to(dev).requires_grad_()
     bias = torch.randn(2, 3, generator=g).to(dev).requires_grad_()
     args = (handle, v, None, None, a_src, a_dst, 1.0, 0.2, 0.0, 0, "auto", 0, None, bias)
-    torch.library.opcheck(attention_launch.edge_attention_op, args)
-    out, _ = attention_launch.edge_attention_op(*args)
+    torch.library.opcheck(attention_ops.edge_attention_op, args)
+    out, _ = attention_ops.edge_attention_op(*args)
     # node 5 has no incoming edge: its row is the bias alone
     torch.testing.assert_close(out[5], bias.detach())
 
@@ -73,8 +73,8 @@ def test_edge_attention_op_with_a_bias_epilogue_passes_opcheck():
 def test_edge_attention_op_rejects_a_freed_graph_handle():
     v = torch.randn(3, 1, 2)
     with pytest.raises(RuntimeError, match="graph handle"):
-        attention_launch.edge_attention_op(10 ** 9, v, None, None, None, None, 1.0, None, 0.0,
-                                           0, "auto", 0)
+        attention_ops.edge_attention_op(10 ** 9, v, None, None, None, None, 1.0, None, 0.0,
+                                        0, "auto", 0)
 
 
 def test_segment_mm_wgrad_op_passes_opcheck():
@@ -103,11 +103,11 @@ def test_segment_mm_takes_seg_ptr_as_python_ints():
 def test_a_deep_copied_graph_gets_its_own_handle():
     import copy
     graph = Graph(torch.tensor([[0, 1, 2], [1, 2, 0]]), num_nodes=3)
-    h = attention_launch.graph_handle(graph)
+    h = attention_ops.graph_handle(graph)
     twin = copy.deepcopy(graph)                                 # carries a copy of the mark
-    assert attention_launch.graph_handle(graph) == h            # memoised
-    assert attention_launch.graph_handle(twin) != h
-    assert attention_launch._graph(attention_launch.graph_handle(twin)) is twin
+    assert attention_ops.graph_handle(graph) == h               # memoised
+    assert attention_ops.graph_handle(twin) != h
+    assert attention_ops._graph(attention_ops.graph_handle(twin)) is twin
 
 
 def test_a_callers_spec_without_plan_gets_one_launch_handle():
@@ -120,8 +120,8 @@ def test_a_callers_spec_without_plan_gets_one_launch_handle():
     v, a = torch.randn(3, 2, 4, device=dev), torch.randn(3, 2, device=dev)
     spec = AttentionSpec.of(v, a_src=a)
     first = edge_attention(g, v, a_src=a, spec=spec, backend="triton")
-    before = len(attention_launch._LAUNCHES)
+    before = len(attention_ops._LAUNCHES)
     for _ in range(3):
         again = edge_attention(g, v, a_src=a, spec=spec, backend="triton")
-    assert len(attention_launch._LAUNCHES) == before
+    assert len(attention_ops._LAUNCHES) == before
     torch.testing.assert_close(again, first)

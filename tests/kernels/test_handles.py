@@ -58,7 +58,7 @@ def test_graph_to_another_device_does_not_copy_the_mark():
     """A Graph's copy on another device (here ``meta``: a CPU machine has no second device)
     is named by a handle of its own, not its original's."""
     from hector.graph import Graph
-    from hector.kernels.attention.launch import _graph, graph_handle
+    from hector.kernels.attention.custom_ops import _graph, graph_handle
     g = Graph(torch.tensor([[0, 1, 2], [1, 2, 0]]), num_nodes=3)
     h = graph_handle(g)
     other = g.to("meta")

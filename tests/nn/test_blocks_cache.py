@@ -225,13 +225,13 @@ def test_attention_launch_tables_keep_only_live_graphs():
     graphs and launch plans) to the custom op by an int handle; the handle tables must let
     a block's entries go with it, or they grow by a few entries per batch without end."""
     import gc
-    from hector.kernels.attention import launch
+    from hector.kernels.attention import custom_ops
     device = device_for("triton")         # (the interpreter on a CPU)
     layer = _layer("rgat").to(device)
     layer.program.backend = "triton"
     gc.collect()
     def entries():
-        return set(launch._GRAPHS._objects.keys()), set(launch._LAUNCHES.keys())
+        return set(custom_ops._GRAPHS._objects.keys()), set(custom_ops._LAUNCHES.keys())
 
     before = entries()
     for i in range(2):

@@ -18,7 +18,8 @@ from ..device import interpreting, resolve_backend
 from ..graph import Graph, with_self_loops
 from ..kernels import autotune, registry
 from ..kernels.attention import spec as attention_spec
-from ..kernels.attention.launch import make_plan, score_params
+from ..kernels.attention.launch import score_params
+from ..kernels.attention.plan import make_plan
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.edgewise.launch import edgewise_params
 from ..kernels.segment_mm import spec as gemm_spec

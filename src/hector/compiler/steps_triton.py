@@ -31,8 +31,9 @@ import torch
 
 from ..graph import Graph
 from ..graph.derived import AttentionGraph
-from ..kernels.attention.launch import (AttentionPlan, edge_attention_grads_triton,
-                                        edge_attention_triton, make_plan, overlap, rows_dense)
+from ..kernels.attention.custom_ops import edge_attention_grads_triton, edge_attention_triton
+from ..kernels.attention.launch import overlap, rows_dense
+from ..kernels.attention.plan import AttentionPlan, make_plan
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.eager import call
 from ..kernels.edgewise.op import edgewise

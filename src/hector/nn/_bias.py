@@ -6,7 +6,7 @@ reduction.
 same sum as a matrix-vector product; [37700, 128]: 46 against 16 us).  Transformer has four
 such biases per layer: its training step on synthetic arxiv (128x1, captured) went from 3.79
 to 3.45 ms.  (GAT's output bias is added by the attention kernels' epilogue instead, its
-gradient the same GEMV: ``kernels.attention.launch.bias_grad``.)  The forward is
+gradient the same GEMV: ``kernels.attention.custom_ops.bias_grad``.)  The forward is
 unchanged (``F.linear`` keeps the bias fused into its GEMM); the function is a plain
 ``autograd.Function`` of aten ops, so it traces under ``torch.compile`` and is captured in
 CUDA graphs like the op it replaces.

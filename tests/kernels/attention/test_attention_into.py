@@ -15,8 +15,10 @@ import pytest
 import torch
 
 from hector.kernels import autotune
-from hector.kernels.attention import launch
-from hector.kernels.attention.launch import edge_attention_grads_triton, overlap
+from hector.kernels.attention import custom_ops
+from hector.kernels.attention.custom_ops import edge_attention_grads_triton
+from hector.kernels.attention.launch import overlap
+from hector.kernels.attention.plan import AttentionPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_attention_strided import (DIMS, N, NO_OUT, ROLES, SCALE, SLOPE, forward,  # noqa: E402
@@ -101,7 +103,7 @@ def test_autotune_trials_restore_the_overwritten_rows(monkeypatch, tmp_path):
     monkeypatch.setattr(autotune, "enabled", lambda device: True)
     monkeypatch.setattr(autotune, "_timer", timer)
     autotune.clear_memo()
-    tuned = launch.AttentionPlan(plan.dst, plan.src, tune=True)
+    tuned = AttentionPlan(plan.dst, plan.src, tune=True)
     try:
         got = edge_attention_grads_triton(g, spec, tuned, needs, dout, *(t[r] for r in ROLES),
                                           out, lse, SCALE, SLOPE, into_kv=True)
@@ -146,16 +148,16 @@ def test_into_op_fake_shapes_and_opcheck():
     schema check (mutations declared, outputs alias nothing) and fake-tensor check pass."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     g, t, dense, kv, spec, plan, out, lse, dout = _case("edge", 4, 8)
-    args = (launch.graph_handle(g), dout, *(t[r] for r in ROLES), out, lse, SCALE, SLOPE,
-            launch.launch_handle(g, spec, plan), [True] * 5)
-    real = launch.edge_attention_backward_into_op(*args)
+    args = (custom_ops.graph_handle(g), dout, *(t[r] for r in ROLES), out, lse, SCALE, SLOPE,
+            custom_ops.launch_handle(g, spec, plan), [True] * 5)
+    real = custom_ops.edge_attention_backward_into_op(*args)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fake = launch.edge_attention_backward_into_op(
+        fake = custom_ops.edge_attention_backward_into_op(
             *(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
     assert [tuple(f.shape) for f in fake] == [tuple(r.shape) for r in real]
     assert [f.dtype for f in fake] == [r.dtype for r in real]
     buf = kv.clone()         # (the real call above wrote its gradients over k and v)
     k, v = buf[:, :8].view(N, 2, 4), buf[:, 8:].view(N, 2, 8)
     args = args[:2] + (v, t["q"], k) + args[5:]
-    torch.library.opcheck(launch.edge_attention_backward_into_op, args,
+    torch.library.opcheck(custom_ops.edge_attention_backward_into_op, args,
                           test_utils=("test_schema", "test_faketensor"))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hector.kernels.attention.launch import (edge_attention_grads_triton, edge_attention_triton,
-                                             make_plan)
+from hector.kernels.attention.custom_ops import edge_attention_grads_triton, edge_attention_triton
+from hector.kernels.attention.plan import make_plan
 from hector.kernels.attention.spec import AttentionSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -95,8 +95,9 @@ def test_sided_graph_equals_padded_operands(strategy, s_rows, d_rows):
     over edge-parallel chunks, destinations without edges, and a graph with no sources; the
     fake implementations say the same shapes."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from hector.kernels.attention.launch import (edge_attention_backward_op, edge_attention_op,
-                                                 edge_attention_triton, graph_handle)
+    from hector.kernels.attention.custom_ops import (edge_attention_backward_op,
+                                                     edge_attention_op, edge_attention_triton,
+                                                     graph_handle)
     gen = torch.Generator().manual_seed(s_rows + d_rows)
     e = 60 if s_rows else 0
     src = torch.randint(0, max(s_rows, 1), (e,), generator=gen)

@@ -16,10 +16,13 @@ import torch
 
 from hector import Graph
 from hector.kernels.attention import launch
-from hector.kernels.attention.launch import (attention_backward, edge_attention_backward_op,
-                                             edge_attention_grads_triton, edge_attention_triton,
-                                             graph_handle, make_plan, rows_dense)
+from hector.kernels.attention.custom_ops import (edge_attention_backward_op,
+                                                 edge_attention_grads_triton,
+                                                 edge_attention_triton, graph_handle,
+                                                 launch_handle)
+from hector.kernels.attention.launch import attention_backward, rows_dense
 from hector.kernels.attention.op import edge_attention
+from hector.kernels.attention.plan import make_plan
 from hector.kernels.attention.spec import AttentionSpec, Schedule
 from hector.kernels.sizes import next_pow2
 
@@ -271,7 +274,7 @@ def test_joint_kv_op_fake_shapes_and_opcheck():
     out, lse = forward(g, t, spec, plan)
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(out)
     args = (graph_handle(g), dout, *(t[r] for r in ROLES), out, lse, SCALE, SLOPE, 0.0, 0,
-            "auto", launch.launch_handle(g, spec, plan), [True] * 5)
+            "auto", launch_handle(g, spec, plan), [True] * 5)
     real = edge_attention_backward_op(*args, joint_kv=True)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake = edge_attention_backward_op(

@@ -283,7 +283,7 @@ def graph_with_empty_runs():
 @pytest.mark.parametrize("strategy", ["node", "edge"])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_triton_runs_of_empty_rows(strategy, dropout):
-    from hector.kernels.attention.launch import active_rows
+    from hector.kernels.attention.plan import active_rows
     g = graph_with_empty_runs()
     for csr in (g.csr_in, g.csr_out):    # the edge schedule traverses only rows with edges
         compressed, sel = active_rows(g, csr)
@@ -297,14 +297,14 @@ def test_chunk_rows_in_18_ops_equal_the_searched_rows():
     (edgeless rows on a boundary go to the chunk before), in 18 aten ops (22 before: two
     scalars lifted to tensors and copied, a cast of the comparison); every new block's
     attention graph builds two per layer and direction."""
-    from hector.kernels.attention import launch as L
+    from hector.kernels.attention import plan as P
     from helpers import aten_ops
     gen = torch.Generator().manual_seed(0)
     for e in (0, 1, 7, 300):
         dst = torch.sort(torch.randint(5, 45, (e,), generator=gen)).values
         g = Graph(torch.stack([torch.randint(0, 50, (e,), generator=gen), dst]), num_nodes=50)
         for csr, chunk in itertools.product((g.csr_in, g.csr_out), (1, 3, 16)):
-            rows, ops = aten_ops(lambda: L.chunk_rows(g, csr, chunk))
+            rows, ops = aten_ops(lambda: P.chunk_rows(g, csr, chunk))
             assert sum(ops.values()) <= 18, ops
             ptr = csr.ptr.long()
             for c, (lo, hi) in enumerate(rows.tolist()):
@@ -322,17 +322,17 @@ def test_active_and_idle_rows_from_the_degree_statistics_without_nonzero():
     import itertools
 
     from hector.graph.derived import AttentionGraph
-    from hector.kernels.attention import launch as L
+    from hector.kernels.attention import plan as P
     from helpers import aten_ops
     g = graph_with_empty_runs()
     cut = AttentionGraph(g.src, g.dst, g.num_nodes, num_src=30, num_dst=50)
     for graph, side in itertools.product((g, cut), ("dst", "src")):
-        full = L.side_csr(graph, side)
+        full = P.side_csr(graph, side)
         want_active = (full.degrees() > 0).nonzero().squeeze(1)
         want_idle = (full.degrees() == 0).nonzero().squeeze(1)
-        (csr, ids), ops = aten_ops(lambda: L.active_rows(graph, full,
-                                                         L.empty_rows(graph, side)))
-        idle, more = aten_ops(lambda: L.idle_rows(graph, full, L.empty_rows(graph, side)))
+        (csr, ids), ops = aten_ops(lambda: P.active_rows(graph, full,
+                                                         P.empty_rows(graph, side)))
+        idle, more = aten_ops(lambda: P.idle_rows(graph, full, P.empty_rows(graph, side)))
         assert "aten::nonzero" not in ops + more and "aten::item" not in ops + more
         assert torch.equal(ids.cpu(), want_active.cpu()) and torch.equal(idle.cpu(),
                                                                          want_idle.cpu())
@@ -359,7 +359,7 @@ def test_triton_auto_and_partial_grads():
 
 def test_strategy_rule():
     from hector.kernels.attention.spec import default_schedule
-    from hector.kernels.attention.launch import choose_strategy
+    from hector.kernels.attention.plan import choose_strategy
     from hector.graph.structures import DegreeStats
     flat = DegreeStats(max=20, mean=10.0, cv=0.3, num_isolated=0, num_super=0, super_threshold=1000)
     skew = DegreeStats(max=100_000, mean=5.0, cv=40.0, num_isolated=0, num_super=1,
@@ -390,7 +390,7 @@ def test_strategy_rule():
     assert choose_strategy(short, 20_000, sms=132)[0] == "node"
     assert choose_strategy(DegreeStats(max=40, mean=6.4, cv=0.5, num_isolated=0, num_super=0,
                                        super_threshold=1000), 16_109_182, sms=132)[0] == "node"
-    from hector.kernels.attention.launch import CHUNK_PROGRAMS_PER_SM
+    from hector.kernels.attention.plan import CHUNK_PROGRAMS_PER_SM
     from hector.kernels.attention.spec import MAX_CHUNK, MIN_CHUNK
     lanes = 132 * CHUNK_PROGRAMS_PER_SM
     spec = AttentionSpec.of(torch.empty(1, 8, 8))

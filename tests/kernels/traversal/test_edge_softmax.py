@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hector
-from hector.kernels.attention.launch import graph_handle
+from hector.kernels.attention.custom_ops import graph_handle
 from hector.kernels.traversal import launch as L
 from hector.kernels.traversal.op import edge_softmax
 from hector.kernels.traversal.schedule import row_bins

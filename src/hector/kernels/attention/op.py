@@ -1,6 +1,6 @@
 """``edge_attention``: the fused attention op, public entry of this kernel family.  It validates
 its inputs (every check before any kernel runs) and dispatches to a backend: the generated
-Triton kernels (:mod:`.launch`) on CUDA or under ``TRITON_INTERPRET=1``, plain PyTorch
+Triton kernels (:mod:`.custom_ops`) on CUDA or under ``TRITON_INTERPRET=1``, plain PyTorch
 (:mod:`.reference`) otherwise."""
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 from ... import checks as C
 from ...device import choose_backend
 from ...graph import Graph
-from .launch import AttentionPlan, edge_attention_triton
+from .custom_ops import edge_attention_triton
+from .plan import AttentionPlan
 from .reference import edge_attention_torch
 from .spec import AttentionSpec
 
@@ -55,13 +56,13 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
             a fresh seed drawn *on the device* from torch's generator for ``v``'s device
             (reproducible under ``torch.manual_seed``; no host sync; inside a captured CUDA
             graph the draw is replayed too, so every replay drops a fresh mask).
-        strategy: 'auto' | 'node' | 'edge' (Triton schedule; see ``launch.choose_strategy``).
+        strategy: 'auto' | 'node' | 'edge' (Triton schedule; see ``plan.choose_strategy``).
         backend: 'auto' | 'torch' | 'triton'.
         schedule: a ``hector.kernels.attention.spec.Schedule`` pinning tile sizes and strategy
             (tests); None: the heuristic's tiles, whose edge tile and warps the autotuner
             refines on CUDA (once per shape bucket; ``HECTOR_AUTOTUNE=0`` keeps the heuristic).
         spec, plan: the :class:`~.spec.AttentionSpec` of this call and the
-            :class:`~.launch.AttentionPlan` (schedules) for ``graph``, when the caller decided
+            :class:`~.plan.AttentionPlan` (schedules) for ``graph``, when the caller decided
             them already (the compiler's lowering and its per-graph cache): the Triton path
             launches these objects instead of deriving its own.  ``spec`` must describe the
             given tensors; ``plan`` excludes ``schedule`` and must have been made for ``graph``.

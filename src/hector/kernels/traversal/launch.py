@@ -22,7 +22,7 @@ import torch
 
 from .. import autotune, registry
 from ..eager import call
-from ..attention.launch import _graph, graph_handle
+from ..attention.custom_ops import _graph, graph_handle
 from ..handles import HandleTable
 from .csr import WeightedCSR
 from .schedule import CHUNK, RowBins, Tiles, pick_tiles, row_bins, tile_configs
