@@ -11,7 +11,7 @@ import torch
 from triton.testing import do_bench
 from hector.bench import suites
 from hector.compiler.steps_torch import GraphIndex
-from hector.compiler.steps_triton import movement_csr
+from hector.compiler.steps_triton.traversal import movement_csr
 from hector.kernels.segment_mm.op import segment_mm, segment_mm_csr
 from hector.kernels.traversal.op import traverse
 

@@ -33,21 +33,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batch_overhead import (clock, common_arguments, load_profile, make_model,  # noqa: E402
                             rebuild, step)
 
-from hector.compiler import steps_triton  # noqa: E402
+from hector.compiler.steps_triton import traversal as traversal_steps  # noqa: E402
 from hector.datasets import synthetic  # noqa: E402
 from hector.kernels import eager  # noqa: E402
 from hector.loader import NeighborLoader  # noqa: E402
 from hector.nn import AGNNConv, GATConv, TransformerConv  # noqa: E402
 
 REAL = {"direct": eager.direct, "recorded": eager._recorded,
-        "through": steps_triton._through_rows}
+        "through": traversal_steps._through_rows}
 
 
 def use(variant: str) -> None:
     before = variant == "before"
     eager.direct = (lambda *a, **k: False) if before else REAL["direct"]
     eager._recorded = (lambda *a, **k: None) if before else REAL["recorded"]
-    steps_triton._through_rows = (lambda *a, **k: None) if before else REAL["through"]
+    traversal_steps._through_rows = (lambda *a, **k: None) if before else REAL["through"]
 
 
 def attention_ab(args, device):

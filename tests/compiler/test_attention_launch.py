@@ -12,7 +12,7 @@ from hector.compiler import ir as N
 from hector.compiler import models
 from hector.compiler.lower import attention_spec
 from hector.compiler.steps_torch import GraphIndex
-from hector.compiler.steps_triton import attention_launch
+from hector.compiler.steps_triton.attention import attention_launch
 from hector.kernels.attention import custom_ops
 from hector.kernels.attention.op import edge_attention
 from hector.kernels.attention.plan import make_plan

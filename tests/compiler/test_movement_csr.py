@@ -1,5 +1,6 @@
-"""The traversal steps' movement CSRs (``steps_triton.movement_csr``): a backward chain that
-reverses a forward one is that CSR transposed, bit for bit equal to composing it afresh."""
+"""The traversal steps' movement CSRs (``steps_triton.traversal.movement_csr``): a backward
+chain that reverses a forward one is that CSR transposed, bit for bit equal to composing it
+afresh."""
 import sys
 from pathlib import Path
 
@@ -8,7 +9,8 @@ import torch
 
 from hector import Graph
 from hector.compiler.steps_torch import GraphIndex
-from hector.compiler.steps_triton import _movement_factor, _reversed_chain, movement_csr
+from hector.compiler.steps_triton.traversal import (_movement_factor, _reversed_chain,
+                                                    movement_csr)
 from hector.kernels.traversal.csr import compose
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py

@@ -8,7 +8,7 @@ import torch
 
 from hector import Graph
 from hector.compiler.steps_torch import GraphIndex
-from hector.compiler.steps_triton import _derived_graph
+from hector.compiler.steps_triton.attention import _derived_graph
 from hector.compiler.ir import CSRC, EDGE
 from hector.graph.derived import ATTENTION_FIELDS, AttentionGraph
 

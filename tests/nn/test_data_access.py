@@ -138,7 +138,7 @@ def test_attention_layers_have_no_edge_sized_torch_gather_or_scatter(name):
 def test_half_inputs_stay_half_in_the_kernels(name, monkeypatch):
     """bf16 storage: the GEMM and traversal kernels receive bf16 rows and weights (the
     program used to upcast everything to fp32 first)."""
-    from hector.compiler import steps_triton
+    from hector.compiler.steps_triton import gemm, traversal
     seen = []
 
     def spy(fn):
@@ -148,8 +148,11 @@ def test_half_inputs_stay_half_in_the_kernels(name, monkeypatch):
             return fn(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(steps_triton, "segment_mm", spy(steps_triton.segment_mm))
-    monkeypatch.setattr(steps_triton, "traverse", spy(steps_triton.traverse))
+    # Patched where the steps read them: traverse runs the traversal steps and, on hub
+    # rows, a GEMM's CSR prologue sums.
+    monkeypatch.setattr(gemm, "segment_mm", spy(gemm.segment_mm))
+    monkeypatch.setattr(gemm, "traverse", spy(gemm.traverse))
+    monkeypatch.setattr(traversal, "traverse", spy(traversal.traverse))
     m, g, d = _module(name, "triton")
     out, _ = _run(m, g, d, torch.bfloat16)
     assert seen and set(seen) == {torch.bfloat16}
@@ -188,7 +191,7 @@ def test_edge_score_program_matches_torch_score(monkeypatch):
     from hector.compiler import ir
     from hector.compiler.steps_torch import GraphIndex, attention_score
     from hector.compiler.plan import Step
-    from hector.compiler.steps_triton import _edge_score
+    from hector.compiler.steps_triton.attention import _edge_score
     g = _graph().to(device_for("triton"))
     ix = GraphIndex.of(g)
     x = ir.input_("x", 4, heads=2)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hector
-from hector.compiler import steps_triton
+from hector.compiler.steps_triton import attention as attention_steps
 from hector.nn.rgat import RGATConv
 
 pyg = pytest.importorskip("torch_geometric.nn")
@@ -22,7 +22,8 @@ TOL = 1e-4
 def _spy(monkeypatch):
     calls, bwd = [], []
     # Patched where the compiler's attention steps look the ops up.
-    real, real_bwd = steps_triton.edge_attention_triton, steps_triton.edge_attention_grads_triton
+    real = attention_steps.edge_attention_triton
+    real_bwd = attention_steps.edge_attention_grads_triton
 
     def spy(graph, v, *a, **k):
         calls.append((graph.num_nodes, graph.num_edges, tuple(v.shape)))
@@ -31,8 +32,8 @@ def _spy(monkeypatch):
     def spy_bwd(graph, *a, **k):
         bwd.append(graph.num_nodes)
         return real_bwd(graph, *a, **k)
-    monkeypatch.setattr(steps_triton, "edge_attention_triton", spy)
-    monkeypatch.setattr(steps_triton, "edge_attention_grads_triton", spy_bwd)
+    monkeypatch.setattr(attention_steps, "edge_attention_triton", spy)
+    monkeypatch.setattr(attention_steps, "edge_attention_grads_triton", spy_bwd)
     return calls, bwd
 
 

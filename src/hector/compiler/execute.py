@@ -27,8 +27,9 @@ from .ir import Op, Value, toposort
 from .plan import Plan, Step
 from .lower import extra_cols, gemm_addend, gemm_parts
 from .steps_torch import GraphIndex, attention_torch_lse, eval_body, eval_op, extra_product
-from .steps_triton import (prepare_traversals, run_attention, run_attention_bwd, run_gemm,
-                           run_traversal, run_wgrad, run_wsum)
+from .steps_triton.attention import run_attention, run_attention_bwd
+from .steps_triton.gemm import run_gemm, run_wgrad, run_wsum
+from .steps_triton.traversal import prepare_traversals, run_traversal
 
 
 def triton_step(step: Step) -> bool:

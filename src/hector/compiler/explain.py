@@ -31,7 +31,7 @@ from .launches import count_step, summary
 from .printer import format_ir
 from .program import CompiledModule, Program
 from .steps_torch import GraphIndex
-from .steps_triton import attention_launch
+from .steps_triton.attention import attention_launch
 
 _OPS = {"gemm": "hector.kernels.segment_mm.op.segment_mm (Triton segment GEMM; "
                 "torch: per-segment matmul)",
@@ -240,7 +240,7 @@ def _config_text(config: dict) -> str:
 
 
 def _gemm_op(step) -> str:
-    """The op a GEMM step calls on the Triton backend (``steps_triton``): the segment GEMM,
+    """The op a GEMM step calls on the Triton backend (``steps_triton.gemm``): the segment GEMM,
     its CSR prologue or CSR scatter epilogue variant, or a weight-gradient op."""
     body = step.body
     if body.op == Op.WSUM:

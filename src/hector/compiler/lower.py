@@ -268,7 +268,7 @@ def gemm_parts(body: Value) -> Tuple[Value, Value]:
 
 #: Longest CSR row a segment GEMM's CSR prologue or epilogue walks where rows may be cut
 #: (a scatter epilogue or a CSR epilogue sums them afterwards, a weight gradient over
-#: them): longer rows become pieces of this many entries (``steps_triton``), so a tile
+#: them): longer rows become pieces of this many entries (``steps_triton.gemm``), so a tile
 #: never walks a hub alone.
 CSR_PIECE = 16
 
@@ -331,7 +331,7 @@ def gemm_spec(body: Value, dtype: torch.dtype):
     rows = RowSegments(rows=x.kind, segments=w.per, per_head=per_head, transpose_weight=transpose,
                        gather=(x.args[0].kind, x.attr("end")) if gathered else None, csr=csr,
                        scatter=out_scatter, csr_out=csr_out, pieces=pieces)
-    # (steps_triton.run_gemm: node_perm or the head-major order, permutations both; a CSR
+    # (steps_triton.gemm.run_gemm: node_perm or the head-major order, permutations both; a CSR
     # prologue's rows in order of length within each segment, a permutation too)
     # (a CSR epilogue's rows: its pieces by length within each segment, ``scatter`` their
     # CSR rows, ``gather`` the input rows they read)
@@ -370,7 +370,7 @@ def attention_spec(body: Value, dtype: torch.dtype) -> Tuple[AttentionSpec, Atte
     """The spec of the op call an attention step makes, and the graph it makes it on.
 
     The op reads per-node terms; relational terms live on compact or edge rows, so the call
-    may run on a derived graph whose sources are those rows (``steps_triton``).  A
+    may run on a derived graph whose sources are those rows (``steps_triton.attention``).  A
     destination term per (dst, relation) row without q.k (RGAT) is read per edge through
     the edge's compact row (``dst_edge``); with a relation-dependent destination otherwise,
     the score becomes one per-edge source term.  The spec describes the call as launched,

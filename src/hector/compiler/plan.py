@@ -57,7 +57,7 @@ class RowSegments:
 @dataclass(frozen=True)
 class AttentionRows:
     """Which graph a fused attention step's op call traverses, decided by lowering from the
-    row kinds of its operands (the op takes per-node terms; see ``steps_triton``).
+    row kinds of its operands (the op takes per-node terms; see ``steps_triton.attention``).
 
     ``graph``: 'graph' (the graph itself: every term per node), 'derived' (sources are rows
     of ``source`` kind, destinations the nodes); ``source``: 'node', 'compact_src' or

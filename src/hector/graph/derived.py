@@ -2,7 +2,8 @@
 
 The compiler runs some attention steps on a graph derived from the real one (sources: compact
 (src, relation) rows or edges; destinations: nodes or compact (dst, relation) rows; one derived
-edge per edge; see :mod:`hector.compiler.steps_triton`).  Every mini-batch block builds its own.
+edge per edge; see :mod:`hector.compiler.steps_triton.attention`).  Every mini-batch block
+builds its own.
 A full :class:`~hector.graph.Graph` re-validates ids the real graph already checked and builds
 compact maps, a relation order and a node-type grouping the op never reads: about half the
 host time of a new batch's first RGAT step.  :class:`AttentionGraph` is a ``Graph`` holding

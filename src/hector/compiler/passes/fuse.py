@@ -593,7 +593,7 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
         loads it.  For a linear whose scatter epilogue sums its rows (``gemm_scatter``: rows
         at least twice the nodes, nearly edge-sized) and for a weight gradient (the
         backward's rebuilt rows): the kernels walk rows cut into short pieces
-        (``steps_triton``), and the summed rows are neither written nor saved.  Otherwise
+        (``steps_triton.gemm``), and the summed rows are neither written nor saved.  Otherwise
         (rows stored once, which cannot be cut) only with ``HECTOR_CSR_PROLOGUE=1``: measured
         slower than the traversal kernel and a plain GEMM where a graph has long rows
         (docs/perf-notes.md, "Session 19"); ``HECTOR_CSR_PROLOGUE=0``: never."""
