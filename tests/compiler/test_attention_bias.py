@@ -1,8 +1,8 @@
-"""The attention epilogue bias (``fuse._fold_bias``): ``[reshape](attention) + b`` runs as the
-attention kernel's epilogue (RGAT's output bias): outputs and every gradient, the bias's
-included, equal the unfolded plan's on both backends, rows without incoming edges getting
-the bias alone; what stays apart (averaged heads, a bias per relation, an attention read
-elsewhere)."""
+"""The attention epilogue bias (``fuse_attention._fold_bias``): ``[reshape](attention) + b``
+runs as the attention kernel's epilogue (RGAT's output bias): outputs and every gradient, the
+bias's included, equal the unfolded plan's on both backends, rows without incoming edges
+getting the bias alone; what stays apart (averaged heads, a bias per relation, an attention
+read elsewhere)."""
 import sys
 from pathlib import Path
 
@@ -12,7 +12,7 @@ import torch
 import hector
 from hector.compiler import ir as N
 from hector.compiler import models
-from hector.compiler.passes import fuse
+from hector.compiler.passes import fuse, fuse_attention
 from hector.compiler.program import compile as hcompile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
@@ -30,7 +30,7 @@ def _graph(seed=0, num_nodes=24, num_edges=90, relations=3):
 
 
 def _run(fn, g, backend, fold, monkeypatch, **kw):
-    if not fold:
+    if not fold:     # (patched where it is read: fuse.run and fuse.attention_for_autodiff)
         monkeypatch.setattr(fuse, "_fold_bias", lambda outputs, memo, decisions: outputs)
     dev = device_for(backend)
     torch.manual_seed(1)
@@ -104,7 +104,7 @@ def test_fold_declines(case):
                 per="node_type" if case == "per node type" else None)
     y = N.binary("add", att, b)
     outs = (y, att) if case == "read elsewhere" else (y,)
-    folded = fuse._fold_bias(outs, {}, [])
+    folded = fuse_attention._fold_bias(outs, {}, [])
     assert folded == outs
 
 
@@ -112,7 +112,7 @@ def test_fold_makes_the_bias_a_role():
     att = _att()
     b = N.param("b", (8,))
     decisions = []
-    (y,) = fuse._fold_bias((N.binary("add", att, b),), {}, decisions)
+    (y,) = fuse_attention._fold_bias((N.binary("add", att, b),), {}, decisions)
     assert y.op == N.Op.ATTENTION and N.attention_roles(y)["bias"] == b
     assert decisions and decisions[0].applied
 

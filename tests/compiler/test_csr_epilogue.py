@@ -15,7 +15,7 @@ from hector.compiler.explain import explain
 from hector.compiler.program import compile as hcompile
 from hector.compiler.lower import CSR_PIECE
 from hector.compiler.memory import simulate
-from hector.compiler.passes import fuse
+from hector.compiler.passes import fuse_gemm
 from hector.loader import NeighborLoader
 from hector.nn import RGCNConv
 
@@ -45,7 +45,7 @@ def _csr_wgrads(plan):
 
 @pytest.fixture(autouse=True)
 def _auto(monkeypatch):
-    monkeypatch.delenv(fuse.CSR_PROLOGUE_ENV, raising=False)
+    monkeypatch.delenv(fuse_gemm.CSR_PROLOGUE_ENV, raising=False)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -94,7 +94,7 @@ def test_replay_peak_falls():
     for mode in ("0", "auto"):
         with pytest.MonkeyPatch.context() as mp:
             if mode == "0":
-                mp.setenv(fuse.CSR_PROLOGUE_ENV, "0")
+                mp.setenv(fuse_gemm.CSR_PROLOGUE_ENV, "0")
             entry = _run(g, "triton")[0]
         peaks[mode] = max(p.live for p in simulate(entry)[0])
         if mode == "0":

@@ -12,7 +12,7 @@ import torch
 import hector
 from hector.compiler import ir as N
 from hector.compiler import models
-from hector.compiler.passes import fuse
+from hector.compiler.passes import fuse_gemm
 from hector.compiler.program import compile as hcompile
 from hector.kernels.traversal import schedule
 
@@ -36,7 +36,7 @@ def _graph(num_nodes=24, num_edges=90, relations=3, seed=0, hub=0):
 
 @pytest.fixture(autouse=True)
 def _opt_in(monkeypatch):
-    monkeypatch.setenv(fuse.CSR_PROLOGUE_ENV, "1")
+    monkeypatch.setenv(fuse_gemm.CSR_PROLOGUE_ENV, "1")
 
 
 def _run(g, backend, dtype=torch.float32, **opts):
@@ -113,7 +113,7 @@ def test_hub_rows_fall_back_to_the_traversal_kernel(monkeypatch):
 
 
 def test_off_by_default(monkeypatch):
-    monkeypatch.delenv(fuse.CSR_PROLOGUE_ENV)
+    monkeypatch.delenv(fuse_gemm.CSR_PROLOGUE_ENV)
     got = _run(_graph(), "triton")
     assert not _csr_steps(got[0].forward_plan) and _mean_traversals(got[0].forward_plan)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hector.compiler import ir as N
-from hector.compiler.passes import fuse
+from hector.compiler.passes import fuse_gemm
 
 from test_csr_prologue import _csr_steps, _graph, _run, _same
 
@@ -18,9 +18,9 @@ MODES = ["0", "1", "auto"]
 def _set_mode(monkeypatch, mode):
     """``HECTOR_CSR_PROLOGUE`` as ``mode`` ("auto": unset)."""
     if mode == "auto":
-        monkeypatch.delenv(fuse.CSR_PROLOGUE_ENV, raising=False)
+        monkeypatch.delenv(fuse_gemm.CSR_PROLOGUE_ENV, raising=False)
     else:
-        monkeypatch.setenv(fuse.CSR_PROLOGUE_ENV, mode)
+        monkeypatch.setenv(fuse_gemm.CSR_PROLOGUE_ENV, mode)
 
 
 def _scatter_steps(plan):

@@ -114,7 +114,7 @@ def test_fuse_builds_attention_kernel_for_rgat():
     templates = [v.attr("template") for v in N.toposort(fused) if v.op == "kernel"]
     assert templates.count("attention") == 1 and templates.count("gemm") == 3
     att = next(v for v in N.toposort(fused) if v.attr("template") == "attention").attr("body")
-    # (the layer's output bias is the attention's epilogue: fuse._fold_bias)
+    # (the layer's output bias is the attention's epilogue: fuse_attention._fold_bias)
     assert att.attr("roles") == ("v", "a_src", "a_dst", "bias") and att.attr("slope") == 0.2
 
 

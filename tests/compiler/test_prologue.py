@@ -10,7 +10,7 @@ import torch
 import hector
 from hector.compiler import ir as N
 from hector.compiler import models
-from hector.compiler.passes import fuse
+from hector.compiler.passes import fuse_group
 from hector.compiler.program import compile as hcompile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
@@ -94,7 +94,7 @@ def test_hgt_reads_gelu_of_the_aggregate_in_its_gemms(backend, monkeypatch):
     kw = dict(in_dim=8, out_dim=8, heads=2, num_relations=3, num_node_types=2)
     got = _run(models.hgt, g, backend, **kw)
     with monkeypatch.context() as mp:     # the reference: the gelu as its own step
-        mp.setattr(fuse, "_prologue", lambda a, gemm: False)
+        mp.setattr(fuse_group, "_prologue", lambda a, gemm: False)
         want = _run(models.hgt, g, "torch", **kw)
     assert "gelu" not in _prologues(want[0].forward_plan)
     _same(got, want)

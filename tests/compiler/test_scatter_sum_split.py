@@ -1,5 +1,5 @@
 """``scatter_sum(add(linear_1, linear_2))`` of compact rows into their nodes becomes two
-scatter-epilogue GEMMs (``fuse._split_scatter_sums``): RGAT's backward sums ``dv W_r^T`` and
+scatter-epilogue GEMMs (``fuse_gemm._split_scatter_sums``): RGAT's backward sums ``dv W_r^T`` and
 ``d a_src W_att_r^T`` over its compact (src, relation) rows into the sources, and neither
 compact product is written where those rows are at least twice the nodes.  Output and every
 gradient equal the torch backend's; declined, with its cost question, on a graph with fewer

@@ -252,7 +252,7 @@ def _autodiff_input(stage: ForwardStage):
     forward, memo, decisions = fusion.attention_for_autodiff(stage.optimized)
     materialised = {memo[o]: p for o, p in stage.materialised.items() if o in memo}
     materialised.update((v, p) for v, p in stage.materialised.items()
-                        if v.op == Op.ATTENTION)      # fused with a bias (fuse._fold_bias)
+                        if v.op == Op.ATTENTION)      # with a bias (fuse_attention._fold_bias)
     for v in toposort(forward):
         if v.op == Op.ATTENTION and v in materialised:
             materialised[attention_lse(v)] = attention_lse(materialised[v])

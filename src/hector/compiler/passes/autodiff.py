@@ -13,10 +13,10 @@ are tiny and are differentiated by torch autograd at run time (the executor chai
 gradient of a root to its parameters).
 
 A fused ``attention`` (score, edge softmax and aggregation as one operator; the pipeline
-fuses it before autodiff wherever its backward kernels apply, ``fuse.fused_backward``) is
-differentiated as one operator too: ``attention_bwd`` gives every role's gradient from two
-traversals (by destination, by source) that recompute the scores on chip from the forward's
-log-sum-exp, so the backward holds no per-edge tensor.
+fuses it before autodiff wherever its backward kernels apply,
+``fuse_attention.fused_backward``) is differentiated as one operator too: ``attention_bwd``
+gives every role's gradient from two traversals (by destination, by source) that recompute
+the scores on chip from the forward's log-sum-exp, so the backward holds no per-edge tensor.
 
 ``bind_saved`` decides what the backward reads from the forward: every forward value the
 fused forward plan materialises becomes a ``saved`` leaf; values that fusion kept on chip

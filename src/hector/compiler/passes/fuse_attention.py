@@ -1,0 +1,128 @@
+"""Fusion's attention pattern (the ``fuse`` module's point 1 and 4): the match of
+``scatter_sum_dst(edge_softmax(act(score)) * gather_src(v))`` to one ``attention`` operator
+(its score's terms read into roles), whether autodiff differentiates it as one operator
+(its backward kernels), and the fold of an output bias into the attention's epilogue."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from .. import ir as N
+from ..ir import EDGE, NODE, Op, Value, WEIGHT
+from ..lower import attention_spec
+from .common import Decision
+from .fuse_rewrite import NAME, _read_once, _rewrite_after
+
+
+
+def _terms(s: Value) -> List[Value]:
+    return _terms(s.args[0]) + _terms(s.args[1]) if s.op == Op.ADD else [s]
+
+
+def _side(t: Value, end: str) -> Optional[Value]:
+    """The value a term reads from the ``end`` side, or None."""
+    if t.op == Op.GATHER and t.attr("end") == end and t.attr("norm") is None and t.kind == EDGE:
+        return t.args[0]
+    return None
+
+
+def _qk(t: Value):
+    """``[scale(] [mul(] dot(q_dst, k_src) [, p)] [, c)]`` -> (q, k, p, c) or None."""
+    c = 1.0
+    if t.op == Op.SCALE:
+        c, t = t.attr("factor"), t.args[0]
+    p = None
+    if t.op == Op.MUL:
+        w = [a for a in t.args if a.kind == WEIGHT]
+        rest = [a for a in t.args if a.kind != WEIGHT]
+        if len(w) != 1 or len(rest) != 1:
+            return None
+        p, t = w[0], rest[0]
+    if t.op != Op.DOT:
+        return None
+    q, k = _side(t.args[0], "dst"), _side(t.args[1], "src")
+    if q is None or k is None:
+        q, k = _side(t.args[1], "dst"), _side(t.args[0], "src")
+    if q is None or k is None or q.kind not in (NODE,) and q.kind != N.CDST:
+        return None
+    return q, k, p, c
+
+
+def match_attention(v: Value) -> Tuple[Optional[Value], str]:
+    """The fused ``attention`` operator equal to ``v``, or (None, why not)."""
+    if not (v.op == Op.SCATTER and v.kind == NODE and v.attr("end") == "dst"
+            and v.attr("reduce") == "sum" and v.args[0].op == Op.MUL):
+        return None, "not a sum over incoming edges of a product"
+    a, b = v.args[0].args
+    alpha, msg = (a, b) if a.op == Op.EDGE_SOFTMAX else (b, a)
+    if alpha.op != Op.EDGE_SOFTMAX:
+        return None, "no edge softmax in the product"
+    if alpha.heads != msg.heads:
+        return None, f"softmax heads {alpha.heads} != message heads {msg.heads}"
+    s, slope = alpha.args[0], None
+    if s.op == Op.LEAKY_RELU:
+        s, slope = s.args[0], s.attr("slope")
+    roles: Dict[str, Value] = {"v": _side(msg, "src") or msg}
+    if roles["v"].kind == N.CDST or (roles["v"].kind == NODE and _side(msg, "src") is None):
+        return None, "message is not a source-side value"
+    scale = 1.0
+    for t in _terms(s):
+        qk = _qk(t) if "q" not in roles else None
+        if qk is not None:
+            roles["q"], roles["k"], p, scale = qk
+            if p is not None:
+                roles["p"] = p
+        elif _side(t, "src") is not None and "a_src" not in roles:
+            roles["a_src"] = _side(t, "src")
+        elif _side(t, "dst") is not None and "a_dst" not in roles:
+            roles["a_dst"] = _side(t, "dst")
+        elif t.kind == EDGE and "a_src" not in roles:
+            roles["a_src"] = t      # an edge-wise term: read per edge (edge-sourced lowering)
+        else:
+            return None, f"score term {t.op} is not a q.k, source or destination term"
+    if "q" in roles and roles["q"].kind != NODE:
+        return None, "query depends on the relation (compact dst rows)"
+    return N.attention(roles, msg.shape, scale, slope), ""
+
+
+def fused_backward(att: Value) -> Tuple[bool, str]:
+    """Whether attention ``att`` is differentiated as one operator (its backward kernels), or
+    (False, why) through its unfused operators.  The kernels take every term on the rows
+    the forward's op call traverses (``AttentionRows``): the graph's nodes, a derived graph
+    whose sources are one row kind and whose destinations are the nodes; a destination
+    term per (dst, relation) row (RGAT's) is read per edge, and its gradient summed back
+    into those rows."""
+    rows = attention_spec(att, None)[1]
+    roles = N.attention_roles(att)
+    if rows.score_on_edges:
+        return False, "the score is per edge (a relation-dependent destination term with q.k)"
+    side = [roles[r].kind for r in ("v", "k", "a_src") if r in roles]
+    if any(kind != rows.source for kind in side):
+        return False, f"source terms on {sorted(set(side))} rows, not all on {rows.source} rows"
+    return True, ""
+
+
+def _fold_bias(outputs, memo: Dict[Value, Value], decisions: List[Decision]):
+    """``outputs`` with each ``[reshape](attention) + b`` (see the module's point 4) made
+    ``[reshape](attention(..., bias=b))``; ``memo`` (original value -> replacement, of an
+    earlier rewrite) is updated to map to the new values."""
+    alone = _read_once(outputs)
+
+    def fold(orig: Value, new: Value, _memo) -> Optional[Value]:
+        if orig.op != Op.ADD:
+            return None
+        x, b = orig.args if orig.args[1].kind == WEIGHT else orig.args[::-1]
+        att = x.args[0] if x.op == Op.RESHAPE else x
+        if att.op != Op.ATTENTION or b.kind != WEIGHT or "bias" in att.attr("roles"):
+            return None
+        width = att.heads * att.dim
+        if (b.per or tuple(b.shape) != (width,) or tuple(x.shape) != (1, width)
+                or not alone(att) or not alone(x)):
+            return None
+        decisions.append(Decision(NAME, "bias add into attention", True,
+                                  "the attention kernel adds the bias row as it stores each "
+                                  "output row (no pass over the node rows)"))
+        roles = dict(N.attention_roles(att), bias=b)
+        fused = N.attention(roles, att.shape, att.attr("scale"), att.attr("slope"))
+        return Value(x.op, (fused,), x.kind, x.shape, x.attrs) if x is not att else fused
+
+    return _rewrite_after(outputs, fold, memo)
