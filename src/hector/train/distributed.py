@@ -11,7 +11,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 import torch.distributed as dist
@@ -110,31 +110,20 @@ class RowSparseDDP(DDP):
         for p, _ in self._tables:          # DDP's start-up broadcast skips them
             dist.broadcast(p.data, 0)
 
-    def sync_rows(self, n_id: torch.Tensor, max_rows: Optional[int] = None) -> None:
+    def sync_rows(self, n_id: torch.Tensor) -> None:
         """Average the tables' gradients over the ranks; ``n_id``: this rank's batch's
-        global node ids (every row its forward read); ``max_rows``: at most this many
-        ids in any rank's batch (``NeighborLoader.max_nodes``).
-
-        Without ``max_rows`` (what ``hector.train.minibatch.train_step`` does) the union's
-        rows are read back to the host once, after the mask's all-reduce has made the ranks
-        meet anyway.  With it they are listed without that read, padded to ``world *
-        max_rows`` with row 0 (a padding position carries row 0's own sum, so writing it
-        back is harmless); on synthetic mag that bound is ~5x the rows two batches touch,
-        and two H200s trained RGCN slower with it (7.82 s per epoch against 6.95 s exact)."""
+        global node ids (every row its forward read).  The union's rows are read back to
+        the host once, after the mask's all-reduce has made the ranks meet anyway.  (A
+        variant without that read, padded to ``world x NeighborLoader.max_nodes`` rows, was
+        measured slower on two H200s: on synthetic mag that bound is ~5x the rows two
+        batches touch, RGCN 7.82 s per epoch against 6.95 s exact; removed in session 27.)"""
         device = self._tables[0][0].device
         mask = torch.zeros(self._num_rows, dtype=torch.uint8, device=device)
         # (index_fill_, not ``mask[n_id] = 1``: that assignment synchronised on CUDA, seen by
         # scripts/ddp_step_profile.py --count-syncs, after DDP's all-reduces had started)
         mask.index_fill_(0, n_id, 1)
         dist.all_reduce(mask, op=dist.ReduceOp.MAX)
-        bound = (None if max_rows is None else
-                 min(self._num_rows, dist.get_world_size() * int(max_rows)))
-        if bound is None:
-            rows = mask.nonzero().squeeze(1)
-        elif bound == self._num_rows:   # the union may be every row: all of them
-            rows = torch.arange(self._num_rows, device=device)
-        else:
-            rows = torch.nonzero_static(mask, size=bound, fill_value=0).squeeze(1)
+        rows = mask.nonzero().squeeze(1)
         parts = []
         for p, d in self._tables:
             if p.grad is None:            # a table this step did not reach
