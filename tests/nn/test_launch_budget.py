@@ -28,8 +28,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")    # interpret
 #: (three node types; the saving grows with the types: bgs has 27), budget 150 -> 110.
 #: One-head RGAT's source score is the message GEMM's extra product (session 24): forward
 #: 6 -> 5 (two segment GEMMs, the attention, the two weight-sized score vectors W_r a).
-BUDGET = {"gat": (7, 20), "agnn": (2, 6), "transformer": (6, 25), "rgcn": (3, 15),
-          "rgat": (13, 40), "rgat_1h": (5, 23), "hgt": (45, 110)}
+#: Session 27: ``promote_types`` is no longer counted (a dtype question: on a GPU it never
+#: was), and RGCN, RGAT and HGT were re-pinned to their counts, which earlier sessions had
+#: lowered under the old budgets (RGCN 3 / 15 -> 3 / 11, RGAT 13 / 40 -> 7 / 28, HGT
+#: 45 / 110 -> 34 / 85).
+BUDGET = {"gat": (7, 20), "agnn": (2, 6), "transformer": (6, 25), "rgcn": (3, 11),
+          "rgat": (7, 28), "rgat_1h": (5, 23), "hgt": (34, 85)}
 
 
 def counts(name):

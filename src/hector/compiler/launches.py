@@ -26,11 +26,12 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..device import interpreting
 
-#: aten ops that launch nothing (metadata only, or an allocation).
+#: aten ops that launch nothing (metadata only, an allocation, or a question about dtypes:
+#: ``promote_types`` / ``result_type`` take no tensor data and were counted on the CPU only).
 _NO_KERNEL = {"view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t",
               "squeeze", "unsqueeze", "slice", "select", "alias", "as_strided", "detach",
               "split", "split_with_sizes", "unbind", "empty", "empty_like", "new_empty",
-              "empty_strided", "lift_fresh", "_to_copy_noop"}
+              "empty_strided", "lift_fresh", "_to_copy_noop", "promote_types", "result_type"}
 
 
 def _on_device(args, kwargs, out) -> bool:

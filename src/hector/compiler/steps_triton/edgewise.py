@@ -9,6 +9,7 @@ records, the same IR runs as torch ops.
 """
 from __future__ import annotations
 
+import functools
 from typing import List
 
 import torch
@@ -46,8 +47,16 @@ def _promoted(tensors: List[torch.Tensor]) -> torch.dtype:
     operand is fp32), so both backends store the same precision."""
     dtype = tensors[0].dtype
     for t in tensors[1:]:
-        dtype = torch.promote_types(dtype, t.dtype)
+        if t.dtype != dtype:
+            dtype = _promote(dtype, t.dtype)
     return dtype
+
+
+@functools.lru_cache(maxsize=None)
+def _promote(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """``torch.promote_types``, memoised: it is a dispatched operator (~microseconds of host
+    time each), asked the same few questions by every edgewise step of every call."""
+    return torch.promote_types(a, b)
 
 
 def run_edgewise(step, inputs: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
