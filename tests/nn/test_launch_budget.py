@@ -46,11 +46,8 @@ def counts(name):
         out = layer(*args)
         return torch.cat([o.flatten() for o in out.values()]) if isinstance(out, dict) else out
     forward().sum().backward()          # the first call plans and fills caches: not counted
-    # A training step starts from no gradients (``zero_grad(set_to_none=True)``): otherwise
-    # every parameter's gradient is an ``add_`` into the previous one, not a training step's
-    # launch (HGT: 21 of its backward's count were those).
-    layer.zero_grad(set_to_none=True)
-    return count_step(forward, device_type)
+    leaves = [t for t in args if isinstance(t, torch.Tensor) and t.requires_grad]
+    return count_step(forward, device_type, list(layer.parameters()) + leaves)
 
 
 @pytest.mark.parametrize("name", sorted(BUDGET))

@@ -139,7 +139,9 @@ def launch_counts(layer, graph: Graph, dtype=torch.float32, features=None) -> st
             return layer(x, graph)
         backend = resolve_backend(layer.backend, dev, dtype)
     forward().sum().backward()
-    c = count_step(forward, dev.type)
+    c = count_step(forward, dev.type,
+                   list((module if isinstance(layer, Program) else layer).parameters())
+                   + ([] if isinstance(layer, Program) else [x]))
     where = ("" if dev.type != "cpu" or interpreting() else
              "; on the CPU no kernel launches: aten ops counted as the GPU kernels they would "
              "be")
