@@ -13,9 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import datasets
-from ..graph import Graph
 from ..checks import check_device_option
-from . import checkpoint, distributed, minibatch
+from . import checkpoint, distributed, memory, minibatch
 from .capture import capture_graph, capture_step
 from .defaults import MODELS, defaults as model_defaults
 from .models import build
@@ -261,13 +260,27 @@ def _train(args, out=None) -> dict:
         x = x / x.sum(1, keepdim=True).clamp(min=1e-12)
     edge_index, edge_type = data.edge_index, data.edge_type
 
+    torch.manual_seed(cfg["seed"])
+    model = build(cfg["model"], data, cfg, backend=cfg["backend"]).to(device)
+    if cfg["dtype"] == "bf16":
+        model = model.to(torch.bfloat16)
+        x = None if x is None else x.to(torch.bfloat16)
+    # Full-graph training reads one prebuilt Graph: no step looks a graph up in a cache (a
+    # device read) or splits edges by relation; a captured step needs exactly that.
+    graph = None
     # Mini-batches when asked for, with several processes, or when full-graph training
-    # would not fit (then inference is sampled too).
+    # would not fit (then inference is sampled too): estimated from the layers' own plans
+    # on the full graph before any step runs (hector.train.memory).
     sampled_eval = False
     if cfg["batch_size"] is None and ctx.world == 1:
-        fits, need, free = minibatch.fits_full_graph(data, cfg, device)
+        graph = model.graph_of(edge_index, edge_type, data.num_nodes)
+        need = memory.full_graph_bytes(
+            model, graph, 0 if x is None else int(x.shape[1]),
+            cfg["hidden"] * max(cfg["heads"], 1),
+            torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32)
+        fits, free = minibatch.fits(need, device)
         if not fits:
-            cfg["batch_size"], sampled_eval = minibatch.DEFAULT_BATCH_SIZE, True
+            graph, cfg["batch_size"], sampled_eval = None, minibatch.DEFAULT_BATCH_SIZE, True
             print(f"full-graph training needs about {need / 2**30:.1f} GiB, more than "
                   f"{minibatch.HEADROOM:.0%} of the {free / 2**30:.1f} GiB free on {device}: "
                   f"training by mini-batches (--batch-size {cfg['batch_size']} --fanout "
@@ -276,18 +289,11 @@ def _train(args, out=None) -> dict:
         cfg["batch_size"] = minibatch.DEFAULT_BATCH_SIZE if ctx.world > 1 else None
     loader = (None if cfg["batch_size"] is None else
               minibatch.make_loader(data.graph, train_idx, cfg, ctx.rank, ctx.world))
-
-    torch.manual_seed(cfg["seed"])
-    model = build(cfg["model"], data, cfg, backend=cfg["backend"]).to(device)
-    if cfg["dtype"] == "bf16":
-        model = model.to(torch.bfloat16)
-        x = None if x is None else x.to(torch.bfloat16)
     net = (distributed.wrap(model, device, unused_parameters=cfg["model"] == "rgat")
            if ctx.world > 1 else model)   # what trains
-    # Full-graph training reads one prebuilt Graph: no step looks a graph up in a cache (a
-    # device read) or splits edges by relation; a captured step needs exactly that.
     if loader is None:
-        edge_index, edge_type = model.graph_of(edge_index, edge_type, data.num_nodes), None
+        edge_index, edge_type = (graph if graph is not None else
+                                 model.graph_of(edge_index, edge_type, data.num_nodes)), None
     # CUDA-graph capture of the full-graph step (one process, no mini-batches).
     capture = loader is None and ctx.world == 1 and _capture_wanted(args, cfg, device, out)
     opt = make_optimizer(model, cfg, device, capture)

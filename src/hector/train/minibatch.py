@@ -21,9 +21,6 @@ DEFAULT_FANOUT = (25, 20)
 #: (67 ms -> 1061 ms per epoch): small batches are Python-bound on both threads, which then
 #: queue for the GIL.  So it stays opt-in.
 DEFAULT_PREFETCH = 0
-#: Full-graph training keeps, per layer, a few activations per edge (messages, scores and
-#: their gradients) and per node: this many [rows, width] fp32 arrays of each.
-EDGE_ARRAYS, NODE_ARRAYS = 4, 6
 #: Fraction of the free memory full-graph training may plan to use.
 HEADROOM = 0.7
 
@@ -44,14 +41,6 @@ def parse_fanout(text) -> List[int]:
     return values
 
 
-def full_graph_bytes(num_nodes: int, num_edges: int, width: int, in_width: int) -> int:
-    """A deliberately simple estimate of full-graph training memory: per layer
-    ``EDGE_ARRAYS`` edge-wise and ``NODE_ARRAYS`` node-wise fp32 arrays of the hidden width
-    (forward values kept for the backward, and their gradients), plus the input features."""
-    per_layer = 4 * width * (EDGE_ARRAYS * num_edges + NODE_ARRAYS * num_nodes)
-    return 2 * per_layer + 4 * in_width * num_nodes
-
-
 def free_bytes(device: torch.device) -> Optional[int]:
     """Free memory on ``device`` (CUDA: the driver's count; CPU: available physical memory
     where the OS says; None when unknown)."""
@@ -63,13 +52,12 @@ def free_bytes(device: torch.device) -> Optional[int]:
         return None
 
 
-def fits_full_graph(data, cfg: dict, device: torch.device):
-    """(fits?, estimated bytes, free bytes) for full-graph training of ``cfg`` on ``data``."""
-    width = cfg["hidden"] * max(cfg["heads"], 1)
-    in_width = 0 if data.x is None else int(data.x.shape[1])
-    need = full_graph_bytes(data.num_nodes, data.num_edges, width, in_width)
+def fits(need: int, device: torch.device):
+    """``(fits?, free bytes)``: whether ``need`` bytes (``hector.train.memory``'s estimate of
+    a full-graph step) stay within ``HEADROOM`` of the free memory on ``device`` (unknown
+    free memory: yes)."""
     free = free_bytes(device)
-    return (free is None or need <= HEADROOM * free), need, free
+    return (free is None or need <= HEADROOM * free), free
 
 
 def make_loader(graph, nodes, cfg: dict, rank: int = 0, world: int = 1) -> NeighborLoader:
