@@ -238,3 +238,28 @@ def test_a_joint_backward_counts_its_buffer_once():
     roles = role_sizes(step, size)
     assert roles["kv"] == roles["k"] + roles["v"]
     assert step_allocs(step, size) == {step.output: roles["v"] + roles["q"] + roles["k"]}
+
+
+def test_siblings_of_typed_products_fuse_into_one_product():
+    """HGT's K and V weights, ``wmul(wsrc(K_tau), W_k)`` and ``wmul(wsrc(V_tau), W_v)`` with
+    per-head ``W``, fuse into ``wmul(wsrc(wcat(K, V)), wheads(W_k, W_v))``; the torch
+    evaluation of both forms is the same matrix, weights and bias rows."""
+    from hector.compiler.steps_torch import _wmul
+    k, v = (N.param(n, (6, 8), per="node_type") for n in "kv")
+    wk, wv = (N.param(n, (2, 4, 4), per="relation") for n in ("wk", "wv"))
+    fused = siblings.fused_weight([N.wmul(N.wsrc(k), wk), N.wmul(N.wsrc(v), wv)])
+    assert fused.op == N.Op.WMUL and fused.shape == (6, 16)
+    assert fused.args[0].op == N.Op.WSRC and fused.args[0].args[0].op == N.Op.WCAT
+    assert fused.args[1].op == N.Op.WHEADS and fused.args[1].shape == (4, 4, 4)
+    verify([fused])
+    # a sibling of another form: a plain concatenation
+    other = N.param("o", (6, 8), per="relation")
+    assert siblings.fused_weight([N.wmul(N.wsrc(k), wk), other]).op == N.Op.WCAT
+    g = torch.Generator().manual_seed(0)
+    for rows in ((3, 6), (3,)):           # per-relation matrices, then bias rows
+        a1, a2 = (torch.randn(*rows, 8, generator=g) for _ in range(2))
+        b1, b2 = (torch.randn(3, 2, 4, 4, generator=g) for _ in range(2))
+        row = len(rows) == 1
+        apart = torch.cat([_wmul(a1, b1, row, (2, 4, 4)), _wmul(a2, b2, row, (2, 4, 4))], -1)
+        joint = _wmul(torch.cat([a1, a2], -1), torch.cat([b1, b2], -3), row, (4, 4, 4))
+        torch.testing.assert_close(joint, apart)

@@ -55,6 +55,7 @@ class Op:
     WSCALE = "wscale"
     WSRC = "wsrc"          # a per-node-type weight re-sliced per relation by its source type
     WCAT = "wcat"          # weights side by side along their output columns
+    WHEADS = "wheads"      # per-head weights stacked along their head axis
     WCOLS = "wcols"        # a window of a weight's output columns (the inverse)
     # horizontal fusion (siblings pass): one GEMM's output read as column windows, and the
     # adjoint, windows placed side by side
@@ -70,7 +71,7 @@ UNARY = (Op.NEG, Op.EXP, Op.SIGMOID, Op.TANH, Op.GELU, Op.RELU, Op.LEAKY_RELU, O
          Op.LEAKY_RELU_GRAD, Op.GELU_GRAD)
 BINARY = (Op.ADD, Op.SUB, Op.MUL)
 WEIGHT_OPS = (Op.PARAM, Op.WMUL, Op.WCOMBINE, Op.BLOCKDIAG, Op.WT, Op.WSCALE, Op.WSRC,
-              Op.WCAT, Op.WCOLS)
+              Op.WCAT, Op.WHEADS, Op.WCOLS)
 #: Values with no computation of their own: passes leave them alone, lowering makes no step.
 LEAVES = (Op.INPUT, Op.PARAM, Op.CONST, Op.SAVED, Op.GRAD_OUTPUT, Op.ARG)
 #: The score terms a fused ``attention`` node can read, in the order its arguments hold them.
@@ -333,6 +334,19 @@ def wcat(ws: Sequence[Value]) -> Value:
           f"wcat: shapes {[w.shape for w in ws]} do not stand side by side")
     shape = ws[0].shape[:-1] + (sum(w.shape[-1] for w in ws),)
     return Value(Op.WCAT, tuple(ws), WEIGHT, shape, _attrs(per=ws[0].per))
+
+
+def wheads(ws: Sequence[Value]) -> Value:
+    """Per-head weights ``(H_i, k, n)`` stacked along the head axis, sliced alike: ``(sum
+    H_i, k, n)``, the block-diagonal matrix of all their heads in order (what multiplies a
+    :func:`wcat` of per-head inputs, head block by head block)."""
+    _need(len(ws) >= 2 and all(w.kind == WEIGHT and len(w.shape) == 3 for w in ws),
+          "wheads: two or more per-head weights")
+    _need(len({w.per for w in ws}) == 1, f"wheads: slicings {[w.per for w in ws]} differ")
+    _need(len({w.shape[1:] for w in ws}) == 1,
+          f"wheads: head shapes {[w.shape for w in ws]} differ")
+    shape = (sum(w.shape[0] for w in ws),) + ws[0].shape[1:]
+    return Value(Op.WHEADS, tuple(ws), WEIGHT, shape, _attrs(per=ws[0].per))
 
 
 def wcols(w: Value, start: int, n: int) -> Value:

@@ -45,11 +45,21 @@ class GraphIndex:
         return graph.derived("compiler_index", lambda: GraphIndex(graph))
 
     def relation(self, kind: str) -> torch.Tensor:
-        g = self.graph
-        return {EDGE: g.etype, CSRC: g.compact_src.rel, CDST: g.compact_dst.rel}[kind].long()
+        """``[rows]`` int64 relation of each ``kind`` row, widened once per graph (every
+        call widening the graph's int32 array was a row-sized copy each step)."""
+        key = ("relation", kind)
+        if key not in self.memo:
+            g = self.graph
+            self.memo[key] = {EDGE: g.etype, CSRC: g.compact_src.rel,
+                              CDST: g.compact_dst.rel}[kind].long()
+        return self.memo[key]
 
     def node_type(self) -> torch.Tensor:
-        return self.graph.node_type.long()
+        """``[nodes]`` int64 node type, widened once per graph (HGT read it four times a
+        training step: a node-sized copy each)."""
+        if "node_type" not in self.memo:
+            self.memo["node_type"] = self.graph.node_type.long()
+        return self.memo["node_type"]
 
     def relation_source_type(self) -> torch.Tensor:
         """``[R]`` int64 on the graph's device: each relation's source node type (what
@@ -301,6 +311,8 @@ def _eval_elementwise_or_weight(v: Value, a: List[torch.Tensor], ix: GraphIndex)
         return x.transpose(-1, -2)
     if op == Op.WCAT:
         return torch.cat(a, -1)
+    if op == Op.WHEADS:
+        return torch.cat(a, -3)
     if op == Op.WCOLS:
         return x[..., v.attr("start"):v.attr("start") + v.shape[-1]]
     if op == Op.WGRAD:

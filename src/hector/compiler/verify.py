@@ -46,6 +46,8 @@ def _infer(v: Value) -> Value:
         return N.wT(a[0])
     if op == Op.WCAT:
         return N.wcat(a)
+    if op == Op.WHEADS:
+        return N.wheads(a)
     if op == Op.WCOLS:
         return N.wcols(a[0], v.attr("start"), v.shape[-1])
     if op == Op.COLS:

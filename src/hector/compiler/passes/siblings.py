@@ -136,12 +136,31 @@ def fuse_linears(outputs, decisions: List[Decision]):
         if group not in built:
             parts = fused_groups[group]
             x = memo[parts[0][0]]      # (weights: not visited yet for later members, and
-            fused = N.linear(x, N.wcat([memo.get(p[1], p[1]) for p in parts]))   # unchanged)
-            if parts[0][2] is not None:
-                fused = N.binary(Op.ADD, fused, N.wcat([memo.get(p[2], p[2]) for p in parts]))
+            fused = N.linear(x, fused_weight([memo.get(p[1], p[1]) for p in parts]))
+            if parts[0][2] is not None:                                      # (unchanged)
+                fused = N.binary(Op.ADD, fused,
+                                 fused_weight([memo.get(p[2], p[2]) for p in parts]))
             built[group] = fused
         return N.cols(built[group], start, v.shape)
     return rewrite(outputs, rule, original=True)
+
+
+def fused_weight(ws: List[Value]) -> Value:
+    """The fused GEMM's weight, ``wcat(W_i)``; when every ``W_i`` is ``wmul(wsrc(A_i), B_i)``
+    with per-head ``B_i`` of one head shape (HGT's ``K_tau W_r`` and ``V_tau W_r``, and their
+    biases), the one product ``wmul(wsrc(wcat(A_i)), wheads(B_i))`` instead: the same matrix
+    (the concatenated inputs' head blocks meet their own heads' weights), built with one
+    source-type gather and one per-head product instead of one each per sibling -- the weight
+    roots' launches, forward and backward, are most of a small HGT step's."""
+    parts = [(w.args[0], w.args[1]) for w in ws
+             if w.op == Op.WMUL and w.args[0].op == Op.WSRC and len(w.args[1].shape) == 3]
+    if len(parts) == len(ws):
+        a = [p[0].args[0] for p in parts]
+        b = [p[1] for p in parts]
+        if (len({x.shape[:-1] for x in a}) == 1 and len({x.per for x in a}) == 1
+                and len({x.shape[1:] for x in b}) == 1 and len({x.per for x in b}) == 1):
+            return N.wmul(N.wsrc(N.wcat(a)), N.wheads(b))
+    return N.wcat(ws)
 
 
 def _kv_place(v: Value) -> Optional[Value]:
