@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from typing import Dict
 
@@ -163,4 +164,12 @@ def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         if sys.exc_info()[0] is None:
             dist.barrier()
+            # Let gloo's worker thread finish destroying the barrier's work (which drops
+            # Python tensors of earlier all-reduces, so it needs the GIL) before the group
+            # can be destroyed: ~ProcessGroupGloo joins that thread while the destroying
+            # thread holds the GIL (a DDP reducer freed at exit), a deadlock seen twice in
+            # session 27's 2-process gloo tests on a loaded 2-core machine (py-spy: the main
+            # thread in ~ProcessGroupGloo -> thread::join, the worker in
+            # ~AsyncBarrierWork waiting for the GIL).  Sleeping releases the GIL.
+            time.sleep(0.05)
         dist.destroy_process_group()
