@@ -13,7 +13,7 @@ from hector.compiler import ir as N
 from hector.compiler import models
 from hector.compiler.explain import explain
 from hector.compiler.program import compile as hcompile
-from hector.compiler.lower import CSR_PIECE
+from hector.compiler.lower_gemm import CSR_PIECE
 from hector.compiler.memory import simulate
 from hector.compiler.passes import fuse_gemm
 from hector.loader import NeighborLoader

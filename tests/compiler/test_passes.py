@@ -222,7 +222,7 @@ def test_fuse_keeps_a_linear_csr_sum_out_of_an_elementwise_traversal():
     """``x * sigmoid(g) + scatter(a + b)``: the sum over the CSR is a linear traversal by
     itself (traversal_csr, rows batched) and the whole is not, so it becomes its own kernel
     and the elementwise one a row map reading it; a linear whole stays one kernel."""
-    from hector.compiler.lower import linear_traversal
+    from hector.compiler.lower_traversal import linear_traversal
     x = N.input_("x", 8)
     g = N.unary("sigmoid", N.param("g", (1,), per="node_type"))
     a, b = (N.gather(N.input_(n, 8), N.CSRC, "src") for n in ("a", "b"))

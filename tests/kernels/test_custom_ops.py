@@ -7,7 +7,7 @@ import torch
 
 from hector.graph import Graph
 from hector.kernels.attention import custom_ops as attention_ops
-from hector.kernels.segment_mm import launch as gemm_launch
+from hector.kernels.segment_mm import custom_ops as gemm_ops
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")    # interpreter chatter
 
@@ -26,9 +26,9 @@ def test_segment_mm_ops_pass_opcheck(gather, scatter):
     gi = torch.randint(0, 5, (7,), generator=g).to(dev) if gather else None
     si = torch.randint(0, 4, (7,), generator=g).to(dev) if scatter else None
     rows = 4 if scatter else 7
-    torch.library.opcheck(gemm_launch.segment_mm_op, (x, w, gi, si, bounds, rows, False))
+    torch.library.opcheck(gemm_ops.segment_mm_op, (x, w, gi, si, bounds, rows, False))
     dout = torch.randn(rows, 6, generator=g).to(dev)
-    torch.library.opcheck(gemm_launch.segment_mm_backward_op,
+    torch.library.opcheck(gemm_ops.segment_mm_backward_op,
                           (dout, x.detach(), w.detach(), gi, si, bounds, False, True, True),
                           test_utils=("test_schema", "test_faketensor"))
 
@@ -82,9 +82,9 @@ def test_segment_mm_wgrad_op_passes_opcheck():
     dev = _device()
     x = torch.randn(7, 4, generator=g).to(dev)
     dy = torch.randn(7, 5, generator=g).to(dev)
-    torch.library.opcheck(gemm_launch.segment_mm_wgrad_op, (x, dy, None, None, [0, 2, 2, 7]),
+    torch.library.opcheck(gemm_ops.segment_mm_wgrad_op, (x, dy, None, None, [0, 2, 2, 7]),
                           test_utils=("test_schema", "test_faketensor"))
-    dw = gemm_launch.segment_mm_wgrad_op(x, dy, None, None, [0, 2, 2, 7])
+    dw = gemm_ops.segment_mm_wgrad_op(x, dy, None, None, [0, 2, 2, 7])
     want = torch.stack([x[:2].T @ dy[:2], torch.zeros(4, 5, device=dev), x[2:].T @ dy[2:]])
     torch.testing.assert_close(dw, want, rtol=1e-4, atol=1e-5)
 

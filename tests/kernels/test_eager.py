@@ -8,7 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hector.compiler.launches import CallCounter
 from hector.kernels.eager import call, direct
-from hector.kernels.segment_mm.launch import segment_mm_op
+from hector.kernels.segment_mm.custom_ops import segment_mm_op
 from hector.kernels.traversal.csr import from_coo
 from hector.kernels.traversal.launch import csr_handle, traverse_op
 

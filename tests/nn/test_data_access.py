@@ -224,7 +224,8 @@ def test_edgewise_lowering_forms_and_declines():
     """Which program form a traversal body gets, the access arrays its gathers and weights
     spell, and the reason ``explain`` prints when the edgewise kernel declines."""
     from hector.compiler import ir
-    from hector.compiler.lower import arg, edgewise_lowering
+    from hector.compiler.ir import arg
+    from hector.compiler.lower_traversal import edgewise_lowering
     e = ir.Value("saved", (), ir.EDGE, (2, 1))
     n = ir.Value("saved", (), ir.NODE, (2, 4))
     p = ir.param("p", (2, 1), per="relation")

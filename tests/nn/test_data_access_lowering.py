@@ -1,8 +1,8 @@
 """Which traversal bodies lower to the ``traversal_csr`` kernel (``LinearTraversal``), and the
 reason ``explain`` prints when one does not."""
 from hector.compiler import ir
-from hector.compiler.ir import CDST, CSRC, EDGE, NODE
-from hector.compiler.lower import arg, linear_traversal
+from hector.compiler.ir import CDST, CSRC, EDGE, NODE, arg
+from hector.compiler.lower_traversal import linear_traversal
 
 
 def _args(*values):

@@ -25,7 +25,8 @@ import torch
 
 from .ir import Op, Value, toposort
 from .plan import Plan, Step
-from .lower import extra_cols, gemm_addend, gemm_parts
+from .lower import extra_cols
+from .lower_gemm import gemm_addend, gemm_parts
 from .steps_torch import GraphIndex, attention_torch_lse, eval_body, eval_op, extra_product
 from .steps_triton.attention import run_attention, run_attention_bwd
 from .steps_triton.gemm import run_gemm, run_wgrad, run_wsum

@@ -246,7 +246,7 @@ def _gemm_op(step) -> str:
     its CSR prologue or CSR scatter epilogue variant, or a weight-gradient op."""
     body = step.body
     if body.op == Op.WSUM:
-        return ("hector.kernels.segment_mm.launch.segment_sums (bias gradient: the "
+        return ("hector.kernels.segment_mm.custom_ops.segment_sums (bias gradient: the "
                 "weight-gradient kernel over a column of ones)")
     if body.op == Op.WGRAD:
         csr = body.args[0].op == Op.SCATTER

@@ -50,7 +50,7 @@ class RowSegments:
     #: gather-then-scatter chain from the GEMM's rows to the node rows it adds them into
     csr_out: Optional[Tuple[Tuple[tuple, ...], float]] = None
     #: the CSR prologue's or epilogue's rows are cut into pieces of at most
-    #: ``lower.CSR_PIECE`` entries (their sums meet linearly afterwards)
+    #: ``lower_gemm.CSR_PIECE`` entries (their sums meet linearly afterwards)
     pieces: bool = False
 
 

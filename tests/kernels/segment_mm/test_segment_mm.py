@@ -501,7 +501,7 @@ def test_prologue(backend, pinned, prologue, gather, scatter, transpose, k, n):
 def test_wgrad_ops_apply_the_prologue(sums):
     """The compiler's weight-gradient ops with ``prologue``: ``dW`` of ``f(x)`` (and the dy
     sums unchanged), equal to the ops on a transformed copy of x."""
-    from hector.kernels.segment_mm.launch import segment_mm_wgrad_op, segment_mm_wgrad_sums_op
+    from hector.kernels.segment_mm.custom_ops import segment_mm_wgrad_op, segment_mm_wgrad_sums_op
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(30, 12, generator=gen).to(DEVICE)
     dy = torch.randn(50, 20, generator=gen).to(DEVICE)
@@ -515,7 +515,7 @@ def test_wgrad_ops_apply_the_prologue(sums):
 
 
 def test_prologue_names_are_checked_and_registered():
-    from hector.compiler.lower import PROLOGUE_OPS
+    from hector.compiler.lower_gemm import PROLOGUE_OPS
     from hector.kernels import registry
     case = make_case()
     with pytest.raises(ValueError, match="prologue must be None or one of"):

@@ -6,7 +6,7 @@ op through ``opcheck``, and input validation.  Error measure as in test_segment_
 import pytest
 import torch
 
-from hector.kernels.segment_mm import launch
+from hector.kernels.segment_mm import custom_ops
 from hector.kernels.segment_mm.op import segment_mm
 from hector.kernels.segment_mm.spec import GemmSpec
 
@@ -70,7 +70,7 @@ def test_torch_backend_adds_the_addend_once():
 def test_op_passes_opcheck():
     x, w, b, a = _inputs(torch.float32)
     perm = _layouts()["permuted"]["gather"]
-    torch.library.opcheck(launch.segment_mm_op,
+    torch.library.opcheck(custom_ops.segment_mm_op,
                           (x, w, perm, perm.flip(0), BOUNDS, ROWS, False, True, True, b, "", a))
 
 

@@ -6,7 +6,7 @@ custom op through ``opcheck``; input validation.  Error measure as in test_segme
 import pytest
 import torch
 
-from hector.kernels.segment_mm import launch
+from hector.kernels.segment_mm import custom_ops
 from hector.kernels.segment_mm.op import segment_mm_csr
 
 from test_segment_mm import DEVICE, TOL, needs_triton, rel_err
@@ -106,7 +106,7 @@ def test_op_passes_opcheck():
     x, w, b = _inputs(torch.float32)
     ptr, col, val = make_csr()
     perm = _layouts()["permuted"]["gather"]
-    torch.library.opcheck(launch.segment_mm_csr_op,
+    torch.library.opcheck(custom_ops.segment_mm_csr_op,
                           (x, w, ptr, col, val, perm, perm, BOUNDS, 17, False, True, True, b))
 
 

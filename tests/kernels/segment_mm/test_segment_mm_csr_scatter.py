@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hector.kernels.ptr import split_rows
-from hector.kernels.segment_mm import launch
+from hector.kernels.segment_mm import custom_ops
 from hector.kernels.segment_mm.op import segment_mm_csr, segment_mm_csr_scatter
 
 from test_segment_mm import DEVICE, TOL, needs_triton, rel_err
@@ -211,7 +211,7 @@ def test_csr_scatter_grads_match_naive(layout):
 
 def test_csr_scatter_op_passes_opcheck():
     x, w, (ptr, col, val), kw = _scatter_inputs(torch.float32, "gathered")
-    torch.library.opcheck(launch.segment_mm_csr_scatter_op,
+    torch.library.opcheck(custom_ops.segment_mm_csr_scatter_op,
                           (x, w, ptr, col, val, kw["gather"], kw["rows"], BOUNDS, NUM_OUT,
                            False, False))
 
@@ -219,7 +219,7 @@ def test_csr_scatter_op_passes_opcheck():
 def test_csr_scatter_op_passes_opcheck_unique_transposed():
     x, w, (ptr, col, val), kw = _scatter_inputs(torch.float32, "gather_unique")
     wt = w.detach().transpose(1, 2).contiguous().requires_grad_()
-    torch.library.opcheck(launch.segment_mm_csr_scatter_op,
+    torch.library.opcheck(custom_ops.segment_mm_csr_scatter_op,
                           (x, wt, ptr, col, val, kw["gather"], kw["rows"], BOUNDS, NUM_OUT,
                            True, True))
 
@@ -254,7 +254,7 @@ def test_wgrad_csr_matches_naive(dtype, gather):
     scatter = torch.randint(0, num_dy, (BOUNDS[-1],), generator=gen)
     scatter[[0, 6, 14]] = 4                      # one dy row for three logical rows
     scatter = scatter.to(DEVICE, torch.int32)
-    got = launch.segment_mm_wgrad_csr_op(x, dy, ptr, col, val, g, scatter, BOUNDS)
+    got = custom_ops.segment_mm_wgrad_csr_op(x, dy, ptr, col, val, g, scatter, BOUNDS)
     want = naive_wgrad(x.cpu(), dy.cpu(), BOUNDS, ptr.cpu(), col.cpu(), val.cpu(),
                        None if g is None else g.cpu(), scatter.cpu())
     assert got.shape == (4, K, N) and got.dtype == dtype
@@ -269,7 +269,7 @@ def test_wgrad_csr_op_passes_opcheck():
     ptr, col, val = make_csr(cols=NUM_X, seed=2)
     g = torch.randperm(NUM_CSR_ROWS, generator=gen).to(DEVICE)
     scatter = torch.randint(0, 9, (BOUNDS[-1],), generator=gen).to(DEVICE)
-    torch.library.opcheck(launch.segment_mm_wgrad_csr_op,
+    torch.library.opcheck(custom_ops.segment_mm_wgrad_csr_op,
                           (x, dy, ptr, col, val, g, scatter, BOUNDS))
 
 
@@ -329,9 +329,9 @@ def test_pieces_give_the_csr_gemm_of_whole_rows(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pieces_give_the_wgrad_of_whole_rows(dtype):
     c = _whole_and_pieces(dtype)
-    whole = launch.segment_mm_wgrad_csr_op(c["x"], c["dy"], c["ptr"], c["col"], c["val"], None,
+    whole = custom_ops.segment_mm_wgrad_csr_op(c["x"], c["dy"], c["ptr"], c["col"], c["val"], None,
                                            c["node"], BOUNDS)
-    pieces = launch.segment_mm_wgrad_csr_op(c["x"], c["dy"], c["piece_ptr"], c["col"],
+    pieces = custom_ops.segment_mm_wgrad_csr_op(c["x"], c["dy"], c["piece_ptr"], c["col"],
                                             c["val"], c["order"],
                                             c["node"].index_select(0, c["row_of"]),
                                             c["bounds"])

@@ -7,7 +7,7 @@ op through ``opcheck``; input validation.  Error measure as in test_segment_mm.p
 import pytest
 import torch
 
-from hector.kernels.segment_mm import launch
+from hector.kernels.segment_mm import custom_ops, launch
 from hector.kernels.segment_mm.op import segment_mm
 from hector.kernels.segment_mm.spec import GemmSchedule, GemmSpec, default_schedule, tune_configs
 
@@ -104,7 +104,7 @@ def test_spec_refuses_what_the_epilogue_cannot_do(change):
 def test_op_passes_opcheck():
     x, w, v = _inputs(torch.float32, 19, 24, 5)
     g = _layout("gathered")["gather"]
-    torch.library.opcheck(launch.segment_mm_extra_op, (x, w, g, BOUNDS, v, False))
+    torch.library.opcheck(custom_ops.segment_mm_extra_op, (x, w, g, BOUNDS, v, False))
 
 
 BAD = [

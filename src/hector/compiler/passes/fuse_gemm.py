@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 from .. import ir as N
 from ..ir import EDGE, NODE, Op, Value, WEIGHT
-from ..lower import PROLOGUE_OPS, csr_epilogue
+from ..lower_gemm import PROLOGUE_OPS, csr_epilogue
 from .common import Cheaper, Decision
 from .fuse_rewrite import NAME, _read_once, _rewrite_after
 

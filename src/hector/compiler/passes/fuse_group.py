@@ -9,7 +9,8 @@ from typing import Dict, List, Optional, Tuple
 
 from .. import ir as N
 from ..ir import LEAVES, Op, Value, WEIGHT, arg, kernel, toposort
-from ..lower import linear_traversal, template_of
+from ..lower import template_of
+from ..lower_traversal import linear_traversal
 from .common import Decision
 from .fuse_gemm import (_bias_fits, _csr_gemm, _csr_scatter_linear, _dy_gather, _gemm_gather,
                         _prologue, _row_wgrad, _scatter_decision, _stored_weight,

@@ -1,6 +1,6 @@
 """The generated ``edgewise`` kernel (:func:`hector.kernels.edgewise.op.edgewise`) as the
 Triton steps call it: a ``traversal`` step whose body is neither movements nor a plain edge
-softmax (:func:`run_edgewise`; ``lower.edgewise_lowering`` built its program), and an IR
+softmax (:func:`run_edgewise`; ``lower_traversal.edgewise_lowering`` built its program), and an IR
 expression the runtime builds itself (:func:`_program`, :func:`run_edgewise_body`: the
 attention steps' per-edge keys times ``p_r`` and edge-folded scores).  Each operand is read
 through its access scheme inside the kernel; the index arrays the programs read are built
@@ -16,7 +16,7 @@ import torch
 
 from ...kernels.edgewise.op import edgewise
 from ..ir import Value
-from ..lower import edgewise_lowering
+from ..lower_traversal import edgewise_lowering
 from ..steps_torch import GraphIndex, eval_body
 
 

@@ -16,13 +16,14 @@ import torch
 
 from ...kernels.eager import call
 from ...kernels.ptr import split_rows
-from ...kernels.segment_mm.launch import (segment_mm_wgrad_csr_op, segment_mm_wgrad_op,
-                                          segment_mm_wgrad_sums_op, segment_sums)
+from ...kernels.segment_mm.custom_ops import (segment_mm_wgrad_csr_op, segment_mm_wgrad_op,
+                                              segment_mm_wgrad_sums_op, segment_sums)
 from ...kernels.segment_mm.op import segment_mm, segment_mm_csr, segment_mm_csr_scatter
 from ...kernels.traversal.csr import WeightedCSR
 from ...kernels.traversal.op import traverse
 from ..ir import CDST, CSRC, EDGE, NODE, Op
-from ..lower import CSR_PIECE, gemm_input, linear_traversal
+from ..lower_gemm import CSR_PIECE, gemm_input
+from ..lower_traversal import linear_traversal
 from ..plan import RowSegments
 from ..steps_torch import GraphIndex, fold_slice_sums
 from .traversal import _reversed_chain, movement_csr
@@ -66,7 +67,7 @@ def _csr_order(ix: GraphIndex, rs, m: WeightedCSR) -> torch.Tensor:
 def _pieces(ix: GraphIndex, kind: str, segments: Optional[str], m: WeightedCSR, key):
     """(piece_ptr, piece of each GEMM row, original CSR row of each GEMM row, segment
     bounds as ints) of ``m`` (rows of ``kind``, stored by relation) cut into pieces of at
-    most :data:`~hector.compiler.lower.CSR_PIECE` entries (:func:`split_rows`), the pieces
+    most :data:`~hector.compiler.lower_gemm.CSR_PIECE` entries (:func:`split_rows`), the pieces
     ordered by length within each segment: what a CSR prologue or epilogue walks where the
     rows' sums meet linearly afterwards (no tile walks a hub alone).  Memoised per graph;
     two host reads once (the piece count, the segment bounds)."""
@@ -330,7 +331,7 @@ def _run_wgrad_csr(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex):
 
 def run_wsum(step, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
     """A bias gradient per node type or relation, ``db[t] = sum of dy's rows of slice t``
-    (:func:`~hector.kernels.segment_mm.launch.segment_sums`: one launch, through
+    (:func:`~hector.kernels.segment_mm.custom_ops.segment_sums`: one launch, through
     ``node_perm`` when node types are not contiguous; relation rows are sorted by
     relation)."""
     rows = step.body.args[0]

@@ -13,8 +13,8 @@ import torch
 from ... import checks as C
 from ...device import choose_backend
 from ..eager import call
-from .launch import (out_width, segment_mm_csr_op, segment_mm_csr_scatter_op,
-                     segment_mm_triton)
+from .custom_ops import segment_mm_csr_op, segment_mm_csr_scatter_op, segment_mm_triton
+from .launch import out_width
 from .reference import csr_rows_torch, csr_rows_transposed_torch, segment_mm_torch
 from .spec import NARROW, PROLOGUES, GemmSchedule, is_narrow
 
