@@ -129,6 +129,7 @@ def launch_counts(layer, graph: Graph, dtype=torch.float32, features=None) -> st
         def forward():
             out = module(graph, **inputs)
             return torch.cat([o.flatten() for o in out]) if isinstance(out, tuple) else out
+        leaves = list(module.parameters())
         backend = resolve_backend(layer.backend, dev, dtype)
     else:
         width = getattr(layer, "in_channels", None) or features or 16
@@ -137,11 +138,10 @@ def launch_counts(layer, graph: Graph, dtype=torch.float32, features=None) -> st
 
         def forward():
             return layer(x, graph)
+        leaves = list(layer.parameters()) + [x]
         backend = resolve_backend(layer.backend, dev, dtype)
     forward().sum().backward()
-    c = count_step(forward, dev.type,
-                   list((module if isinstance(layer, Program) else layer).parameters())
-                   + ([] if isinstance(layer, Program) else [x]))
+    c = count_step(forward, dev.type, leaves)
     where = ("" if dev.type != "cpu" or interpreting() else
              "; on the CPU no kernel launches: aten ops counted as the GPU kernels they would "
              "be")

@@ -276,8 +276,7 @@ def _train(args, out=None) -> dict:
         graph = model.graph_of(edge_index, edge_type, data.num_nodes)
         need = memory.full_graph_bytes(
             model, graph, 0 if x is None else int(x.shape[1]),
-            cfg["hidden"] * max(cfg["heads"], 1),
-            torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32)
+            cfg["hidden"] * max(cfg["heads"], 1))
         fits, free = minibatch.fits(need, device)
         if not fits:
             graph, cfg["batch_size"], sampled_eval = None, minibatch.DEFAULT_BATCH_SIZE, True

@@ -50,7 +50,7 @@ def parameter_bytes(model: nn.Module) -> int:
 def compiled_layer_bytes(layer: nn.Module, graph, dtype: torch.dtype) -> int:
     """The peak of a compiled layer's forward + backward plans on ``graph``."""
     entry = layer.program.compiled_for(graph, dtype, backward=True)
-    points, _ = simulate(entry, itemsize=torch.empty((), dtype=dtype).element_size())
+    points, _ = simulate(entry, itemsize=dtype.itemsize)
     return max((p.live for p in points), default=0)
 
 
@@ -68,12 +68,13 @@ def layers_of(model: nn.Module) -> Iterable[nn.Module]:
             if m is not None]
 
 
-def full_graph_bytes(model: nn.Module, graph, in_width: int, hidden: int,
-                     dtype: torch.dtype = torch.float32) -> int:
+def full_graph_bytes(model: nn.Module, graph, in_width: int, hidden: int) -> int:
     """The estimated peak bytes of one full-graph training step of ``model`` (a
-    :class:`hector.train.models.Net`) on ``graph`` (its ``graph_of``), with input features
-    of ``in_width`` columns (0: featureless) and ``hidden`` columns per hidden row."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    :class:`hector.train.models.Net`, in the dtype it trains in) on ``graph`` (its
+    ``graph_of``), with input features of ``in_width`` columns (0: featureless) and
+    ``hidden`` columns per hidden row."""
+    dtype = next(model.parameters()).dtype
+    itemsize = dtype.itemsize
     n, e = graph.num_nodes, graph.num_edges
     total = parameter_bytes(model) + graph.nbytes()
     widest = max(in_width, hidden)

@@ -152,11 +152,10 @@ def fused_weight(ws: List[Value]) -> Value:
     (the concatenated inputs' head blocks meet their own heads' weights), built with one
     source-type gather and one per-head product instead of one each per sibling -- the weight
     roots' launches, forward and backward, are most of a small HGT step's."""
-    parts = [(w.args[0], w.args[1]) for w in ws
-             if w.op == Op.WMUL and w.args[0].op == Op.WSRC and len(w.args[1].shape) == 3]
-    if len(parts) == len(ws):
-        a = [p[0].args[0] for p in parts]
-        b = [p[1] for p in parts]
+    if all(w.op == Op.WMUL and w.args[0].op == Op.WSRC and len(w.args[1].shape) == 3
+           for w in ws):
+        a = [w.args[0].args[0] for w in ws]
+        b = [w.args[1] for w in ws]
         if (len({x.shape[:-1] for x in a}) == 1 and len({x.per for x in a}) == 1
                 and len({x.shape[1:] for x in b}) == 1 and len({x.per for x in b}) == 1):
             return N.wmul(N.wsrc(N.wcat(a)), N.wheads(b))
