@@ -185,7 +185,8 @@ def test_full_graph_estimate_holds_each_relational_plans_peak(model):
     need, net, graph, peaks = _estimate(model, 200)
     assert peaks and all(p > 0 for p in peaks)
     assert need >= memory.parameter_bytes(net) + graph.nbytes() + sum(peaks)
-    assert memory.parameter_bytes(net) == 4 * 4 * sum(p.numel() for p in net.parameters())
+    assert memory.parameter_bytes(net) == (memory.PARAMETER_COPIES * 4
+                                           * sum(p.numel() for p in net.parameters()))
     more, _, _, more_peaks = _estimate(model, 2000)
     assert sum(more_peaks) > sum(peaks) and more > need
 
