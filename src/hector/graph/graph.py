@@ -122,9 +122,8 @@ class Graph:
         # (which also size the compact maps), the node-type contiguity and the degree stats.
         ptrs = (rel_ptr, runs_src.rel_ptr, runs_dst.rel_ptr, type_ptr)
         flags = torch.stack([contiguous, in_order]).to(torch.int64)
-        ints = torch.cat(ptrs + (flags,)).to(torch.float64)
-        stats = [v for d in degrees for v in DegreeStats.parts(d, super_node_threshold)]
-        values = (torch.cat([ints, torch.stack(stats)]) if stats else ints).tolist()
+        stats = [DegreeStats.parts(d, super_node_threshold) for d in degrees if d.numel()]
+        values = torch.cat(ptrs + (flags,) + tuple(stats)).tolist()
         host = []
         for p in ptrs:
             host.append([int(v) for v in values[:p.numel()]])

@@ -6,10 +6,13 @@ what the segment GEMM template walks; the CSRs and compact maps point back into 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Iterator, List
 
 import torch
+
+from ..kernels.stats import degree_facts
 
 
 def _tensors(record) -> Iterator[torch.Tensor]:
@@ -86,36 +89,35 @@ class DegreeStats:
     def of_each(degree_arrays: List[torch.Tensor], super_threshold: int) -> List["DegreeStats"]:
         """The statistics of each array, read back in one host round trip (each read is a
         device sync on CUDA, and every mini-batch block and derived graph pays them); the
-        counts are exact in float64."""
-        parts = [p for d in degree_arrays for p in DegreeStats.parts(d, super_threshold)]
-        values = torch.stack(parts).tolist() if parts else []
+        counts and sums are exact integers."""
+        parts = [DegreeStats.parts(d, super_threshold) for d in degree_arrays if d.numel()]
+        values = torch.cat(parts).tolist() if parts else []
         return DegreeStats.from_values(degree_arrays, values, super_threshold)
 
     @staticmethod
-    def parts(degrees: torch.Tensor, super_threshold: int) -> List[torch.Tensor]:
-        """The 0-d device tensors a :class:`DegreeStats` of ``degrees`` is made of (none for
-        an empty array; float64 and int64, which ``torch.stack`` / ``cat`` promote to
-        float64, exact below 2^53), for a caller that reads them with other values at once.
-        Seven ops (ten before: two compare-sum-cast triples for the isolated and super
-        counts; on CUDA count_nonzero is two kernels, so eight launches against ten):
-        every mini-batch block and derived attention graph runs them twice."""
-        if not degrees.numel():
-            return []
-        d = degrees.to(torch.float64)
-        # (the isolated count is the array's length less its nonzero count)
-        return [d.mean(), d.std(unbiased=False), degrees.max(), torch.count_nonzero(degrees),
-                (degrees >= super_threshold).sum()]
+    def parts(degrees: torch.Tensor, super_threshold: int) -> torch.Tensor:
+        """The ``[5]`` int64 device tensor a :class:`DegreeStats` of a non-empty ``degrees``
+        is made of (its sum, sum of squares, max, nonzero and super-node counts), for a
+        caller that reads it with other values at once: one generated kernel on CUDA
+        (:func:`hector.kernels.stats.degree_facts`; seven torch reductions, eight launches,
+        before), every mini-batch block and derived attention graph running it twice."""
+        return degree_facts(degrees, super_threshold)
 
     @staticmethod
-    def from_values(degree_arrays: List[torch.Tensor], values: List[float],
+    def from_values(degree_arrays: List[torch.Tensor], values: List[int],
                     super_threshold: int) -> List["DegreeStats"]:
-        """The statistics of each array from the host values of their :meth:`parts`, in order."""
+        """The statistics of each array from the host values of their :meth:`parts`, in order
+        (none for an empty array).  Mean and population standard deviation from the exact
+        integer sums: ``var = (n * sum_sq - sum^2) / n^2``, in Python's integers."""
         out = []
         for degrees in degree_arrays:
-            if degrees.numel() == 0:
+            n = degrees.numel()
+            if n == 0:
                 out.append(DegreeStats(0, 0.0, 0.0, 0, 0, super_threshold))
                 continue
-            (mean, std, mx, nonzero, sup), values = values[:5], values[5:]
-            out.append(DegreeStats(int(mx), mean, std / mean if mean > 0 else 0.0,
-                                   degrees.numel() - int(nonzero), int(sup), super_threshold))
+            (total, sum_sq, mx, nonzero, sup), values = (int(v) for v in values[:5]), values[5:]
+            mean = total / n
+            std = math.sqrt(max(n * sum_sq - total * total, 0)) / n
+            out.append(DegreeStats(mx, mean, std / mean if mean > 0 else 0.0, n - nonzero, sup,
+                                   super_threshold))
         return out

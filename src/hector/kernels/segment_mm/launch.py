@@ -35,6 +35,7 @@ import torch
 from ...device import interpreting, num_sms
 from .. import autotune
 from .. import registry
+from ..sizes import cdiv as _cdiv
 from .spec import PROLOGUES, GemmSchedule, GemmSpec, tune_configs
 
 #: Weight-gradient programs aimed for per SM: many short row runs keep enough row loads in
@@ -44,8 +45,6 @@ from .spec import PROLOGUES, GemmSchedule, GemmSpec, tune_configs
 #: (``docs/perf-notes.md``, "Session 22").
 WGRAD_PROGRAMS_PER_SM = 64
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @functools.lru_cache(maxsize=256)

@@ -24,6 +24,7 @@ from .. import autotune, registry
 from ..eager import call
 from ..attention.custom_ops import _graph, graph_handle
 from ..handles import HandleTable
+from ..sizes import cdiv as _cdiv
 from .csr import WeightedCSR
 from .schedule import CHUNK, RowBins, Tiles, pick_tiles, row_bins, tile_configs
 from .spec import TraversalKernelSpec
@@ -38,8 +39,6 @@ def transposed(m: WeightedCSR) -> WeightedCSR:
     return t
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _run(name: str, params: tuple, count: int, width: int, args: tuple, t: Tiles, tune: bool,

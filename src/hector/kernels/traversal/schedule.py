@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from ..sizes import next_pow2
+from ..stats import bin_facts
 
 #: Rows with at most this many entries go to the multi-row kernel.
 SHORT_MAX = 8
@@ -71,56 +72,56 @@ class PendingBins:
     no rows) is what must be read; a caller with other values to read reads them together
     and calls :meth:`finish` with the facts' host values."""
     ptr: torch.Tensor
-    counts: torch.Tensor
-    is_short: torch.Tensor
     facts: Optional[torch.Tensor]
     chunk: Optional[int]
+    short_max: int = SHORT_MAX
 
     @staticmethod
     def of(ptr: torch.Tensor, short_max: int = SHORT_MAX,
            chunk: Optional[int] = CHUNK) -> "PendingBins":
-        counts = torch.diff(ptr)
-        is_short = counts <= short_max
-        if counts.numel() == 0:
-            return PendingBins(ptr, counts, is_short, None, chunk)
+        if ptr.numel() < 2:
+            return PendingBins(ptr, None, chunk, short_max)
         # Every host fact in one read (each read is a device sync on CUDA, paid per CSR of
         # every new mini-batch block): the short count, the short rows' longest, the long
-        # rows' total and longest, and how many chunks the long rows make.  Twelve ops (17
-        # before): each long row's length (0 for a short one) serves the long total, the
-        # short rows' lengths (what it leaves) and the chunk count (a short row makes none).
-        long_len = counts.masked_fill(is_short, 0)
-        total = long_len.sum()
-        facts = torch.stack([
-            is_short.sum(), (counts - long_len).max(), total, counts.max(),
-            ((long_len + (chunk - 1)) // chunk).sum() if chunk is not None else total])
-        return PendingBins(ptr, counts, is_short, facts, chunk)
+        # rows' total and longest, and how many chunks the long rows make (chunk None:
+        # chunks of one entry, i.e. the long total).  One generated kernel on CUDA
+        # (hector.kernels.stats; twelve torch ops before).
+        return PendingBins(ptr, bin_facts(ptr, short_max, chunk if chunk is not None else 1),
+                           chunk, short_max)
 
     def finish(self, facts: list) -> RowBins:
         """The bins, given the host values of ``facts`` (empty for no rows)."""
-        ptr, counts, is_short, chunk = self.ptr, self.counts, self.is_short, self.chunk
-        rows = counts.numel()
-        if rows == 0:
+        ptr, chunk = self.ptr, self.chunk
+        rows = ptr.numel() - 1
+        if rows <= 0:
             return RowBins(0, 0, None, None, 0, 0.0)
         num_short, short_mx, total, longest, num_chunks = (int(v) for v in facts)
         num_long = rows - num_short
         if num_long == 0:
             return RowBins(rows, 0, None, None, short_mx, 0.0)
-        # Short row ids, then long ones, each ascending: sizes known, so no nonzero (a sync).
-        by_bin = torch.sort((~is_short).to(torch.uint8), stable=True).indices
-        short_ids, long_ids = by_bin[:num_short], by_bin[num_short:]
+        split = num_short > 0     # a bin that holds every row needs no row list
+        chunked = chunk is not None and longest > chunk
+        # (the lengths again, on the device: only for row lists or chunks)
+        counts = torch.diff(ptr) if split or chunked else None
+        short_ids = long_ids = None
+        if split:
+            # Short row ids, then long ones, each ascending: sizes known, so no nonzero (a
+            # sync).
+            by_bin = torch.sort((counts > self.short_max).to(torch.uint8), stable=True).indices
+            short_ids, long_ids = by_bin[:num_short], by_bin[num_short:]
         starts = ends = chunk_of = None
-        if chunk is not None and longest > chunk:
-            per_row = (counts.index_select(0, long_ids) + (chunk - 1)) // chunk
+        if chunked:
+            longs = long_ids if split else torch.arange(rows, device=ptr.device)
+            per_row = (counts.index_select(0, longs) + (chunk - 1)) // chunk
             chunk_of = torch.zeros(num_long + 1, dtype=torch.int64, device=ptr.device)
             torch.cumsum(per_row, 0, out=chunk_of[1:])
             owner = torch.repeat_interleave(torch.arange(num_long, device=ptr.device),
                                             per_row, output_size=num_chunks)
             k = (torch.arange(owner.numel(), device=ptr.device)
                  - chunk_of[:-1].index_select(0, owner))
-            row_end = ptr[1:].index_select(0, long_ids).index_select(0, owner)
-            starts = ptr[:-1].index_select(0, long_ids).index_select(0, owner) + k * chunk
+            row_end = ptr[1:].index_select(0, longs).index_select(0, owner)
+            starts = ptr[:-1].index_select(0, longs).index_select(0, owner) + k * chunk
             ends = torch.minimum(starts + chunk, row_end)
-        split = num_short > 0     # a bin that holds every row needs no row list
         return RowBins(num_short, num_long,
                        short_ids.to(torch.int32) if split else None,
                        long_ids.to(torch.int32) if split else None,
