@@ -37,7 +37,12 @@ class _Linear(torch.autograd.Function):
 
 def linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
     """``module(x)`` for an ``nn.Linear``, its bias gradient a GEMV."""
-    if module.bias is None:
-        return F.linear(x, module.weight)
-    return _Linear.apply(x, module.weight, module.bias)
+    return linear_of(x, module.weight, module.bias)
+
+
+def linear_of(x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, its bias gradient a GEMV."""
+    if bias is None:
+        return F.linear(x, weight)
+    return _Linear.apply(x, weight, bias)
 

@@ -1,4 +1,4 @@
-"""k and v with strided rows, and dk / dv written into one joint buffer.
+"""q, k, v and the score terms with strided rows, and dk / dv written into one joint buffer.
 
 A compiler computes K and V with one GEMM into a ``[R, H*DK + H*DV]`` buffer; k and v are then
 column slices of it (row stride ``H*DK + H*DV``), which the kernels read in place (no
@@ -20,7 +20,7 @@ from hector.kernels.attention.custom_ops import (edge_attention_backward_op,
                                                  edge_attention_grads_triton,
                                                  edge_attention_triton, graph_handle,
                                                  launch_handle)
-from hector.kernels.attention.launch import attention_backward, rows_dense
+from hector.kernels.attention.launch import attention_backward, rows_dense, term_rows
 from hector.kernels.attention.op import edge_attention
 from hector.kernels.attention.plan import make_plan
 from hector.kernels.attention.spec import AttentionSpec, Schedule
@@ -75,18 +75,25 @@ def inputs(heads, dk, dv, dtype, qk=True, seed=1):
 
     def rand(*shape):
         return torch.randn(*shape, generator=gen).to(DEVICE, dtype)
+    # The score terms as GAT makes them: the two column halves of one [N, 2H] product.
+    terms = rand(N, 2 * heads)
+    a_src, a_dst = terms[:, :heads], terms[:, heads:]
     if qk:
         kv = rand(N, heads * (dk + dv))
         k = kv[:, :heads * dk].view(N, heads, dk)
         v = kv[:, heads * dk:].view(N, heads, dv)
-        t = dict(v=v, q=rand(N, heads, dk), k=k, a_src=rand(N, heads), a_dst=rand(N, heads))
+        q = rand(N, heads * dk + 3)[:, 3:].view(N, heads, dk)    # a slice at a column offset
+        t = dict(v=v, q=q, k=k, a_src=a_src, a_dst=a_dst)
     else:
         kv = rand(N, 3 + heads * dv + 2)
         v = kv[:, 3:3 + heads * dv].view(N, heads, dv)
-        t = dict(v=v, q=None, k=None, a_src=rand(N, heads), a_dst=rand(N, heads))
-    for name in ("k", "v"):
+        t = dict(v=v, q=None, k=None, a_src=a_src, a_dst=a_dst)
+    for name in ("q", "k", "v"):
         if t[name] is not None:
             assert not t[name].is_contiguous() and rows_dense(t[name]) is t[name]
+    for name in ("a_src", "a_dst"):
+        assert heads == 1 or not t[name].is_contiguous()
+        assert term_rows(t[name]) is t[name]
     dense = {r: (x.contiguous() if x is not None else None) for r, x in t.items()}
     return t, dense, kv
 
@@ -116,6 +123,11 @@ def test_rows_dense_keeps_row_strided_views_and_copies_the_rest():
     one_head = torch.randn(6, 5, 4)[:, 2:3]                   # size-1 dim: any stride
     assert rows_dense(one_head) is one_head
     assert rows_dense(None) is None
+    pair = torch.randn(6, 6)
+    assert term_rows(pair[:, :3]) is not None and term_rows(pair[:, :3]).data_ptr() == \
+        pair.data_ptr()                                        # a column slice: read in place
+    assert term_rows(pair[:, ::2]).is_contiguous()            # heads not adjacent: copied
+    assert term_rows(None) is None
 
 
 @pytest.mark.parametrize("strategy", ["node", "edge"])

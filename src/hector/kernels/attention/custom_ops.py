@@ -24,7 +24,7 @@ from ..eager import call
 from ..handles import HandleTable
 from ..reduce import column_sum
 from .launch import (_check_joint, attention_backward, attention_forward, joint_of, rows_dense,
-                     seed_tensor)
+                     seed_tensor, term_rows)
 from .plan import AttentionPlan, _memo_plan, make_plan, side_rows
 from .spec import AttentionSpec, Schedule
 
@@ -311,11 +311,11 @@ _OPERANDS = ("v", "q", "k", "a_src", "a_dst")
 
 
 def _operand(t: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
-    """An input as the kernels take it: k and v with any row stride (no copy of a slice of
-    a joint K|V buffer), the others contiguous."""
+    """An input as the kernels take it: q, k and v with any row stride (no copy of a slice
+    of a joint Q|K|V buffer), the score terms too (:func:`term_rows`)."""
     if t is None:
         return None
-    return rows_dense(t) if name in ("k", "v") else t.contiguous()
+    return rows_dense(t) if name in ("q", "k", "v") else term_rows(t)
 
 
 def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0,

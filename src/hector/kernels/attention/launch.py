@@ -128,14 +128,23 @@ def _combine_sum(csr, sched, rows, row_ids, nchunks, part, out):
 def rows_dense(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """``t`` itself when its last two dims are dense (``stride(-1) == 1`` and ``stride(-2) ==
     shape[-1]``; a dim of size 1 may have any stride), whatever its row stride; else a
-    contiguous copy.  The kernels take k's and v's row strides, so a k and a v that are column
-    slices of one ``[rows, H*DK + H*DV]`` buffer (K and V computed by one GEMM) are read in
+    contiguous copy.  The kernels take q's, k's and v's row strides, so column slices of one
+    ``[rows, H*DK + H*DV + ...]`` buffer (the projections computed by one GEMM) are read in
     place, without the copy a ``.contiguous()`` would make."""
     if t is None:
         return None
     last_ok = t.shape[-1] == 1 or t.stride(-1) == 1
     heads_ok = t.dim() < 2 or t.shape[-2] == 1 or t.stride(-2) == t.shape[-1]
     return t if last_ok and heads_ok else t.contiguous()
+
+
+def term_rows(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A ``[rows, H]`` score term as the kernels read it: itself when its heads are adjacent
+    (any row stride: GAT's two terms are column slices of one ``[N, 2H]`` product), else a
+    contiguous copy."""
+    if t is None or t.shape[-1] == 1 or t.stride(-1) == 1:
+        return t
+    return t.contiguous()
 
 
 def _row_stride(t: Optional[torch.Tensor], dense: int) -> int:
@@ -224,7 +233,8 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
     ``bias`` ``[H, Dv]`` (or None): added to every output row by the kernels' epilogue.
     ``dst_index`` (``spec.dst_edge``): each canonical edge's row of ``a_dst``.  ``k``, ``v``:
     any row stride (:func:`rows_dense`)."""
-    v, k = rows_dense(v), rows_dense(k)
+    v, k, q = rows_dense(v), rows_dense(k), rows_dense(q)
+    a_src, a_dst = term_rows(a_src), term_rows(a_dst)
     _, heads, dim_v = v.shape
     n = side_rows(graph, "dst")
     sched = plan.dst
@@ -252,7 +262,8 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
                 _or(a_src, lse), _or(a_dst, lse), _or(dst_index, lse), _or(bias, lse), out,
                 lse, m_part, l_part,
                 acc_part, *_scalars(params, lse), graph.num_edges, heads, spec.dim_qk, dim_v,
-                _or(k, v).stride(0), v.stride(0), sched.chunk)
+                _row_stride(q, heads * spec.dim_qk), _or(k, v).stride(0), v.stride(0),
+                _row_stride(a_src, heads), _row_stride(a_dst, heads), sched.chunk)
         _launch_traversal("attention_fwd", dict(score_params(spec, sched.strategy),
                                                 has_bias=has_bias),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
@@ -291,7 +302,8 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
     _check_joint(joint_kv, need_k, need_v)
     if into_kv:
         _check_into(v if need_v else None, k if need_k else None)
-    v, k = rows_dense(v), rows_dense(k)
+    v, k, q = rows_dense(v), rows_dense(k), rows_dense(q)
+    a_src, a_dst = term_rows(a_src), term_rows(a_dst)
     n_src, heads, dim_v = v.shape              # (side_rows(graph, "src"))
     n = side_rows(graph, "dst")
     dim_k = spec.dim_qk
@@ -337,7 +349,8 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
                    and not per_edge else lse)
         args = (csr.ptr, csr.col, csr.eid, rows, row_ids, *tensors, _or(dq, lse),
                 _or(da_dst, lse), dq_part, dd_part, *_scalars(params, lse), graph.num_edges,
-                heads, dim_k, dim_v, tensors[1].stride(0), v.stride(0), sched.chunk)
+                heads, dim_k, dim_v, _row_stride(q, heads * dim_k), tensors[1].stride(0),
+                v.stride(0), _row_stride(a_src, heads), _row_stride(a_dst, heads), sched.chunk)
         _launch_traversal("attention_bwd_dst", dict(score_params(spec, sched.strategy),
                                                     need_dq=need_q, need_ddst=need_dst),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
@@ -374,8 +387,10 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         ds_part = torch.empty(nchunks, 2, heads, **fp32) if need_src and nchunks else lse
         args = (csr.ptr, csr.col, csr.eid, rows, row_ids, *tensors, _or(dk, lse), _or(dv, lse),
                 _or(da_src, lse), dk_part, dv_part, ds_part, *_scalars(params, lse),
-                graph.num_edges, heads, dim_k, dim_v, tensors[1].stride(0), v.stride(0),
-                _row_stride(dk, heads * dim_k), _row_stride(dv, heads * dim_v), sched.chunk)
+                graph.num_edges, heads, dim_k, dim_v, _row_stride(q, heads * dim_k),
+                tensors[1].stride(0), v.stride(0), _row_stride(a_src, heads),
+                _row_stride(a_dst, heads), _row_stride(dk, heads * dim_k),
+                _row_stride(dv, heads * dim_v), sched.chunk)
         consumed = [t for t in (dk, dv) if t is not None] if into_kv else []
         _launch_traversal("attention_bwd_src", dict(score_params(spec, sched.strategy),
                                                     need_dk=need_k, need_dv=need_v,
