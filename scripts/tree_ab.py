@@ -1,0 +1,95 @@
+"""Time one command on two source trees, alternating which runs first, and average each
+markdown table cell per tree: an A/B that a fixed order cannot bias.
+
+    python scripts/tree_ab.py --tree old=.gpu/old/src --tree new=src --rounds 2 \\
+        -- python3 scripts/batch_overhead.py --device cuda --profile mag --batches 16
+
+Each round runs the command once per tree with ``PYTHONPATH`` set to the tree, the order
+reversed every round (old new, new old, old new, ...): a process that runs second finds
+caches (Triton's, the autotuner's) warmed by the first, which made one fixed-order epoch
+comparison favour whichever tree ran second by 13-23% (perf-notes "Session 28").  Every
+output is appended to ``--log``; then, for each markdown table row (keyed by its first
+cell) and each numeric column, the mean per tree over the rounds, and new / old.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from typing import Dict, List, Tuple
+
+
+def orders(names: List[str], rounds: int) -> List[List[str]]:
+    """The trees' order in each round: as given, then reversed, alternating."""
+    return [names if r % 2 == 0 else names[::-1] for r in range(rounds)]
+
+
+def table_cells(text: str) -> Dict[Tuple[str, str], float]:
+    """(row key, column name) -> number for every markdown table in ``text`` (the header row
+    names the columns; cells that are not numbers are skipped)."""
+    cells, header = {}, None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        parts = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = parts
+            continue
+        if all(set(p) <= set("-: ") for p in parts):
+            continue
+        for name, value in zip(header[1:], parts[1:]):
+            try:
+                cells[(parts[0], name)] = float(value.replace(",", ""))
+            except ValueError:
+                pass
+    return cells
+
+
+def summary(runs: Dict[str, List[Dict[Tuple[str, str], float]]]) -> List[str]:
+    """One line per (row, column): each tree's mean and, for two trees, the second / first."""
+    names = list(runs)
+    keys = sorted({k for rs in runs.values() for r in rs for k in r})
+    lines = []
+    for key in keys:
+        means = [statistics.mean([r[key] for r in runs[n] if key in r] or [float("nan")])
+                 for n in names]
+        ratio = (f"  {names[1]}/{names[0]} {means[1] / means[0]:.3f}"
+                 if len(means) == 2 and means[0] else "")
+        lines.append(f"{key[0]} | {key[1]}: " + "  ".join(
+            f"{n} {m:.3f}" for n, m in zip(names, means)) + ratio)
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tree", action="append", required=True, metavar="NAME=PATH",
+                   help="a source tree (its folder for PYTHONPATH); give two")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--log", default="tree_ab.log")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    trees = dict(t.split("=", 1) for t in args.tree)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if len(trees) < 2 or not command or args.rounds < 1:
+        p.error("give two --tree NAME=PATH, --rounds >= 1 and a command after --")
+    runs: Dict[str, list] = defaultdict(list)
+    with open(args.log, "a") as log:
+        for r, order in enumerate(orders(list(trees), args.rounds), 1):
+            for name in order:
+                env = dict(os.environ, PYTHONPATH=os.path.abspath(trees[name]))
+                done = subprocess.run(command, env=env, capture_output=True, text=True)
+                log.write(f"=== {name} round {r} rc={done.returncode}\n{done.stdout}"
+                          f"{done.stderr}\n")
+                log.flush()
+                print(f"{name} round {r} rc={done.returncode}", flush=True)
+                runs[name].append(table_cells(done.stdout))
+    print("\n".join(summary({n: runs[n] for n in trees})))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""scripts/tree_ab.py: two source trees timed in alternating order, table cells averaged."""
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+import tree_ab  # noqa: E402
+
+
+def test_orders_alternate_so_neither_tree_always_runs_second():
+    assert tree_ab.orders(["old", "new"], 4) == [["old", "new"], ["new", "old"],
+                                                  ["old", "new"], ["new", "old"]]
+
+
+def test_table_cells_reads_numbers_by_row_and_column_and_skips_the_rest():
+    text = ("noise\n| model | ms | note |\n|---|---:|---|\n| rgcn | 1,234.5 | fast |\n"
+            "| hgt | nan | - |\nafter\n| a | b |\n|---|---|\n| x | 2 |\n")
+    cells = tree_ab.table_cells(text)
+    assert cells[("rgcn", "ms")] == 1234.5 and cells[("x", "b")] == 2.0
+    assert ("rgcn", "note") not in cells
+    assert str(cells[("hgt", "ms")]) == "nan"
+
+
+def test_end_to_end_each_tree_on_its_own_path(tmp_path, capsys):
+    for name, x in (("a", 2), ("b", 5)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "probe.py").write_text(f"X = {x}\n")
+    cmd = tmp_path / "cmd.py"
+    cmd.write_text("import probe\nprint('| k | v |\\n|---|---|\\n| r | %d |' % probe.X)\n")
+    log = tmp_path / "log"
+    assert tree_ab.main(["--tree", f"old={tmp_path / 'a'}", "--tree", f"new={tmp_path / 'b'}",
+                         "--rounds", "2", "--log", str(log), "--", sys.executable,
+                         str(cmd)]) == 0
+    out = capsys.readouterr().out
+    assert "r | v: old 2.000  new 5.000  new/old 2.500" in out
+    assert [l.split()[1] for l in log.read_text().splitlines() if l.startswith("===")] == \
+        ["old", "new", "new", "old"]
