@@ -61,6 +61,14 @@ def test_degree_facts_kernel_equals_reference(case, dtype):
                                  int((dl != 0).sum()), int((dl >= threshold).sum())]
 
 
+def test_strided_input_is_read_as_its_values():
+    c = torch.randint(0, 50, (400,), generator=torch.Generator().manual_seed(4))
+    strided = c.to(DEVICE)[::2]
+    assert not strided.is_contiguous()
+    got = launch_count_facts(strided, False, "degrees", 10, 1).cpu()
+    assert got.tolist() == degree_facts_torch(c[::2], 10).tolist()
+
+
 def test_count_facts_refuse_bad_input():
     with pytest.raises(ValueError, match="ptr must be a 1-D int32/int64 tensor of at least 2"):
         bin_facts(torch.zeros(1, dtype=torch.long), 8, 1024)

@@ -51,6 +51,7 @@ def _check(t: torch.Tensor, name: str, least: int) -> None:
 def launch_count_facts(values: torch.Tensor, from_ptr: bool, kind: str, limit: int,
                        chunk: int) -> torch.Tensor:
     """The generated kernel (CUDA, or Triton's interpreter in tests)."""
+    values = values.contiguous()       # (the kernel reads consecutive entries)
     n = values.numel() - 1 if from_ptr else values.numel()
     out = torch.zeros(NUM_FACTS, dtype=torch.int64, device=values.device)
     if n > 0:
