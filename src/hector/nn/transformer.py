@@ -71,7 +71,7 @@ class TransformerConv(nn.Module):
         H, C = self.heads, self.out_channels
         if rows is None:
             k, v, q, x_r = self._projections(x)
-        else:       # a block: the queries and the skip of its destination rows only
+        else:       # a block: the skip of its destination rows only, four products
             k = linear(x, self.lin_key)
             v = linear(x, self.lin_value)
             q = linear(x, self.lin_query)
@@ -93,12 +93,12 @@ class TransformerConv(nn.Module):
     def _projections(self, x):
         """(k, v, q, skip or None) from ONE product of ``x`` with the four layers' weights
         stacked, whose outputs are column slices of one ``[N, 3HC (+ skip)]`` tensor (q, k
-        and v read in place by the attention kernels, which take their row strides).  Its backward is one concatenation of the
-        four gradients (``split``'s) and one linear backward: three products where the four
-        ``nn.Linear`` s took twelve, plus three additions of their input gradients (session
-        28: the step's launches 6 / 17 -> 5 / 9 on the test graph).  The stacked weight is
-        a concatenation of the parameters on every call (weight-sized), so the parameters
-        and their names stay PyG's."""
+        and v read in place by the attention kernels, which take their row strides).  Its
+        backward is one concatenation of the four gradients (``split``'s) and one linear
+        backward: three products where the four ``nn.Linear`` s took twelve, plus three
+        additions of their input gradients (session 28: the step's launches 6 / 17 -> 5 / 9
+        on the test graph).  The stacked weight is a concatenation of the parameters on
+        every call (weight-sized), so the parameters and their names stay PyG's."""
         lins = [self.lin_key, self.lin_value, self.lin_query] + (
             [self.lin_skip] if self.lin_skip is not None else [])
         weight = torch.cat([lin.weight for lin in lins])

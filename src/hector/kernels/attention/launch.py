@@ -141,7 +141,9 @@ def rows_dense(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 def term_rows(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """A ``[rows, H]`` score term as the kernels read it: itself when its heads are adjacent
     (any row stride: GAT's two terms are column slices of one ``[N, 2H]`` product), else a
-    contiguous copy."""
+    contiguous copy.  Not :func:`rows_dense`, which for a 2-D tensor also asks for dense
+    rows: the compiler's choice to write gradients over k and v (``_into_kv``) relies on
+    that (allowing it there added a copy to RGAT's backward)."""
     if t is None or t.shape[-1] == 1 or t.stride(-1) == 1:
         return t
     return t.contiguous()
