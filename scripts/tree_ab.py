@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -27,9 +28,16 @@ def orders(names: List[str], rounds: int) -> List[List[str]]:
     return [names if r % 2 == 0 else names[::-1] for r in range(rounds)]
 
 
+#: A numeric cell: a number, optionally with a unit (x, %) and a bracketed spread or a note
+#: after a space ("0.445 [0.357, 0.901] noisy", "5.37x"); "128x1" is not one.
+NUMBER = re.compile(r"^(-?(?:[\d,]*\.?\d+(?:e[-+]?\d+)?|nan|inf))(?:x|%)?(?:\s.*)?$")
+
+
 def table_cells(text: str) -> Dict[Tuple[str, str], float]:
     """(row key, column name) -> number for every markdown table in ``text`` (the header row
-    names the columns; cells that are not numbers are skipped)."""
+    names the columns).  A row's key is its cells before the first numeric one, joined (so
+    ``hector bench``'s ``layer | dataset | F x H | peer`` rows stay apart); a numeric cell
+    counts its leading number; other cells are skipped."""
     cells, header = {}, None
     for line in text.splitlines():
         if not line.startswith("|"):
@@ -41,11 +49,12 @@ def table_cells(text: str) -> Dict[Tuple[str, str], float]:
             continue
         if all(set(p) <= set("-: ") for p in parts):
             continue
-        for name, value in zip(header[1:], parts[1:]):
-            try:
-                cells[(parts[0], name)] = float(value.replace(",", ""))
-            except ValueError:
-                pass
+        numbers = [NUMBER.match(p) for p in parts]
+        first = next((i for i, m in enumerate(numbers) if m and i > 0), len(parts))
+        key = " | ".join(parts[:first])
+        for name, m in zip(header[first:], numbers[first:]):
+            if m:
+                cells[(key, name)] = float(m.group(1).replace(",", ""))
     return cells
 
 

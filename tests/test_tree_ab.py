@@ -21,6 +21,20 @@ def test_table_cells_reads_numbers_by_row_and_column_and_skips_the_rest():
     assert str(cells[("hgt", "ms")]) == "nan"
 
 
+def test_table_cells_keys_bench_rows_by_their_leading_text_cells():
+    """``hector bench --markdown`` rows: the key is every cell before the first number (the
+    layer, the dataset, its F x H and the peer); a number with a spread or a note counts."""
+    text = ("| layer | dataset | F x H | peer | inference ms | speedup | check |\n"
+            "|---|---|---|---|---|---|---|\n"
+            "| gat | cora | 128x1 | hector | 0.445 [0.357, 0.901] noisy | 5.37x | ok (1e-07) |\n"
+            "| gat | cora | 128x1 | hector captured | 0.068 [0.066, 0.070] | 8.1x | no ref |\n")
+    cells = tree_ab.table_cells(text)
+    assert cells[("gat | cora | 128x1 | hector", "inference ms")] == 0.445
+    assert cells[("gat | cora | 128x1 | hector captured", "inference ms")] == 0.068
+    assert cells[("gat | cora | 128x1 | hector captured", "speedup")] == 8.1
+    assert not any(col == "check" for _, col in cells)
+
+
 def test_end_to_end_each_tree_on_its_own_path(tmp_path, capsys):
     for name, x in (("a", 2), ("b", 5)):
         (tmp_path / name).mkdir()
