@@ -14,6 +14,7 @@ import torch
 
 pyg = pytest.importorskip("torch_geometric.nn")
 from hector import datasets  # noqa: E402
+from hector.graph import Graph  # noqa: E402
 from hector.nn import AGNNConv, GATConv, TransformerConv  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -49,11 +50,16 @@ def rel_err(a, b, floor=1e-30):
 
 
 def compare(kind, edge_index, x, heads=2, concat=True, strategy="auto", backend="auto",
-            dtype=torch.float32, **transformer_kw):
+            dtype=torch.float32, reorder=None, **transformer_kw):
     """Ours in ``dtype`` against PyG in float64 on the same (``dtype``-rounded) inputs and
-    parameters: the error measured is ours, not the sum of two low-precision runs."""
+    parameters: the error measured is ours, not the sum of two low-precision runs.
+    ``reorder``: TransformerConv's linear reordering, asserted to be applied (True) or not
+    (False) on this graph; None: as the layer decides."""
     ref = make_layers(kind, x.shape[1], heads, concat, **transformer_kw).to(dtype)
-    ours = type_of(kind).from_pyg(ref, strategy=strategy, backend=backend)
+    kw = {} if reorder is None else dict(reorder=reorder)
+    ours = type_of(kind).from_pyg(ref, strategy=strategy, backend=backend, **kw)
+    if reorder is not None:
+        assert ours.reordering(Graph(edge_index, num_nodes=x.shape[0])).applied == reorder
     ref = copy.deepcopy(ref).double()
     x = x.to(DEVICE, dtype)
     edge_index = edge_index.to(DEVICE)
@@ -129,6 +135,37 @@ def test_transformer_skip_variants(strategy, beta, bias, root_weight, concat):
     for dtype in DTYPES:
         compare("transformer", ei, x, heads=3, concat=concat, strategy=strategy,
                 backend="triton", dtype=dtype, **kw)
+
+
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+@pytest.mark.parametrize("beta, bias, root_weight, isolated", [
+    (False, True, True, True),      # b_v added where a row has edges
+    (False, True, True, False),     # b_v folded into the skip's bias
+    (True, True, True, True),       # the gate reads the message with b_v
+    (False, True, False, True),     # no skip: b_v after the product
+    (False, True, False, False),
+    (False, False, True, True),
+])
+def test_transformer_reordered_matches_pyg(strategy, beta, bias, root_weight, isolated):
+    """One head, keys and values moved across the attention (``reorder=True``): the output
+    and every gradient agree with PyG, with and without nodes that have no incoming edge
+    (their output must not get the value bias), in every skip variant."""
+    ei = random_graph(40, 150, seed=6, hub=30)
+    if not isolated:        # an edge into each of the ten isolated nodes
+        ei = torch.cat([ei, torch.stack([torch.arange(10), torch.arange(30, 40)])], 1)
+    x = torch.randn(40, 20, generator=torch.Generator().manual_seed(7))   # F=20 <= 2C=32
+    for dtype in DTYPES:
+        compare("transformer", ei, x, heads=1, strategy=strategy, backend="triton",
+                dtype=dtype, reorder=True, beta=beta, bias=bias, root_weight=root_weight)
+
+
+def test_transformer_declines_reordering_with_attention_dropout_in_training():
+    ref = make_layers("transformer", 20, 1, True, dropout=0.5)
+    ours = TransformerConv.from_pyg(ref, reorder=True)
+    g = Graph(random_graph(40, 150, seed=6), num_nodes=40)
+    decision = ours.reordering(g)
+    assert not decision.applied and "dropout" in decision.reason
+    assert ours.eval().reordering(g).applied        # no dropout in evaluation
 
 
 def real_graph(name):

@@ -23,9 +23,11 @@ from helpers import random_hetero, random_relational  # noqa: E402
 # hgt_wide: K and V 16 wide, so the siblings pass runs them as one GEMM read through column
 # views and the attention backward writes their gradients into one buffer (at 8 wide they
 # stay apart: a narrow output has its own kernel).  rgat_1h: one head, so the source score
-# is the message GEMM's extra product (hector::segment_mm_extra).
-LAYERS = ("gat", "agnn", "transformer", "rgcn", "rgcn_dense", "rgat", "rgat_1h", "hgt",
-          "hgt_wide")
+# is the message GEMM's extra product (hector::segment_mm_extra).  transformer_1h: one head,
+# keys and values moved across the attention (``reorder=True``; the graph has nodes without
+# incoming edges, so b_v is added through the per-graph has-edges mask).
+LAYERS = ("gat", "agnn", "transformer", "transformer_1h", "rgcn", "rgcn_dense", "rgat",
+          "rgat_1h", "hgt", "hgt_wide")
 
 
 def make_case(name, prebuilt=True, backend="torch"):
@@ -69,6 +71,8 @@ def _make_case(name, prebuilt, backend):
         layer = hector.nn.GATConv(16, 8, heads=2, backend=backend, add_self_loops=not prebuilt)
     elif name == "agnn":
         layer = hector.nn.AGNNConv(backend=backend, add_self_loops=not prebuilt)
+    elif name == "transformer_1h":
+        layer = hector.nn.TransformerConv(16, 12, backend=backend, reorder=True)
     else:
         layer = hector.nn.TransformerConv(16, 8, heads=2, backend=backend)
     graph = with_self_loops(Graph(ei, num_nodes=24)) if name in ("gat", "agnn") else \

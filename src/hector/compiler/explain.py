@@ -154,7 +154,9 @@ def _explain_attention(layer, graph, dtype, features) -> str:
     """An attention layer (GAT, AGNN, Transformer): the fused op it calls, and for each
     traversal the schedule DF-GNN's dynamic fusion picks on this graph, and why."""
     g = with_self_loops(graph) if getattr(layer, "add_self_loops", False) else graph
-    spec = layer.attention_spec(dtype, features)
+    reordering = getattr(layer, "reordering", None)       # (Transformer: Hector's reordering)
+    spec = (layer.attention_spec(dtype, features, graph=g) if reordering else
+            layer.attention_spec(dtype, features))
     plan = make_plan(g, spec, layer.strategy)
     terms = [name for name, on in (("scale * <q_v, k_u>", spec.has_qk), ("a_src[u]", spec.has_src),
                                    ("a_dst[v]", spec.has_dst)) if on]
@@ -168,6 +170,8 @@ def _explain_attention(layer, graph, dtype, features) -> str:
            f"{' + '.join(terms)}" + (f", leaky_relu({spec.negative_slope})" if spec.has_leaky else "")
            + f", softmax over incoming edges, aggregate v ({spec.dim_v} per head)"
            + (", dropout on alpha" if spec.has_dropout else ""), ""]
+    if reordering:
+        out[-1:-1] = [f"linear reordering: {reordering(g)}"]
     kernels = _Kernels()
     for side, sched, names in (
             ("forward + destination-side backward (CSR by destination)", plan.dst,

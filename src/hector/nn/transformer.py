@@ -13,6 +13,7 @@ from ..kernels.attention.spec import AttentionSpec
 from ._bias import linear, linear_of
 from ._common import (as_one_graph, check_backend, check_input, check_strategy,
                       load_from_pyg, no_edge_features, resolve_graph, take_rows)
+from ._reorder import has_edges, messages, query_key, transformer_reorder
 
 
 class TransformerConv(nn.Module):
@@ -27,7 +28,10 @@ class TransformerConv(nn.Module):
 
     Args: in_channels, out_channels, heads, concat, beta, dropout, bias, root_weight: as in
     PyG's ``TransformerConv``; strategy: ``"auto"``, ``"node"`` or ``"edge"``; backend:
-    ``"auto"``, ``"triton"`` or ``"torch"``.
+    ``"auto"``, ``"triton"`` or ``"torch"``; reorder: ``"auto"`` (a cost model per graph),
+    True or False: move the key and value projections across the attention (Hector's linear
+    operator reordering, :mod:`hector.nn._reorder`): the attention then gathers each
+    source's input row instead of its key and value rows (one head, no attention dropout).
 
     Shapes: x ``[N, in_channels]`` -> ``[N, heads * out_channels]`` (concat) or
     ``[N, out_channels]``; on a block (``hector.loader``) or with ``x = (x_src, x_dst)``:
@@ -36,8 +40,11 @@ class TransformerConv(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
                  beta: bool = False, dropout: float = 0.0, edge_dim=None, bias: bool = True,
-                 root_weight: bool = True, strategy: str = "auto", backend: str = "auto"):
+                 root_weight: bool = True, strategy: str = "auto", backend: str = "auto",
+                 reorder="auto"):
         super().__init__()
+        if reorder not in ("auto", True, False):
+            raise ValueError(f"reorder must be 'auto', True or False, got {reorder!r}")
         if not isinstance(in_channels, int):
             raise NotImplementedError("TransformerConv: only int in_channels is supported")
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels),
@@ -50,6 +57,7 @@ class TransformerConv(nn.Module):
         self.beta = beta and root_weight
         self.strategy = check_strategy(strategy)
         self.backend = check_backend(backend)
+        self.reorder = reorder
         hc = heads * out_channels
         self.lin_key = nn.Linear(in_channels, hc, bias=bias)
         self.lin_query = nn.Linear(in_channels, hc, bias=bias)
@@ -69,6 +77,8 @@ class TransformerConv(nn.Module):
         check_input(self, x, width=self.in_channels)
         graph = resolve_graph(x, edge_index, add_self_loops=False)
         H, C = self.heads, self.out_channels
+        if self.reordering(graph).applied:
+            return self._reordered(x, graph, rows)
         if rows is None:
             k, v, q, x_r = self._projections(x)
         else:       # a block: the skip of its destination rows only, four products
@@ -82,13 +92,57 @@ class TransformerConv(nn.Module):
                              backend=self.backend)
         out = take_rows(out, rows)      # a block's destination rows only
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
-        if x_r is not None:
-            if self.lin_beta is not None:
-                b = torch.sigmoid(self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)))
-                out = b * x_r + (1 - b) * out
+        return self._with_root(out, x_r)
+
+    def _with_root(self, out, x_r):
+        """The message ``out`` joined with the root's ``x_r``: added, or mixed by the gate."""
+        if x_r is None:
+            return out
+        if self.lin_beta is not None:
+            b = torch.sigmoid(self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)))
+            return b * x_r + (1 - b) * out
+        return out + x_r
+
+    def reordering(self, graph):
+        """The :class:`~hector.compiler.passes.common.Decision` of this layer's linear
+        reordering on ``graph`` (:func:`hector.nn._reorder.transformer_reorder`)."""
+        skip = 0 if self.lin_skip is None else self.lin_skip.out_features
+        return transformer_reorder(self.in_channels, self.out_channels, self.heads, skip,
+                                   graph.num_nodes, graph.num_edges,
+                                   self.training and self.dropout > 0, self.reorder)
+
+    def _reordered(self, x, graph, rows):
+        """One head, reordered (:mod:`hector.nn._reorder`): ``q' = x W_qk + b_q W_k``
+        (with the skip in the same product on a whole graph), the attention over ``x`` as
+        keys and values, then ``W_v`` and ``b_v`` after it.  ``b_v`` joins the skip's bias
+        when every output row has edges; else it is added where a row has them."""
+        w_qk, b_qk = query_key(self.lin_query.weight, self.lin_query.bias, self.lin_key.weight,
+                               self.lin_key.bias)
+        lin_v, lin_s = self.lin_value, self.lin_skip
+        whole = rows is None and graph.in_degree.num_isolated == 0
+        fold = lin_v.bias is not None and lin_s is not None and self.lin_beta is None and whole
+        x_r = None
+        if lin_s is not None:
+            b_s = lin_s.bias + lin_v.bias if fold else lin_s.bias
+            if rows is None:
+                weight = torch.cat([w_qk, lin_s.weight])
+                bias = None if b_s is None else torch.cat([b_qk, b_s])
+                q, x_r = linear_of(x, weight, bias).split([w_qk.shape[0], lin_s.out_features], 1)
             else:
-                out = out + x_r
-        return out
+                x_r = linear_of(take_rows(x, rows), lin_s.weight, b_s)
+        if x_r is None or rows is not None:
+            q = linear_of(x, w_qk, b_qk)
+        keys = x.unsqueeze(1)           # [N, 1, F]: keys and values alike
+        agg = edge_attention(graph, keys, q=q.unsqueeze(1), k=keys,
+                             scale=1.0 / math.sqrt(self.out_channels), dropout=self.dropout,
+                             training=self.training, strategy=self.strategy,
+                             backend=self.backend)
+        agg = take_rows(agg, rows).squeeze(1)
+        b_v = None if fold else lin_v.bias
+        mask = None if whole or b_v is None else take_rows(has_edges(graph, agg.dtype), rows)
+        if self.lin_beta is not None:      # the gate reads the message alone
+            return self._with_root(messages(agg, lin_v.weight, None, b_v, mask), x_r)
+        return messages(agg, lin_v.weight, x_r, b_v, mask)
 
     def _projections(self, x):
         """(k, v, q, skip or None) from ONE product of ``x`` with the four layers' weights
@@ -106,18 +160,23 @@ class TransformerConv(nn.Module):
         parts = linear_of(x, weight, bias).split([lin.out_features for lin in lins], dim=1)
         return (*parts[:3], parts[3] if len(parts) > 3 else None)
 
-    def attention_spec(self, dtype=torch.float32, features=None):
-        """What this layer asks of the fused attention op (for ``hector.explain``)."""
+    def attention_spec(self, dtype=torch.float32, features=None, graph=None):
+        """What this layer asks of the fused attention op (for ``hector.explain``); on
+        ``graph``, as its reordering decides (keys and values then the input rows)."""
         c = self.out_channels
+        if graph is not None and self.reordering(graph).applied:
+            c = self.in_channels
         return AttentionSpec(self.heads, c, c, True, False, False, None, self.dropout > 0, dtype)
 
     @classmethod
-    def from_pyg(cls, module, strategy: str = "auto", backend: str = "auto") -> "TransformerConv":
+    def from_pyg(cls, module, strategy: str = "auto", backend: str = "auto",
+                 reorder="auto") -> "TransformerConv":
         if module.lin_edge is not None:
             raise NotImplementedError("TransformerConv.from_pyg: edge_dim is not supported yet")
         ours = cls(module.in_channels, module.out_channels, module.heads, module.concat,
                    module.beta, module.dropout, bias=module.lin_key.bias is not None,
-                   root_weight=module.root_weight, strategy=strategy, backend=backend)
+                   root_weight=module.root_weight, strategy=strategy, backend=backend,
+                   reorder=reorder)
         # PyG builds lin_skip (and lin_beta with beta=True) even when root_weight=False, and
         # then never calls them: nothing of theirs to take over.
         unused = () if module.root_weight else ("lin_skip.", "lin_beta.")

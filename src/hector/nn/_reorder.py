@@ -1,0 +1,138 @@
+r"""Linear operator reordering for dot-product attention (Hector section 3.2, applied to
+``TransformerConv``): move the key and value projections across the attention, so the
+attention gathers each source node's input row once instead of its key and value rows.
+
+For one head, with :math:`k_j = W_k x_j + b_k` and :math:`v_j = W_v x_j + b_v`:
+
+.. math::
+    \langle q_i, k_j\rangle = \langle W_k^\top q_i, x_j\rangle + \langle q_i, b_k\rangle,
+    \qquad \sum_j \alpha_{ij} v_j = W_v \Big(\sum_j \alpha_{ij} x_j\Big) + b_v [i \text{ has edges}]
+
+The term :math:`\langle q_i, b_k\rangle` is the same for every edge of row :math:`i`, so the
+softmax cancels it; the weights :math:`\alpha_{ij}` sum to 1 over a row with edges (no
+attention dropout), so :math:`b_v` is added once per such row.  The layer then computes
+
+* ``q' = x (W_q^T W_k) + b_q W_k`` (``[N, F]``, with the skip projection in the same product),
+* ``a = attention(q', x, x)`` (the attention reads ``x`` as both key and value), and
+* ``out = a W_v^T + b_v + skip``,
+
+three node products of ``F x F``, ``F x C`` and ``F x C`` multiply-adds per row where the
+layer as written runs four of ``F x C`` (query, key, value, skip), and each edge gathers ``F``
+elements instead of ``2 C``.  Both are smaller exactly when ``F <= 2 C``;
+:func:`transformer_reorder` decides with the compiler's cost units (a moved element weighs
+``MACS_PER_ELEMENT`` multiply-adds) and declines where it does not pay or does not hold.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from ..compiler.passes.common import Decision
+from ..compiler.passes.reorder import MACS_PER_ELEMENT
+
+NAME = "reorder"
+WHAT = "key and value projections across the attention (q' = W_k^T q, aggregate x, then W_v)"
+#: The fixed price of reordering, in multiply-add equivalents (~55 us at the ~18 T/s of
+#: ``MACS_PER_ELEMENT``): the folded weights on every call (``W_k^T W_q``, ``W_k^T b_q``, the
+#: stacked weight and bias) and the backward's products of the weights, some ten launches
+#: more per training step than the layer as written, and the byte and multiply-add savings
+#: that the two counts above overstate on mid-size graphs.  Calibrated on the H200 (session
+#: 29, captured, 128x1, ``scripts/reorder_ab.py``): synthetic pubmed (89k edges) ran 3-6%
+#: slower reordered, amazon-computers (287k) even in inference and 5% slower in training,
+#: github-musae (578k) 5% faster, arxiv (1.2M) 8-12%, proteins (79M) 39-96%.  This price
+#: declines the first two and takes the others.
+FIXED_MACS = 1_000_000_000
+
+
+def transformer_reorder(in_channels: int, out_channels: int, heads: int, skip: int,
+                        num_nodes: int, num_edges: int, dropout_active: bool,
+                        setting="auto") -> Decision:
+    """Whether ``TransformerConv`` reorders its projections on a graph of ``num_nodes`` rows
+    and ``num_edges`` edges (``skip``: the skip projection's width, 0 without one);
+    ``setting``: ``"auto"`` (the cost model), True (whenever it holds) or False."""
+    def no(reason):
+        return Decision(NAME, WHAT, False, reason)
+    if setting is False:
+        return no("reorder=False")
+    if dropout_active:
+        return no("attention dropout: the kept weights of a row no longer sum to 1, so b_v "
+                  "cannot be added after the aggregation")
+    if heads != 1:
+        return no(f"{heads} heads: the attention kernels read a key row per head (a key "
+                  "shared by the heads, x, is not supported yet)")
+    f, c = in_channels, out_channels
+    old = num_nodes * f * (3 * c + skip) + num_edges * 2 * c * MACS_PER_ELEMENT
+    new = (num_nodes * (f * (f + skip) + f * c) + num_edges * f * MACS_PER_ELEMENT
+           + FIXED_MACS)
+    cost = f"cost {new:.3g} vs {old:.3g} multiply-add equivalents"
+    if setting is True:
+        return Decision(NAME, WHAT, True, "reorder=True; " + cost)
+    if new >= old:
+        return no(cost + (f" (F={f} > 2C={2 * c})" if f > 2 * c else ""))
+    return Decision(NAME, WHAT, True, cost)
+
+
+class _QueryKey(torch.autograd.Function):
+    """``(W_k^T W_q, W_k^T b_q)`` and their backward as products of the parameters
+    themselves: every gradient a fresh dense tensor that the parameter's ``.grad`` takes
+    over (slices of a concatenation would be copied into each ``.grad``, four launches);
+    ``b_k`` gets its exact gradient, zero: the per-row constant ``<q_i, b_k>`` is cancelled
+    by the softmax (a gradient nevertheless, as DistributedDataParallel and optimizers
+    expect of every parameter that the layer as written reads)."""
+
+    @staticmethod
+    def forward(ctx, w_q, b_q, w_k, b_k):
+        ctx.save_for_backward(w_q, b_q, w_k, b_k)
+        return w_k.t() @ w_q, (None if b_q is None else torch.mv(w_k.t(), b_q))
+
+    @staticmethod
+    def backward(ctx, d_w, d_b):
+        w_q, b_q, w_k, b_k = ctx.saved_tensors
+        need_wq, need_bq, need_wk, need_bk = ctx.needs_input_grad
+        if d_w is None:
+            d_w = torch.zeros(w_k.shape[1], w_q.shape[1], dtype=w_q.dtype, device=w_q.device)
+        g_wq = w_k @ d_w if need_wq else None
+        g_bq = w_k @ d_b if need_bq and d_b is not None else None
+        g_wk = None
+        if need_wk:
+            g_wk = w_q @ d_w.t()
+            if b_q is not None and d_b is not None:
+                g_wk = g_wk.addr_(b_q, d_b)
+        g_bk = torch.zeros_like(b_k) if need_bk else None
+        if need_bq and g_bq is None:
+            g_bq = torch.zeros_like(b_q)
+        return g_wq, g_bq, g_wk, g_bk
+
+
+def query_key(w_q: torch.Tensor, b_q: Optional[torch.Tensor], w_k: torch.Tensor,
+              b_k: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """One head's folded query-key projection as ``F.linear`` takes it: ``(W_k^T W_q
+    [F, F], W_k^T b_q [F] or None)`` for ``nn.Linear`` weights ``[C, F]``
+    (:class:`_QueryKey`: two launches forward, five backward)."""
+    return _QueryKey.apply(w_q, b_q, w_k, b_k)
+
+
+def has_edges(graph, dtype: torch.dtype) -> torch.Tensor:
+    """``[N, 1]``: 1 where a node has incoming edges, else 0 (made once per graph; under
+    ``torch.compile`` made in the compiled code instead, since a tensor that a compiled
+    region made, kept on the graph, may live in a CUDA-graph pool that later replays
+    overwrite)."""
+    def make():
+        return (graph.csr_in.degrees() > 0).to(dtype).unsqueeze(1)
+    if torch.compiler.is_compiling():
+        return make()
+    return graph.derived(("has_in_edges", dtype), make)
+
+
+def messages(agg: torch.Tensor, weight: torch.Tensor, addend: Optional[torch.Tensor],
+             bias: Optional[torch.Tensor], mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``agg [n, F] W^T [F, C]`` plus ``addend [n, C]`` and ``bias [C]`` where given (the
+    bias on the rows where ``mask [n, 1]`` is 1, as a rank-1 product whose gradient is a
+    GEMV; every row when ``mask`` is None).  Plain aten ops: an ``autograd.Function``
+    doing the same (one saved copy of a stride-0 output gradient fewer) lost every
+    gradient under ``torch.compile`` on CUDA (session 29, inductor, both modes)."""
+    out = agg @ weight.t() if addend is None else torch.addmm(addend, agg, weight.t())
+    if bias is None:
+        return out
+    return out + bias if mask is None else torch.addmm(out, mask, bias.unsqueeze(0))
