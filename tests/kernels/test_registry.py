@@ -14,7 +14,7 @@ GEMM = dict(has_gather=True, has_scatter=False, dot_fp32=False, input_precision=
 WGRAD = {k: v for k, v in GEMM.items()
          if k not in ("accumulate", "has_bias", "has_addend", "has_csr_out", "extra_cols")}
 SCORE = dict(has_qk=True, has_src=False, has_dst=True, has_leaky=True, has_dropout=False,
-             edge_parallel=False, has_bias=False, dst_edge=False)
+             edge_parallel=False, has_bias=False, dst_edge=False, shared_kv=False)
 TRITON_OK = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 needs_triton = pytest.mark.skipif(not TRITON_OK, reason="no CUDA and TRITON_INTERPRET unset")
 
@@ -73,6 +73,10 @@ def test_params_are_rendered_in_not_constexpr_flags(cache):
     del bwd["has_bias"]
     assert "tl.atomic_add(da_dst" in registry.source("attention_bwd_dst", **dict(bwd, dst_edge=True))
     assert "tl.atomic_add" not in registry.source("attention_bwd_dst", **bwd)
+    # k and v shared by the heads: their reads index the same columns for every head
+    shared = registry.source("attention_fwd", **dict(SCORE, shared_kv=True))
+    assert "inner_ks = offs_h[:, None] * 0 + offs_dk[None, :]" in shared
+    assert "inner_ks = inner_k" in registry.source("attention_fwd", **SCORE)
 
 
 def test_different_params_give_different_hashes_and_files(cache):

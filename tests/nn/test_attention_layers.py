@@ -138,25 +138,32 @@ def test_transformer_skip_variants(strategy, beta, bias, root_weight, concat):
 
 
 @pytest.mark.parametrize("strategy", ["node", "edge"])
-@pytest.mark.parametrize("beta, bias, root_weight, isolated", [
-    (False, True, True, True),      # b_v added where a row has edges
-    (False, True, True, False),     # b_v folded into the skip's bias
-    (True, True, True, True),       # the gate reads the message with b_v
-    (False, True, False, True),     # no skip: b_v after the product
-    (False, True, False, False),
-    (False, False, True, True),
+@pytest.mark.parametrize("heads, concat, beta, bias, root_weight, isolated", [
+    (1, True, False, True, True, True),      # b_v added where a row has edges
+    (1, True, False, True, True, False),     # b_v folded into the skip's bias
+    (1, True, True, True, True, True),       # the gate reads the message with b_v
+    (1, True, False, True, False, True),     # no skip: b_v after the product
+    (1, True, False, True, False, False),
+    (1, True, False, False, True, True),
+    (3, True, False, True, True, True),      # heads share x's rows; W_v per head (bmm)
+    (3, True, True, True, True, False),
+    (3, False, False, True, True, True),     # heads averaged: one stacked W_v product
+    (3, False, False, True, False, False),
 ])
-def test_transformer_reordered_matches_pyg(strategy, beta, bias, root_weight, isolated):
-    """One head, keys and values moved across the attention (``reorder=True``): the output
-    and every gradient agree with PyG, with and without nodes that have no incoming edge
-    (their output must not get the value bias), in every skip variant."""
+def test_transformer_reordered_matches_pyg(strategy, heads, concat, beta, bias, root_weight,
+                                           isolated):
+    """Keys and values moved across the attention (``reorder=True``): the output and every
+    gradient agree with PyG, with and without nodes that have no incoming edge (their
+    output must not get the value bias), in every skip variant, with one head and with
+    three heads concatenated or averaged."""
     ei = random_graph(40, 150, seed=6, hub=30)
     if not isolated:        # an edge into each of the ten isolated nodes
         ei = torch.cat([ei, torch.stack([torch.arange(10), torch.arange(30, 40)])], 1)
     x = torch.randn(40, 20, generator=torch.Generator().manual_seed(7))   # F=20 <= 2C=32
     for dtype in DTYPES:
-        compare("transformer", ei, x, heads=1, strategy=strategy, backend="triton",
-                dtype=dtype, reorder=True, beta=beta, bias=bias, root_weight=root_weight)
+        compare("transformer", ei, x, heads=heads, concat=concat, strategy=strategy,
+                backend="triton", dtype=dtype, reorder=True, beta=beta, bias=bias,
+                root_weight=root_weight)
 
 
 def test_transformer_declines_reordering_with_attention_dropout_in_training():

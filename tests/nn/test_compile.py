@@ -25,9 +25,10 @@ from helpers import random_hetero, random_relational  # noqa: E402
 # stay apart: a narrow output has its own kernel).  rgat_1h: one head, so the source score
 # is the message GEMM's extra product (hector::segment_mm_extra).  transformer_1h: one head,
 # keys and values moved across the attention (``reorder=True``; the graph has nodes without
-# incoming edges, so b_v is added through the per-graph has-edges mask).
-LAYERS = ("gat", "agnn", "transformer", "transformer_1h", "rgcn", "rgcn_dense", "rgat",
-          "rgat_1h", "hgt", "hgt_wide")
+# incoming edges, so b_v is added through the per-graph has-edges mask); transformer_2h: the
+# same with two heads reading x's rows as a key shared by the heads (head stride 0).
+LAYERS = ("gat", "agnn", "transformer", "transformer_1h", "transformer_2h", "rgcn",
+          "rgcn_dense", "rgat", "rgat_1h", "hgt", "hgt_wide")
 
 
 def make_case(name, prebuilt=True, backend="torch"):
@@ -73,6 +74,8 @@ def _make_case(name, prebuilt, backend):
         layer = hector.nn.AGNNConv(backend=backend, add_self_loops=not prebuilt)
     elif name == "transformer_1h":
         layer = hector.nn.TransformerConv(16, 12, backend=backend, reorder=True)
+    elif name == "transformer_2h":
+        layer = hector.nn.TransformerConv(16, 8, heads=2, backend=backend, reorder=True)
     else:
         layer = hector.nn.TransformerConv(16, 8, heads=2, backend=backend)
     graph = with_self_loops(Graph(ei, num_nodes=24)) if name in ("gat", "agnn") else \

@@ -26,8 +26,10 @@ def decide(f=128, c=128, heads=1, skip=128, nodes=169_343, edges=1_166_243, drop
 def test_cost_model_reorders_large_graphs_with_narrow_inputs():
     assert decide().applied                               # arxiv-sized, F = C
     assert decide(f=100, nodes=2_449_029, edges=123_718_280).applied      # products-sized
-    # F = 2C is the break-even of both the products and the gathers: the launches tip it
-    assert not decide(f=256).applied and decide(f=255, nodes=10 ** 7, edges=10 ** 8).applied
+    # F = 2C is the break-even of the products and of the gathered elements; the per-edge
+    # multiply-adds (2F per head instead of 2C) and the fixed price tip it below
+    assert not decide(f=256).applied and not decide(f=250, nodes=10 ** 7, edges=10 ** 8).applied
+    assert decide(f=200, nodes=10 ** 7, edges=10 ** 8).applied
 
 
 def test_cost_model_declines_where_it_does_not_pay_or_hold():
@@ -40,7 +42,10 @@ def test_cost_model_declines_where_it_does_not_pay_or_hold():
     assert decide(nodes=37_700, edges=578_006).applied
     wide = decide(f=602, nodes=232_965, edges=114_615_892)     # reddit's 602 inputs > 2C
     assert not wide.applied and "F=602 > 2C=256" in wide.reason
-    assert "heads" in decide(heads=4).reason and not decide(heads=4).applied
+    # the suite's 64x4 (F = 64, four heads of 16): more multiply-adds per row, half the
+    # gathered elements: declined on arxiv, taken on proteins
+    assert not decide(f=64, c=16, heads=4, skip=64).applied
+    assert decide(f=64, c=16, heads=4, skip=64, nodes=132_534, edges=79_122_504).applied
     assert not decide(dropout=True, setting=True).applied
     assert not decide(setting=False).applied
     assert decide(nodes=2_708, edges=10_556, setting=True).applied
@@ -58,19 +63,20 @@ def _block(seed):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("root_weight, beta", [(True, False), (True, True), (False, False)])
-def test_reordered_equals_written_on_blocks(backend, root_weight, beta):
+@pytest.mark.parametrize("root_weight, beta, heads", [(True, False, 1), (True, True, 1),
+                                                      (False, False, 1), (True, False, 2)])
+def test_reordered_equals_written_on_blocks(backend, root_weight, beta, heads):
     block = _block(seed=1).to(device_for(backend))
     assert block.num_dst_nodes < block.num_nodes
     torch.manual_seed(0)
-    written = TransformerConv(12, 10, beta=beta, root_weight=root_weight, backend=backend,
-                              reorder=False).to(block.device)
+    written = TransformerConv(12, 10, heads=heads, beta=beta, root_weight=root_weight,
+                              backend=backend, reorder=False).to(block.device)
     with torch.no_grad():
         for p in written.parameters():
             if p.dim() == 1:
                 p.normal_(0, 0.5)                          # non-zero biases
-    reordered = TransformerConv(12, 10, beta=beta, root_weight=root_weight, backend=backend,
-                                reorder=True).to(block.device)
+    reordered = TransformerConv(12, 10, heads=heads, beta=beta, root_weight=root_weight,
+                                backend=backend, reorder=True).to(block.device)
     reordered.load_state_dict(written.state_dict())
     assert reordered.reordering(block).applied and not written.reordering(block).applied
     x = torch.randn(block.num_nodes, 12, generator=torch.Generator().manual_seed(2))
@@ -83,7 +89,7 @@ def test_reordered_equals_written_on_blocks(backend, root_weight, beta):
         grads = torch.autograd.grad((out * w).sum(), [leaf] + list(layer.parameters()))
         results.append((out.detach(), grads))
     (out_a, g_a), (out_b, g_b) = results
-    assert out_a.shape == (block.num_dst_nodes, 10)
+    assert out_a.shape == (block.num_dst_nodes, 10 * heads)
     assert rel_err(out_b, out_a) < 1e-4
     floor = 1e-2 * max(float(g.norm()) for g in g_a)     # b_k's gradient is 0 in exact math
     for (name, _), a, b in zip([("x", None)] + list(written.named_parameters()), g_a, g_b):

@@ -18,7 +18,12 @@ attention dropout), so :math:`b_v` is added once per such row.  The layer then c
 
 three node products of ``F x F``, ``F x C`` and ``F x C`` multiply-adds per row where the
 layer as written runs four of ``F x C`` (query, key, value, skip), and each edge gathers ``F``
-elements instead of ``2 C``.  Both are smaller exactly when ``F <= 2 C``;
+elements instead of ``2 C``.  With ``H`` heads each head does the same with its own weights:
+``q'`` is ``[N, H, F]``, the attention reads one row of ``x`` per node as the key and value
+of every head (head stride 0: the kernels' ``AttentionSpec.shared_kv``), and ``W_v[h]``
+applies per head (one batched product; with the heads averaged, one product of the stacked
+weights): ``H F (F + C)`` multiply-adds per row instead of ``3 H C F``, ``F`` elements per
+edge instead of ``2 H C``.  Both are smaller exactly when ``F <= 2 C``;
 :func:`transformer_reorder` decides with the compiler's cost units (a moved element weighs
 ``MACS_PER_ELEMENT`` multiply-adds) and declines where it does not pay or does not hold.
 """
@@ -58,59 +63,73 @@ def transformer_reorder(in_channels: int, out_channels: int, heads: int, skip: i
     if dropout_active:
         return no("attention dropout: the kept weights of a row no longer sum to 1, so b_v "
                   "cannot be added after the aggregation")
-    if heads != 1:
-        return no(f"{heads} heads: the attention kernels read a key row per head (a key "
-                  "shared by the heads, x, is not supported yet)")
-    f, c = in_channels, out_channels
-    old = num_nodes * f * (3 * c + skip) + num_edges * 2 * c * MACS_PER_ELEMENT
-    new = (num_nodes * (f * (f + skip) + f * c) + num_edges * f * MACS_PER_ELEMENT
-           + FIXED_MACS)
+    # per row: the node products; per edge: the gathered elements and the score and
+    # aggregation multiply-adds (2 per element of every head's row)
+    f, hc = in_channels, heads * out_channels
+    old = num_nodes * f * (3 * hc + skip) + num_edges * 2 * hc * (MACS_PER_ELEMENT + 1)
+    new = (num_nodes * (f * (heads * f + skip) + f * hc)
+           + num_edges * (f * MACS_PER_ELEMENT + 2 * heads * f) + FIXED_MACS)
     cost = f"cost {new:.3g} vs {old:.3g} multiply-add equivalents"
     if setting is True:
         return Decision(NAME, WHAT, True, "reorder=True; " + cost)
     if new >= old:
-        return no(cost + (f" (F={f} > 2C={2 * c})" if f > 2 * c else ""))
+        return no(cost + (f" (F={f} > 2C={2 * out_channels})" if f > 2 * out_channels
+                          else ""))
     return Decision(NAME, WHAT, True, cost)
 
 
 class _QueryKey(torch.autograd.Function):
-    """``(W_k^T W_q, W_k^T b_q)`` and their backward as products of the parameters
-    themselves: every gradient a fresh dense tensor that the parameter's ``.grad`` takes
-    over (slices of a concatenation would be copied into each ``.grad``, four launches);
-    ``b_k`` gets its exact gradient, zero: the per-row constant ``<q_i, b_k>`` is cancelled
-    by the softmax (a gradient nevertheless, as DistributedDataParallel and optimizers
-    expect of every parameter that the layer as written reads)."""
+    """Per head ``h``: ``(W_k[h]^T W_q[h], W_k[h]^T b_q[h])`` stacked over the heads, and the
+    backward as batched products of the parameters themselves: every gradient a fresh dense
+    tensor that the parameter's ``.grad`` takes over (slices of a concatenation would be
+    copied into each ``.grad``, four launches); ``b_k`` gets its exact gradient, zero: the
+    per-row constant ``<q_i, b_k>`` is cancelled by the softmax (a gradient nevertheless, as
+    DistributedDataParallel and optimizers expect of every parameter that the layer as
+    written reads)."""
 
     @staticmethod
-    def forward(ctx, w_q, b_q, w_k, b_k):
+    def forward(ctx, w_q, b_q, w_k, b_k, heads):
         ctx.save_for_backward(w_q, b_q, w_k, b_k)
-        return w_k.t() @ w_q, (None if b_q is None else torch.mv(w_k.t(), b_q))
+        ctx.heads = heads
+        wq, wk = (w.view(heads, -1, w.shape[1]) for w in (w_q, w_k))       # [H, C, F]
+        f = w_q.shape[1]
+        weight = torch.bmm(wk.transpose(1, 2), wq).view(heads * f, f)
+        bias = None if b_q is None else torch.bmm(
+            wk.transpose(1, 2), b_q.view(heads, -1, 1)).view(heads * f)
+        return weight, bias
 
     @staticmethod
     def backward(ctx, d_w, d_b):
         w_q, b_q, w_k, b_k = ctx.saved_tensors
-        need_wq, need_bq, need_wk, need_bk = ctx.needs_input_grad
+        need_wq, need_bq, need_wk, need_bk, _ = ctx.needs_input_grad
+        h, f = ctx.heads, w_q.shape[1]
+        wq, wk = (w.view(h, -1, f) for w in (w_q, w_k))
         if d_w is None:
-            d_w = torch.zeros(w_k.shape[1], w_q.shape[1], dtype=w_q.dtype, device=w_q.device)
-        g_wq = w_k @ d_w if need_wq else None
-        g_bq = w_k @ d_b if need_bq and d_b is not None else None
+            d_w = w_q.new_zeros(h * f, f)
+        dw = d_w.view(h, f, f)
+        g_wq = torch.bmm(wk, dw).view(w_q.shape) if need_wq else None
+        g_bq = None
+        if need_bq:
+            g_bq = (torch.zeros_like(b_q) if d_b is None else
+                    torch.bmm(wk, d_b.view(h, f, 1)).view(b_q.shape))
         g_wk = None
         if need_wk:
-            g_wk = w_q @ d_w.t()
+            g_wk = torch.bmm(wq, dw.transpose(1, 2))
             if b_q is not None and d_b is not None:
-                g_wk = g_wk.addr_(b_q, d_b)
+                g_wk = g_wk.baddbmm_(b_q.view(h, -1, 1), d_b.view(h, 1, f))
+            g_wk = g_wk.view(w_k.shape)
         g_bk = torch.zeros_like(b_k) if need_bk else None
-        if need_bq and g_bq is None:
-            g_bq = torch.zeros_like(b_q)
-        return g_wq, g_bq, g_wk, g_bk
+        return g_wq, g_bq, g_wk, g_bk, None
 
 
 def query_key(w_q: torch.Tensor, b_q: Optional[torch.Tensor], w_k: torch.Tensor,
-              b_k: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """One head's folded query-key projection as ``F.linear`` takes it: ``(W_k^T W_q
-    [F, F], W_k^T b_q [F] or None)`` for ``nn.Linear`` weights ``[C, F]``
-    (:class:`_QueryKey`: two launches forward, five backward)."""
-    return _QueryKey.apply(w_q, b_q, w_k, b_k)
+              b_k: Optional[torch.Tensor], heads: int = 1
+              ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The folded query-key projection as ``F.linear`` takes it: ``(weight [H*F, F], bias
+    [H*F] or None)`` whose head ``h`` block is ``W_k[h]^T W_q[h]`` and ``W_k[h]^T b_q[h]``,
+    for ``nn.Linear`` weights ``[H*C, F]`` (:class:`_QueryKey`: two launches forward, five
+    backward)."""
+    return _QueryKey.apply(w_q, b_q, w_k, b_k, heads)
 
 
 def has_edges(graph, dtype: torch.dtype) -> torch.Tensor:
@@ -127,12 +146,20 @@ def has_edges(graph, dtype: torch.dtype) -> torch.Tensor:
 
 def messages(agg: torch.Tensor, weight: torch.Tensor, addend: Optional[torch.Tensor],
              bias: Optional[torch.Tensor], mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """``agg [n, F] W^T [F, C]`` plus ``addend [n, C]`` and ``bias [C]`` where given (the
+    """``agg [n, K] W^T [K, C]`` plus ``addend [n, C]`` and ``bias [C]`` where given (the
     bias on the rows where ``mask [n, 1]`` is 1, as a rank-1 product whose gradient is a
     GEMV; every row when ``mask`` is None).  Plain aten ops: an ``autograd.Function``
     doing the same (one saved copy of a stride-0 output gradient fewer) lost every
     gradient under ``torch.compile`` on CUDA (session 29, inductor, both modes)."""
     out = agg @ weight.t() if addend is None else torch.addmm(addend, agg, weight.t())
+    return messages_added(out, None, bias, mask)
+
+
+def messages_added(out: torch.Tensor, addend: Optional[torch.Tensor],
+                   bias: Optional[torch.Tensor], mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``out`` plus ``addend`` and ``bias`` as :func:`messages` adds them."""
+    if addend is not None:
+        out = out + addend
     if bias is None:
         return out
     return out + bias if mask is None else torch.addmm(out, mask, bias.unsqueeze(0))

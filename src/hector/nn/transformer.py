@@ -13,7 +13,8 @@ from ..kernels.attention.spec import AttentionSpec
 from ._bias import linear, linear_of
 from ._common import (as_one_graph, check_backend, check_input, check_strategy,
                       load_from_pyg, no_edge_features, resolve_graph, take_rows)
-from ._reorder import has_edges, messages, query_key, transformer_reorder
+from ._reorder import (has_edges, messages, messages_added, query_key,
+                       transformer_reorder)
 
 
 class TransformerConv(nn.Module):
@@ -31,7 +32,8 @@ class TransformerConv(nn.Module):
     ``"auto"``, ``"triton"`` or ``"torch"``; reorder: ``"auto"`` (a cost model per graph),
     True or False: move the key and value projections across the attention (Hector's linear
     operator reordering, :mod:`hector.nn._reorder`): the attention then gathers each
-    source's input row instead of its key and value rows (one head, no attention dropout).
+    source's input row once (shared by the heads) instead of its key and value rows (no
+    attention dropout in training).
 
     Shapes: x ``[N, in_channels]`` -> ``[N, heads * out_channels]`` (concat) or
     ``[N, out_channels]``; on a block (``hector.loader``) or with ``x = (x_src, x_dst)``:
@@ -112,37 +114,56 @@ class TransformerConv(nn.Module):
                                    self.training and self.dropout > 0, self.reorder)
 
     def _reordered(self, x, graph, rows):
-        """One head, reordered (:mod:`hector.nn._reorder`): ``q' = x W_qk + b_q W_k``
-        (with the skip in the same product on a whole graph), the attention over ``x`` as
-        keys and values, then ``W_v`` and ``b_v`` after it.  ``b_v`` joins the skip's bias
-        when every output row has edges; else it is added where a row has them."""
+        """Reordered (:mod:`hector.nn._reorder`): ``q'[h] = x W_q[h]^T W_k[h] + W_k[h]^T
+        b_q[h]`` (with the skip in the same product on a whole graph), the attention over
+        one row of ``x`` per node as every head's key and value, then ``W_v[h]`` and ``b_v``
+        after it.  ``b_v`` joins the skip's bias when every output row has edges; else it is
+        added where a row has them."""
+        H, C, F = self.heads, self.out_channels, self.in_channels
         w_qk, b_qk = query_key(self.lin_query.weight, self.lin_query.bias, self.lin_key.weight,
-                               self.lin_key.bias)
+                               self.lin_key.bias, H)
         lin_v, lin_s = self.lin_value, self.lin_skip
+        w_v, b_v = self._value_weights()
         whole = rows is None and graph.in_degree.num_isolated == 0
-        fold = lin_v.bias is not None and lin_s is not None and self.lin_beta is None and whole
+        fold = b_v is not None and lin_s is not None and self.lin_beta is None and whole
         x_r = None
         if lin_s is not None:
-            b_s = lin_s.bias + lin_v.bias if fold else lin_s.bias
+            b_s = lin_s.bias + b_v if fold else lin_s.bias
             if rows is None:
                 weight = torch.cat([w_qk, lin_s.weight])
                 bias = None if b_s is None else torch.cat([b_qk, b_s])
-                q, x_r = linear_of(x, weight, bias).split([w_qk.shape[0], lin_s.out_features], 1)
+                q, x_r = linear_of(x, weight, bias).split([H * F, lin_s.out_features], 1)
             else:
                 x_r = linear_of(take_rows(x, rows), lin_s.weight, b_s)
         if x_r is None or rows is not None:
             q = linear_of(x, w_qk, b_qk)
-        keys = x.unsqueeze(1)           # [N, 1, F]: keys and values alike
-        agg = edge_attention(graph, keys, q=q.unsqueeze(1), k=keys,
-                             scale=1.0 / math.sqrt(self.out_channels), dropout=self.dropout,
+        keys = x.unsqueeze(1).expand(-1, H, F)      # one row per node, read by every head
+        agg = edge_attention(graph, keys, q=q.view(-1, H, F), k=keys,
+                             scale=1.0 / math.sqrt(C), dropout=self.dropout,
                              training=self.training, strategy=self.strategy,
                              backend=self.backend)
-        agg = take_rows(agg, rows).squeeze(1)
-        b_v = None if fold else lin_v.bias
+        agg = take_rows(agg, rows)                  # [n, H, F]
+        b_v = None if fold else b_v
         mask = None if whole or b_v is None else take_rows(has_edges(graph, agg.dtype), rows)
-        if self.lin_beta is not None:      # the gate reads the message alone
-            return self._with_root(messages(agg, lin_v.weight, None, b_v, mask), x_r)
-        return messages(agg, lin_v.weight, x_r, b_v, mask)
+        addend = x_r if self.lin_beta is None else None
+        if H == 1 or not self.concat:               # one product ([n, H*F] x [H*F, C'])
+            out = messages(agg.reshape(agg.shape[0], H * F), w_v, addend, b_v, mask)
+        else:                                       # per head: [H, n, F] x [H, F, C]
+            per_head = torch.bmm(agg.transpose(0, 1), w_v.view(H, C, F).transpose(1, 2))
+            out = messages_added(per_head.transpose(0, 1).reshape(-1, H * C), addend, b_v,
+                                 mask)
+        return out if self.lin_beta is None else self._with_root(out, x_r)
+
+    def _value_weights(self):
+        """``W_v`` and ``b_v`` as the reordered value product takes them: per head
+        ``[H*C, F]`` (heads concatenated, or one head); with the heads averaged, the mean
+        over heads folded into one ``[C, H*F]`` weight and a ``[C]`` bias."""
+        w, b, H = self.lin_value.weight, self.lin_value.bias, self.heads
+        if H == 1 or self.concat:
+            return w, b
+        C, F = self.out_channels, self.in_channels
+        w_mean = w.view(H, C, F).transpose(0, 1).reshape(C, H * F) / H
+        return w_mean, None if b is None else b.view(H, C).mean(0)
 
     def _projections(self, x):
         """(k, v, q, skip or None) from ONE product of ``x`` with the four layers' weights
@@ -162,11 +183,13 @@ class TransformerConv(nn.Module):
 
     def attention_spec(self, dtype=torch.float32, features=None, graph=None):
         """What this layer asks of the fused attention op (for ``hector.explain``); on
-        ``graph``, as its reordering decides (keys and values then the input rows)."""
-        c = self.out_channels
+        ``graph``, as its reordering decides (keys and values then the input rows, shared by
+        the heads)."""
+        c, shared = self.out_channels, False
         if graph is not None and self.reordering(graph).applied:
-            c = self.in_channels
-        return AttentionSpec(self.heads, c, c, True, False, False, None, self.dropout > 0, dtype)
+            c, shared = self.in_channels, self.heads > 1
+        return AttentionSpec(self.heads, c, c, True, False, False, None, self.dropout > 0, dtype,
+                             shared_kv=shared)
 
     @classmethod
     def from_pyg(cls, module, strategy: str = "auto", backend: str = "auto",

@@ -26,7 +26,7 @@ from ..reduce import column_sum
 from .launch import (_check_joint, attention_backward, attention_forward, joint_of, rows_dense,
                      seed_tensor, term_rows)
 from .plan import AttentionPlan, _memo_plan, make_plan, side_rows
-from .spec import AttentionSpec, Schedule
+from .spec import AttentionSpec, Schedule, shared_heads
 
 
 class EdgeAttentionFunction(torch.autograd.Function):
@@ -107,14 +107,15 @@ def launch_handle(graph, spec: AttentionSpec, plan: AttentionPlan) -> int:
     return mark
 
 
-def _op_setup(handle, v, q, a_src, a_dst, negative_slope, dropout, strategy, launch=0):
+def _op_setup(handle, v, q, a_src, a_dst, negative_slope, dropout, strategy, launch=0,
+              k=None):
     """(graph, spec, plan) of one op call: the caller's (``launch`` > 0), or derived from the
     tensors with the plan memoised per (graph, spec, strategy)."""
     graph = _graph(handle)
     if launch:
         entry = _LAUNCHES[launch]
         return graph, entry.spec, entry.plan
-    spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
+    spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0, k=k)
     return graph, spec, _memo_plan(graph, spec, strategy)
 
 
@@ -131,7 +132,7 @@ def edge_attention_op(graph: int, v: torch.Tensor, q: Optional[torch.Tensor],
     added to every output row by the kernels' epilogue; ``dst_index``: see
     :func:`attention_forward` (only with a caller's spec, ``launch``)."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
-                              launch)
+                              launch, k)
     return attention_forward(g, spec, plan, (scale, negative_slope, dropout,
                                              _seed_of(seed, seed_tensor)), v, q, k, a_src, a_dst,
                              bias, dst_index)
@@ -170,7 +171,7 @@ def edge_attention_backward_op(
     concatenation).  One tensor in dk's slot and an empty one in dv's, since a custom op's
     outputs must not alias each other."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
-                              launch)
+                              launch, k)
     # Positional: the compiler's tests spy on attention_backward with (graph, spec, plan, *rest).
     grads = list(attention_backward(g, spec, plan, (scale, negative_slope, dropout,
                                                     _seed_of(seed, seed_tensor)),
@@ -310,11 +311,14 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
 _OPERANDS = ("v", "q", "k", "a_src", "a_dst")
 
 
-def _operand(t: Optional[torch.Tensor], name: str) -> Optional[torch.Tensor]:
+def _operand(t: Optional[torch.Tensor], name: str, shared: bool = False) -> Optional[torch.Tensor]:
     """An input as the kernels take it: q, k and v with any row stride (no copy of a slice
-    of a joint Q|K|V buffer), the score terms too (:func:`term_rows`)."""
+    of a joint Q|K|V buffer), the score terms too (:func:`term_rows`); k and v as they are
+    when ``shared`` (one row read by every head: ``spec.shared_heads``)."""
     if t is None:
         return None
+    if shared and name in ("k", "v"):
+        return t
     return rows_dense(t) if name in ("q", "k", "v") else term_rows(t)
 
 
@@ -335,12 +339,13 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
     ``dst_index``: each canonical edge's row of ``a_dst`` (a per-edge destination term; the
     caller's ``spec`` says ``dst_edge``).  ``k``, ``v``: any row stride (:func:`rows_dense`:
     column slices of one K|V GEMM output are read in place)."""
-    tensors = [_operand(t, name) for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
+    shared = shared_heads(v, k) if (q is None) == (k is None) else False
+    tensors = [_operand(t, name, shared) for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
     bias = bias.contiguous() if bias is not None else None
     if schedule is None:
         if spec is None and (plan is not None or dst_index is not None):
             spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0,
-                                    dst_index=dst_index)
+                                    dst_index=dst_index, k=k)
         # A caller's spec without a plan gets the memoised plan: one handle per (graph, spec),
         # not a new plan and handle every call.
         launch = 0 if plan is None and spec is None else launch_handle(
@@ -354,7 +359,8 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
         raise ValueError("return_lse and dst_index need the custom op's path (no pinned "
                          "schedule)")
     if spec is None:
-        spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0)
+        spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0,
+                                k=k)
     if plan is None:
         plan = make_plan(graph, spec, strategy, schedule)
     return EdgeAttentionFunction.apply(graph, spec, plan, (scale, negative_slope, dropout, seed),

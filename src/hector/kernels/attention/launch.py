@@ -51,7 +51,8 @@ def score_params(spec: AttentionSpec, strategy: str) -> dict:
     exist, leaky relu, dropout, and the schedule kind."""
     return dict(has_qk=spec.has_qk, has_src=spec.has_src, has_dst=spec.has_dst,
                 has_leaky=spec.has_leaky, has_dropout=spec.has_dropout,
-                edge_parallel=strategy == "edge", dst_edge=spec.dst_edge)
+                edge_parallel=strategy == "edge", dst_edge=spec.dst_edge,
+                shared_kv=spec.shared_kv)
 
 
 def _tiles(sched: Schedule) -> dict:
@@ -136,6 +137,17 @@ def rows_dense(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     last_ok = t.shape[-1] == 1 or t.stride(-1) == 1
     heads_ok = t.dim() < 2 or t.shape[-2] == 1 or t.stride(-2) == t.shape[-1]
     return t if last_ok and heads_ok else t.contiguous()
+
+
+def kv_rows(spec: AttentionSpec, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """k or v as the kernels read it: one row per node shared by the heads as it is when
+    ``spec.shared_kv`` (head stride 0), else :func:`rows_dense`."""
+    if t is not None and spec.shared_kv:
+        if t.stride(1) != 0:
+            raise ValueError(f"the spec says k and v are shared by the heads (head stride 0); "
+                             f"got strides {t.stride()}")
+        return t
+    return rows_dense(t)
 
 
 def term_rows(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -234,8 +246,8 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
     """(out, lse): the forward traversal (and the combine pass of an edge-parallel one).
     ``bias`` ``[H, Dv]`` (or None): added to every output row by the kernels' epilogue.
     ``dst_index`` (``spec.dst_edge``): each canonical edge's row of ``a_dst``.  ``k``, ``v``:
-    any row stride (:func:`rows_dense`)."""
-    v, k, q = rows_dense(v), rows_dense(k), rows_dense(q)
+    any row stride (:func:`rows_dense`), or one row shared by the heads (``spec.shared_kv``)."""
+    v, k, q = kv_rows(spec, v), kv_rows(spec, k), rows_dense(q)
     a_src, a_dst = term_rows(a_src), term_rows(a_dst)
     _, heads, dim_v = v.shape
     n = side_rows(graph, "dst")
@@ -302,9 +314,12 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
     Returned as those same tensors (with ``joint_kv``, column views of one buffer)."""
     need_v, need_q, need_k, need_src, need_dst = needs
     _check_joint(joint_kv, need_k, need_v)
+    if spec.shared_kv and (joint_kv or into_kv):
+        raise ValueError("joint_kv / into_kv need k and v with a row per head; these are "
+                         "shared by the heads (spec.shared_kv)")
     if into_kv:
         _check_into(v if need_v else None, k if need_k else None)
-    v, k, q = rows_dense(v), rows_dense(k), rows_dense(q)
+    v, k, q = kv_rows(spec, v), kv_rows(spec, k), rows_dense(q)
     a_src, a_dst = term_rows(a_src), term_rows(a_dst)
     n_src, heads, dim_v = v.shape              # (side_rows(graph, "src"))
     n = side_rows(graph, "dst")

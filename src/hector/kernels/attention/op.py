@@ -46,6 +46,10 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
         graph: a :class:`hector.Graph`.
         v: ``[N, H, Dv]`` messages :math:`m_u`.
         q, k: ``[N, H, Dk]`` queries (destination side) and keys (source side); both or neither.
+            k and v may be one row per node read by every head (``x.unsqueeze(1).expand(N,
+            H, D)``, head stride 0): the Triton kernels then gather that row once per edge
+            instead of a copy with a row per head (a key shared by the heads); their
+            gradients come back per head and sum over the expand.
         a_src, a_dst: ``[N, H]`` additive per-node score terms (GAT's attention logits).
         scale: factor of the q.k term (``1/sqrt(Dk)`` for a transformer).
         negative_slope: leaky_relu slope applied to the score, or None.
@@ -82,7 +86,7 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     backend = choose_backend(backend, v, "v")
     p = dropout if training else 0.0
-    _check_decided(spec, plan, schedule, v, q, a_src, a_dst, negative_slope, p)
+    _check_decided(spec, plan, schedule, v, q, a_src, a_dst, negative_slope, p, k)
     if p > 0 and seed is None:
         seed = draw_seed(v.device)
     if backend == "torch":
@@ -109,13 +113,13 @@ def _check_bias(bias: Optional[torch.Tensor], v: torch.Tensor) -> Optional[torch
     return bias.reshape(heads, dim_v)
 
 
-def _check_decided(spec, plan, schedule, v, q, a_src, a_dst, negative_slope, p) -> None:
+def _check_decided(spec, plan, schedule, v, q, a_src, a_dst, negative_slope, p, k=None) -> None:
     """A caller-made spec must be the one these inputs give (else the kernels would be
     rendered for other score terms or shapes); a plan replaces ``schedule``."""
     if spec is not None:
         if not isinstance(spec, AttentionSpec):
             raise TypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
-        want = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=p > 0)
+        want = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=p > 0, k=k)
         if spec != want:
             raise ValueError(f"spec {spec} does not describe the given tensors ({want})")
     if plan is not None:

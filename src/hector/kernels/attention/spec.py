@@ -64,6 +64,10 @@ class AttentionSpec:
     has_dropout: bool
     dtype: torch.dtype
     dst_edge: bool = False
+    #: k and v hold one row of Dk / Dv that every head reads (``[N, H, D]`` views with head
+    #: stride 0: a key shared by the heads, as a reordered Transformer's input rows); the
+    #: gradients dk and dv stay per head.
+    shared_kv: bool = False
 
     @property
     def has_leaky(self) -> bool:
@@ -71,13 +75,22 @@ class AttentionSpec:
 
     @staticmethod
     def of(v: torch.Tensor, q=None, a_src=None, a_dst=None, negative_slope=None,
-           has_dropout: bool = False, dst_index=None) -> "AttentionSpec":
+           has_dropout: bool = False, dst_index=None, k=None) -> "AttentionSpec":
         return AttentionSpec(heads=int(v.shape[1]), dim_qk=int(q.shape[2]) if q is not None else 0,
                              dim_v=int(v.shape[2]), has_qk=q is not None,
                              has_src=a_src is not None, has_dst=a_dst is not None,
                              negative_slope=None if negative_slope is None else float(negative_slope),
                              has_dropout=has_dropout, dtype=v.dtype,
-                             dst_edge=dst_index is not None)
+                             dst_edge=dst_index is not None, shared_kv=shared_heads(v, k))
+
+
+def shared_heads(v: torch.Tensor, k=None) -> bool:
+    """Whether v (and k, when given) are ``[N, H, D]`` views of one head's rows that all
+    ``H > 1`` heads read (head stride 0, dense columns): the kernels then read one row per
+    node instead of a copy with a row per head."""
+    def one_row(t):
+        return t.dim() == 3 and t.stride(1) == 0 and (t.shape[2] == 1 or t.stride(2) == 1)
+    return v.dim() == 3 and v.shape[1] > 1 and one_row(v) and (k is None or one_row(k))
 
 
 @dataclass(frozen=True)
