@@ -122,7 +122,7 @@ class TransformerConv(nn.Module):
         H, C, F = self.heads, self.out_channels, self.in_channels
         w_qk, b_qk = query_key(self.lin_query.weight, self.lin_query.bias, self.lin_key.weight,
                                self.lin_key.bias, H)
-        lin_v, lin_s = self.lin_value, self.lin_skip
+        lin_s = self.lin_skip
         w_v, b_v = self._value_weights()
         whole = rows is None and graph.in_degree.num_isolated == 0
         fold = b_v is not None and lin_s is not None and self.lin_beta is None and whole
