@@ -339,7 +339,7 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
     ``dst_index``: each canonical edge's row of ``a_dst`` (a per-edge destination term; the
     caller's ``spec`` says ``dst_edge``).  ``k``, ``v``: any row stride (:func:`rows_dense`:
     column slices of one K|V GEMM output are read in place)."""
-    shared = shared_heads(v, k) if (q is None) == (k is None) else False
+    shared = shared_heads(v, k)      # (what AttentionSpec.of finds for these tensors)
     tensors = [_operand(t, name, shared) for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
     bias = bias.contiguous() if bias is not None else None
     if schedule is None:

@@ -46,7 +46,6 @@ from .spec import PROLOGUES, GemmSchedule, GemmSpec, tune_configs
 WGRAD_PROGRAMS_PER_SM = 64
 
 
-
 @functools.lru_cache(maxsize=256)
 def tile_map(bounds: Tuple[int, ...], block: int, device: torch.device) -> torch.Tensor:
     """``[T, 3]`` (segment, first row, end row) of every program: segment ``s`` gets

@@ -39,8 +39,6 @@ def transposed(m: WeightedCSR) -> WeightedCSR:
     return t
 
 
-
-
 def _run(name: str, params: tuple, count: int, width: int, args: tuple, t: Tiles, tune: bool,
          mean: float, device: torch.device) -> None:
     """Launch traversal kernel ``name`` (``params``: its spec as sorted items) over ``count``
