@@ -3,11 +3,13 @@ inference and training step (forward, ``.sum()``, backward), hector's layer and 
 PyG's, after a warm-up (plans, autotuning and caches built).
 
     python scripts/kernel_table.py agnn:synthetic:arxiv:128x1 gat:github-musae:64x4 \
-        [--pyg] [--ops] [--top 15] [--steps 5] [--data-root DATA]
+        [--pyg] [--ops] [--captured] [--top 15] [--steps 5] [--data-root DATA]
 
 A case is ``layer:dataset:FxH`` (the dataset may hold a colon: ``synthetic:arxiv``).  Prints,
 per case and mode, the GPU time per step and the top kernels by total GPU time (calls per
-step, microseconds per step); CUDA only.
+step, microseconds per step); CUDA only.  ``--captured`` profiles hector's steps replayed from
+CUDA graphs (``hector bench``'s captured peer) and prints their timed replay beside the
+kernels' sum: the difference is what the replay spends between kernels.
 """
 import argparse
 import os
@@ -15,7 +17,7 @@ import os
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hector.bench import suites
+from hector.bench import runner, suites, timing
 
 
 def parse_case(text: str):
@@ -61,6 +63,8 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--ops", action="store_true",
                    help="also the torch ops by GPU time, with their input shapes")
+    p.add_argument("--captured", action="store_true",
+                   help="hector's steps replayed from CUDA graphs, with their timed replay")
     p.add_argument("--data-root", default=None)
     a = p.parse_args()
     dev = torch.device("cuda")
@@ -85,8 +89,13 @@ def main():
             def step():
                 xg.grad = None
                 call(xg).sum().backward()
-            for mode, fn in (("inference", infer), ("training", step)):
+            fns = (infer, step)
+            if a.captured and not pyg:
+                fns = runner.captured(infer, step, mod, xg)
+            for mode, fn in zip(("inference", "training"), fns):
                 print(f"== {text} {name} {mode}", flush=True)
+                if a.captured and not pyg:
+                    print(f"  replay {timing.timed(fn, dev, 50)['ms']:.4f} ms (timed)")
                 print(table(fn, a.steps, a.top, a.ops), flush=True)
 
 

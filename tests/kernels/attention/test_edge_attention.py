@@ -34,10 +34,11 @@ TERMS = {
 }
 
 
-def make_graph(num_nodes=24, num_random=120, super_degree=40, seed=0, device=DEVICE):
+def make_graph(num_nodes=24, num_random=120, super_degree=40, seed=0, device=DEVICE,
+               hub_out_degree=0):
     """Random edges plus the awkward cases: a super node (degree > the test chunk, so the
     edge-parallel schedule splits it over several chunks), self loops, duplicate edges and
-    three nodes without incoming edges."""
+    three nodes without incoming edges; ``hub_out_degree`` more edges out of node 7."""
     gen = torch.Generator().manual_seed(seed)
     n_dst = num_nodes - 3                       # the last three nodes receive nothing
     src = torch.randint(0, num_nodes, (num_random,), generator=gen)
@@ -45,8 +46,9 @@ def make_graph(num_nodes=24, num_random=120, super_degree=40, seed=0, device=DEV
     sup_src = torch.randint(0, num_nodes, (super_degree,), generator=gen)
     loops = torch.arange(0, n_dst, 4)
     dup_s, dup_d = src[:10], dst[:10]
-    ei = torch.stack([torch.cat([src, sup_src, loops, dup_s]),
-                      torch.cat([dst, torch.full((super_degree,), 5), loops, dup_d])])
+    hub_dst = torch.randint(0, n_dst, (hub_out_degree,), generator=gen)
+    ei = torch.stack([torch.cat([src, sup_src, loops, dup_s, torch.full((hub_out_degree,), 7)]),
+                      torch.cat([dst, torch.full((super_degree,), 5), loops, dup_d, hub_dst])])
     return Graph(ei, num_nodes=num_nodes).to(device)
 
 
@@ -199,6 +201,18 @@ def test_triton_short_edge_tiles_all_heads(terms, block_e, strategy):
     sched = Schedule(strategy, block_e=block_e, block_h=4, block_dk=8, block_dv=8,
                      chunk=13 if strategy == "edge" else 0)
     run_triton_vs_torch(terms, 3, strategy, schedule=sched)
+
+
+@needs_triton
+@pytest.mark.parametrize("heads,terms,bias", [(1, "gat", False), (3, "all", True)])
+def test_triton_rows_cut_into_many_chunks(terms, heads, bias):
+    """A destination row and a source row each spread over ~70 chunks of 3 edges: the
+    combine kernels merge a cut row's partials BLOCK_C chunks per step (several steps here,
+    the last one partly masked); output and every gradient against the torch backend."""
+    g = make_graph(super_degree=200, hub_out_degree=200)
+    assert int(g.in_degree.max) >= 200 and int(g.out_degree.max) >= 200
+    run_triton_vs_torch(terms, heads, "edge", graph=g, bias=bias,
+                        schedule=edge_schedule(heads, chunk=3))
 
 
 @needs_triton
@@ -416,6 +430,58 @@ def test_strategy_rule():
     # in between, about one chunk per resident program, a power of two
     chunk = default_schedule(spec, "edge", 3_000_000, 6.9, lanes).chunk
     assert chunk == 256 and 3_000_000 // chunk >= lanes
+
+
+def test_small_graphs_get_short_chunks_and_long_walks_go_edge_parallel():
+    """Session 30's rule (measured on the H200): on a graph too small to give every resident
+    program a MIN_CHUNK chunk, chunks aim at fewer programs, down to SMALL_CHUNK edges; and a
+    row walked in more than LONG_WALK_TILES edge tiles sends the traversal edge-parallel."""
+    from hector.graph.structures import DegreeStats
+    from hector.kernels.attention.plan import (CHUNK_PROGRAMS_PER_SM, LONG_WALK_TILES,
+                                               SMALL_GRAPH_PROGRAMS_PER_SM, choose_strategy)
+    from hector.kernels.attention.spec import MIN_CHUNK, SMALL_CHUNK, default_schedule
+    lanes, few = 132 * CHUNK_PROGRAMS_PER_SM, 132 * SMALL_GRAPH_PROGRAMS_PER_SM
+    one_head = AttentionSpec.of(torch.empty(1, 1, 128))        # 128-wide rows: 2 edges a tile
+    four = AttentionSpec.of(torch.empty(1, 4, 16))             # 64-wide rows: 4 edges a tile
+
+    def chunk(spec, edges, small=few):
+        return default_schedule(spec, "edge", edges, 4.0, lanes,
+                                small_graph_programs=small).chunk
+    assert chunk(one_head, 10_556) == SMALL_CHUNK == 16          # cora
+    assert chunk(one_head, 88_648) == 32                         # synthetic pubmed
+    assert chunk(one_head, 10_556, small=None) == MIN_CHUNK      # not asked: as before
+    assert chunk(one_head, 20) == SMALL_CHUNK                    # never below it
+    narrow_rows = default_schedule(AttentionSpec.of(torch.empty(1, 1, 16)), "edge", 10_556,
+                                   16.0, lanes, small_graph_programs=few)
+    assert (narrow_rows.block_e, narrow_rows.chunk) == (16, 64)  # at least 4 tiles a chunk
+    for edges in (287_209, 578_006, 1_166_243, 21_111_007):      # amazon .. mag: unchanged
+        assert chunk(one_head, edges) == chunk(one_head, edges, small=None)
+
+    cora = DegreeStats(max=168, mean=3.9, cv=1.34, num_isolated=0, num_super=0,
+                       super_threshold=1000)
+    wide = default_schedule(one_head, "edge", 10_556, 3.9, lanes, small_graph_programs=few)
+    strategy, why = choose_strategy(cora, 10_556, 132, 1, tile=wide.block_e, chunk=wide.chunk)
+    assert (wide.block_e, strategy) == (2, "edge") and "168 edges, 2 per tile" in why
+    assert 168 > LONG_WALK_TILES * 2
+    narrow = default_schedule(four, "edge", 10_556, 3.9, lanes, small_graph_programs=few)
+    assert narrow.block_e == 4 and 168 <= LONG_WALK_TILES * 4
+    assert choose_strategy(cora, 10_556, 132, 4, tile=4, chunk=narrow.chunk)[0] == "node"
+    # without the schedule's facts, or with MIN_CHUNK chunks (a graph big enough), as before
+    assert choose_strategy(cora, 10_556, 132, 1)[0] == "node"
+    assert choose_strategy(cora, 10_556, 132, 1, tile=2, chunk=MIN_CHUNK)[0] == "node"
+
+
+def test_make_plan_sends_a_small_graphs_long_walks_edge_parallel():
+    from hector.graph import Graph
+    from hector.kernels.attention.plan import make_plan
+    # node 0 receives 150 edges (75 tiles of 2 at 128 wide; 38 of 4 at 4 x 16), the rest one
+    src = torch.cat([torch.arange(1, 151) % 100, torch.arange(99)])
+    dst = torch.cat([torch.zeros(150, dtype=torch.long), torch.arange(1, 100)])
+    g = Graph(torch.stack([src, dst]), num_nodes=100)
+    plan = make_plan(g, AttentionSpec.of(torch.empty(1, 1, 128)))
+    assert plan.dst.strategy == "edge" and plan.dst.chunk == 16, plan.dst
+    assert plan.src.strategy == "node" and plan.src.chunk == 0, plan.src   # out-degrees <= 3
+    assert make_plan(g, AttentionSpec.of(torch.empty(1, 4, 16))).dst.strategy == "node"
 
 
 # --- (c) bad input --------------------------------------------------------------------------

@@ -11,14 +11,14 @@ mini-batch graph's entries go with it).  The launches that walk these tables are
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 import torch
 
 from ...device import DEFAULT_NUM_SMS, num_sms
 from ...graph.structures import CSR
-from .spec import AttentionSpec, Schedule, default_schedule
+from .spec import MIN_CHUNK, AttentionSpec, Schedule, default_schedule
 
 #: Programs in flight per SM assumed by the strategy rule's fair share.
 PROGRAMS_PER_SM = 4
@@ -29,6 +29,19 @@ PROGRAMS_PER_SM = 4
 #: size the rule gave before, aiming at two programs x 4 per SM), github-musae (578K)
 #: 1.7-2.5x, amazon-computers (287K) 1.1-2.0x; mag's derived graph (21.1M) stays at MAX_CHUNK.
 CHUNK_PROGRAMS_PER_SM = 48
+#: Programs a small graph's short chunks aim at (``spec.SMALL_CHUNK``): fewer than
+#: CHUNK_PROGRAMS_PER_SM, since each chunk pays a row search, partial writes and its share of
+#: the combine pass.  Measured on the H200 (session 30): 16 per SM puts cora's chunks at 16
+#: edges and synthetic pubmed's at 32, the fastest of 16-128 on both; amazon-computers and
+#: github-musae stay at MIN_CHUNK.
+SMALL_GRAPH_PROGRAMS_PER_SM = 16
+#: On a small graph (chunks shorter than MIN_CHUNK), node-parallel is as slow as its longest
+#: row's walk: more than this many edge tiles one after another, short chunks are faster.
+#: Measured on the H200 (session 30, captured, cora and synthetic pubmed, longest rows of 150
+#: to 168 edges): 128-wide rows (two edges per tile, 75-84 tiles) ran 5-38% faster
+#: edge-parallel in GAT, AGNN and Transformer, forward and training; 4 heads of 16 (four per
+#: tile, 38-42 tiles) within -3% to +4%, so they stay node-parallel.
+LONG_WALK_TILES = 48
 #: Below this in-degree no row is long enough to straggle, whatever the graph.
 MIN_STRAGGLER_DEGREE = 512
 #: A row straggles once it holds more than this fraction of a fair share of the edges.  A
@@ -53,7 +66,7 @@ _chunk_tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def choose_strategy(degree, num_edges: int, sms: int = DEFAULT_NUM_SMS,
-                    heads: int = 1) -> Tuple[str, str]:
+                    heads: int = 1, tile: int = 0, chunk: int = 0) -> Tuple[str, str]:
     """('node' | 'edge', why) for a traversal over rows with degree statistics ``degree``.
 
     Node-parallel finishes when its longest row does, so it loses once one row holds a large
@@ -72,6 +85,11 @@ def choose_strategy(degree, num_edges: int, sms: int = DEFAULT_NUM_SMS,
     Many very short rows (mean degree < SHORT_ROW_MEAN_DEGREE, more than
     SHORT_ROWS_PER_LANE rows per program in flight) go edge-parallel too: a program per row
     is then mostly scheduling (measured; see there).
+
+    On a small graph, where edge-parallel chunks (``chunk`` edges, from the schedule) are
+    shorter than MIN_CHUNK, a row of more than LONG_WALK_TILES edge tiles (``tile`` edges
+    each) goes edge-parallel: the device is mostly idle, and the call lasts as long as its
+    longest serial walk (measured; see there).
     """
     lanes = sms * PROGRAMS_PER_SM
     share = num_edges / lanes if lanes else float(num_edges)
@@ -87,6 +105,10 @@ def choose_strategy(degree, num_edges: int, sms: int = DEFAULT_NUM_SMS,
         return "edge", (f"edge-parallel: many short rows (mean degree < "
                         f"{SHORT_ROW_MEAN_DEGREE}, over {SHORT_ROWS_PER_LANE} rows per program "
                         f"in flight): a program per row costs more than its edges ({facts})")
+    if tile and 0 < chunk < MIN_CHUNK and degree.max > LONG_WALK_TILES * tile:
+        return "edge", (f"edge-parallel: on a graph this small the longest row's walk "
+                        f"({degree.max} edges, {tile} per tile) outlasts {chunk}-edge chunks "
+                        f"({facts})")
     return "node", f"node-parallel: no row long enough to straggle ({facts})"
 
 
@@ -110,12 +132,16 @@ def make_plan(graph, spec: AttentionSpec, strategy: str = "auto",
     sms = num_sms(graph.device)
     scheds = []
     for stats in (graph.in_degree, graph.out_degree):
+        edge = default_schedule(spec, "edge", graph.num_edges, stats.mean,
+                                sms * CHUNK_PROGRAMS_PER_SM,
+                                small_graph_programs=sms * SMALL_GRAPH_PROGRAMS_PER_SM)
         if strategy == "auto":
-            chosen, reason = choose_strategy(stats, graph.num_edges, sms, spec.heads)
+            chosen, reason = choose_strategy(stats, graph.num_edges, sms, spec.heads,
+                                             tile=edge.block_e, chunk=edge.chunk)
         else:
             chosen, reason = strategy, f"{strategy}-parallel: requested by the caller"
-        scheds.append(default_schedule(spec, chosen, graph.num_edges, stats.mean,
-                                       sms * CHUNK_PROGRAMS_PER_SM, reason=reason))
+        scheds.append(replace(edge, strategy=chosen, chunk=edge.chunk if chosen == "edge"
+                              else 0, reason=reason))
     return AttentionPlan(*scheds, tune=True)
 
 
