@@ -454,6 +454,9 @@ def test_small_graphs_get_short_chunks_and_long_walks_go_edge_parallel():
     narrow_rows = default_schedule(AttentionSpec.of(torch.empty(1, 1, 16)), "edge", 10_556,
                                    16.0, lanes, small_graph_programs=few)
     assert (narrow_rows.block_e, narrow_rows.chunk) == (16, 64)  # at least 4 tiles a chunk
+    tiny_rows = default_schedule(AttentionSpec.of(torch.empty(1, 1, 2)), "edge", 10_556,
+                                 64.0, lanes, small_graph_programs=few)
+    assert (tiny_rows.block_e, tiny_rows.chunk) == (64, 256)    # ... even above MIN_CHUNK
     for edges in (287_209, 578_006, 1_166_243, 21_111_007):      # amazon .. mag: unchanged
         assert chunk(one_head, edges) == chunk(one_head, edges, small=None)
 

@@ -41,8 +41,8 @@ MIN_CHUNK = 128
 #: Smallest chunk on a small graph, one whose edges cannot give every resident program a
 #: MIN_CHUNK chunk: there the device is mostly idle, and what a call costs is the serial walk
 #: of its longest chunk (or, node-parallel, its longest row), one latency-bound edge tile
-#: after another.  Such a graph's chunks aim at SMALL_GRAPH_PROGRAMS programs instead,
-#: never below this.  Measured on the H200 (session 30, captured, 128-wide rows, two edges
+#: after another.  Such a graph's chunks aim at fewer programs
+#: (``plan.SMALL_GRAPH_PROGRAMS_PER_SM``), never below this nor below four edge tiles.  Measured on the H200 (session 30, captured, 128-wide rows, two edges
 #: per tile): cora (10.6K edges) ran fastest with 16-edge chunks (GAT inference 37.6 us,
 #: against 40.6 with 32, 47.9 with 64, 63.3 with 128 and 50.2 node-parallel), synthetic
 #: pubmed (88.6K) with 32 (GAT 72.1 us; AGNN 41.7 against 53.3 node-parallel);
@@ -158,8 +158,8 @@ def default_schedule(spec: AttentionSpec, strategy: str, num_edges: int, mean_de
     if chunk is None:
         chunk = _pow2_share(num_edges, num_programs)
         if chunk < MIN_CHUNK and small_graph_programs:
-            chunk = min(max(_pow2_share(num_edges, small_graph_programs), 4 * block_e,
-                            SMALL_CHUNK), MIN_CHUNK)
+            chunk = max(min(max(_pow2_share(num_edges, small_graph_programs), SMALL_CHUNK),
+                            MIN_CHUNK), 4 * block_e)
         else:
             chunk = min(max(chunk, 4 * block_e, MIN_CHUNK), MAX_CHUNK)
     num_warps = min(max(next_pow2(block_e * row) // _WARP_TILE, 1), 8)
