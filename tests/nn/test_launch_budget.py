@@ -49,7 +49,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")    # interpret
 #: without edges (this graph has two), its bias through the has-edges mask: 8 / 16.  With two
 #: heads reading x's rows as a shared key (``transformer_2h``) W_v is a batched product per
 #: head, whose [H, n, C] output is laid out as [n, H*C] by one copy: 10 / 17.
-BUDGET = {"gat": (5, 16), "agnn": (2, 5), "transformer": (5, 9), "transformer_1h": (8, 16),
+#: Session 30: Transformer's skip is added by the attention's store (a row-wise addend read
+#: in place from the joint projection): forward 5 -> 4.
+BUDGET = {"gat": (5, 16), "agnn": (2, 5), "transformer": (4, 9), "transformer_1h": (8, 16),
           "transformer_2h": (10, 17),
           "rgcn": (3, 8),
           "rgat": (6, 23), "rgat_1h": (5, 19), "hgt": (26, 54)}

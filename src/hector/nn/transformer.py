@@ -88,13 +88,18 @@ class TransformerConv(nn.Module):
             v = linear(x, self.lin_value)
             q = linear(x, self.lin_query)
             x_r = None if self.lin_skip is None else linear(take_rows(x, rows), self.lin_skip)
+        # The skip added by the attention's store (its epilogue reads x_r's rows in place,
+        # a column slice of the joint projection): one pass over the output less.  Only
+        # where it is added as is: a whole graph, heads concatenated, no gate.
+        fold = (x_r is not None and rows is None and self.lin_beta is None
+                and (self.concat or H == 1))
         out = edge_attention(graph, v.view(-1, H, C), q=q.view(-1, H, C), k=k.view(-1, H, C),
                              scale=1.0 / math.sqrt(C), dropout=self.dropout,
                              training=self.training, strategy=self.strategy,
-                             backend=self.backend)
+                             backend=self.backend, bias=x_r.view(-1, H, C) if fold else None)
         out = take_rows(out, rows)      # a block's destination rows only
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
-        return self._with_root(out, x_r)
+        return out if fold else self._with_root(out, x_r)
 
     def _with_root(self, out, x_r):
         """The message ``out`` joined with the root's ``x_r``: added, or mixed by the gate."""

@@ -54,15 +54,20 @@ def make_graph(num_nodes=24, num_random=120, super_degree=40, seed=0, device=DEV
 
 def make_inputs(graph, heads, terms, dim_k=5, dim_v=6, dtype=torch.float32, seed=1,
                 bias=False):
-    """The term set's tensors (and with ``bias`` an output bias ``[H, Dv]``), all requiring
-    gradients."""
+    """The term set's tensors (and with ``bias`` an output bias ``[H, Dv]``; with ``bias=
+    "rows"`` a row-wise addend ``[N, H, Dv]``, the second half of each row of a wider
+    buffer, as a skip term sliced from a joint projection), all requiring gradients."""
     gen = torch.Generator().manual_seed(seed)
     n = graph.num_nodes
     shapes = dict(v=(n, heads, dim_v), q=(n, heads, dim_k), k=(n, heads, dim_k),
                   a_src=(n, heads), a_dst=(n, heads), bias=(heads, dim_v))
-    names = TERMS[terms][0] + (("bias",) if bias else ())
-    return {name: torch.randn(shapes[name], generator=gen).to(DEVICE, dtype).requires_grad_()
-            for name in names}
+    names = TERMS[terms][0] + (("bias",) if bias is True else ())
+    inputs = {name: torch.randn(shapes[name], generator=gen).to(DEVICE, dtype).requires_grad_()
+              for name in names}
+    if bias == "rows":
+        wide = torch.randn(n, 2 * heads * dim_v, generator=gen).to(DEVICE, dtype)
+        inputs["bias"] = wide.requires_grad_()[:, heads * dim_v:].view(n, heads, dim_v)
+    return inputs
 
 
 def naive(graph, v, q=None, k=None, a_src=None, a_dst=None, scale=1.0, negative_slope=None,
@@ -213,6 +218,25 @@ def test_triton_rows_cut_into_many_chunks(terms, heads, bias):
     assert int(g.in_degree.max) >= 200 and int(g.out_degree.max) >= 200
     run_triton_vs_torch(terms, heads, "edge", graph=g, bias=bias,
                         schedule=edge_schedule(heads, chunk=3))
+
+
+@needs_triton
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+@pytest.mark.parametrize("heads,terms", [(1, "transformer"), (3, "all")])
+def test_triton_row_addend_epilogue(terms, heads, strategy):
+    """A row-wise addend ``[N, H, Dv]`` read in place with its row stride (a column slice of
+    a wider buffer), added by the forward and combine epilogues and written alone into the
+    rows without edges; the backward's delta subtracts each row's again: output and every
+    gradient, the addend's (the output's) included, equal the torch backend's ``out +
+    addend``."""
+    run_triton_vs_torch(terms, heads, strategy, bias="rows")
+
+
+def test_row_addend_shape_is_checked():
+    g = make_graph()
+    x = make_inputs(g, 2, "gat")
+    with pytest.raises(ValueError, match=r"\[rows, heads, Dv\] = \[24, 2, 6\]"):
+        edge_attention(g, **x, bias=torch.zeros(23, 2, 6, device=DEVICE), backend="torch")
 
 
 @needs_triton

@@ -257,8 +257,11 @@ def _autograd_backward(ctx, dout, dlse):
 
 
 def bias_grad(dout: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """The epilogue bias's gradient: ``dout`` summed over its rows, as a GEMV against a ones
-    vector (a column reduction ran far below bandwidth on the H200: ``nn._bias``)."""
+    """The epilogue bias's gradient: for a per-column ``[H, Dv]`` bias ``dout`` summed over
+    its rows, as a GEMV against a ones vector (a column reduction ran far below bandwidth on
+    the H200: ``nn._bias``); for a row-wise ``[rows, H, Dv]`` addend ``dout`` itself."""
+    if bias.dim() == 3:
+        return dout.to(bias.dtype)
     return column_sum(dout.reshape(dout.shape[0], -1)).reshape(bias.shape).to(bias.dtype)
 
 
@@ -295,7 +298,7 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
                                   dout.contiguous(), *tensors, out.contiguous(),
                                   lse.contiguous(), float(scale), negative_slope,
                                   launch_handle(graph, spec, plan), list(needs),
-                                  bias=None if bias is None else bias.contiguous(),
+                                  bias=rows_dense(bias),
                                   dst_index=dst_index)
         dv, dk = (t if need else v.new_empty(0)
                   for t, need in ((tensors[0], needs[0]), (tensors[2], needs[2])))
@@ -305,7 +308,7 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
     return call(edge_attention_backward_op, graph_handle(graph), dout.contiguous(), *tensors,
                 out.contiguous(), lse.contiguous(), float(scale), negative_slope, 0.0, 0,
                 "auto", launch_handle(graph, spec, plan), list(needs), dst_index=dst_index,
-                joint_kv=joint_kv, bias=None if bias is None else bias.contiguous())
+                joint_kv=joint_kv, bias=rows_dense(bias))
 
 
 _OPERANDS = ("v", "q", "k", "a_src", "a_dst")
@@ -341,7 +344,7 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
     column slices of one K|V GEMM output are read in place)."""
     shared = shared_heads(v, k)      # (what AttentionSpec.of finds for these tensors)
     tensors = [_operand(t, name, shared) for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
-    bias = bias.contiguous() if bias is not None else None
+    bias = rows_dense(bias)
     if schedule is None:
         if spec is None and (plan is not None or dst_index is not None):
             spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0,

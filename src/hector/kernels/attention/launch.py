@@ -29,13 +29,22 @@ from .reference import dropout_threshold
 from .spec import AttentionSpec, Schedule, tune_configs
 
 
-def fill_rows(ids: torch.Tensor, value: torch.Tensor, out: torch.Tensor) -> None:
-    """``out[ids] = value`` for a ``[W]`` row ``value`` and ``[rows, W]`` ``out``, one launch."""
+def fill_rows(ids: torch.Tensor, value: torch.Tensor, out: torch.Tensor,
+              value_stride: int = 0) -> None:
+    """``out[ids] = value[ids]`` for ``[rows, W]`` ``out``, one launch: ``value`` one ``[W]``
+    row for all (``value_stride`` 0) or rows ``value_stride`` elements apart."""
     if ids.numel():
         width = out.shape[1]
         block_w = min(next_pow2(width), 128)
         registry.kernel("fill_rows")[(-(-ids.numel() // 32),)](
-            ids, ids.numel(), value, out, width, BLOCK_R=32, BLOCK_W=block_w)
+            ids, ids.numel(), value, out, width, value_stride, BLOCK_R=32, BLOCK_W=block_w)
+
+
+def bias_stride(bias: Optional[torch.Tensor]) -> int:
+    """The row stride the kernels read an epilogue ``bias`` with: 0 for a per-column
+    ``[H, Dv]`` bias (one row for all), the row stride of a row-wise ``[rows, H, Dv]``
+    addend (dense within a row: :func:`rows_dense`)."""
+    return bias.stride(0) if bias is not None and bias.dim() == 3 else 0
 
 
 def _rows_out(skips: bool, shape, **kw) -> torch.Tensor:
@@ -255,13 +264,15 @@ def joint_of(dk: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
 def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
                       v, q, k, a_src, a_dst, bias=None, dst_index=None):
     """(out, lse): the forward traversal (and the combine pass of an edge-parallel one).
-    ``bias`` ``[H, Dv]`` (or None): added to every output row by the kernels' epilogue.
+    ``bias`` ``[H, Dv]``, or ``[rows, H, Dv]`` one row per output row, with any row stride
+    (or None): added to the output rows by the kernels' epilogue.
     ``dst_index`` (``spec.dst_edge``): each canonical edge's row of ``a_dst``.  ``k``, ``v``:
     any row stride (:func:`rows_dense`), or one row shared by the heads (``spec.shared_kv``)."""
-    v, k, q = kv_rows(spec, v), kv_rows(spec, k), rows_dense(q)
+    v, k, q, bias = kv_rows(spec, v), kv_rows(spec, k), rows_dense(q), rows_dense(bias)
     a_src, a_dst = term_rows(a_src), term_rows(a_dst)
     _, heads, dim_v = v.shape
     n = side_rows(graph, "dst")
+    sb = bias_stride(bias)
     sched = plan.dst
     full = side_csr(graph, "dst")
     csr, row_ids, n_rows = _rows_of(graph, full, sched, "dst")
@@ -271,8 +282,9 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
         # The rows the kernels skip hold the bias alone, or zeros: written there only (for a
         # 1.94M x 64 fp32 output, 1.13M rows skipped, on the H200: a full-height zero fill
         # took 0.1 ms, a broadcast copy of the bias 0.29 ms, an index_put 0.27).
-        fill_rows(idle_rows(graph, full, empty_rows(graph, "dst")), out.new_zeros(heads * dim_v) if bias is None
-                  else bias.reshape(-1), out.view(n, heads * dim_v))
+        fill_rows(idle_rows(graph, full, empty_rows(graph, "dst")),
+                  out.new_zeros(heads * dim_v) if bias is None else bias,
+                  out.view(n, heads * dim_v), sb)
     lse = _rows_out(skips, (n, heads), dtype=torch.float32, device=v.device)
     grid, rows, nchunks = _traversal(graph, csr, sched, heads)
     if sched.strategy == "edge":
@@ -288,7 +300,7 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
                 lse, m_part, l_part,
                 acc_part, *_scalars(params, lse), graph.num_edges, heads, spec.dim_qk, dim_v,
                 _row_stride(q, heads * spec.dim_qk), _or(k, v).stride(0), v.stride(0),
-                _row_stride(a_src, heads), _row_stride(a_dst, heads), sched.chunk)
+                _row_stride(a_src, heads), _row_stride(a_dst, heads), sb, sched.chunk)
         _launch_traversal("attention_fwd", dict(score_params(spec, sched.strategy),
                                                 has_bias=has_bias),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
@@ -296,7 +308,7 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
         if nchunks > 1:
             registry.kernel("attention_combine", has_bias=has_bias)[(nchunks - 1, grid[1])](
                 csr.ptr, rows, row_ids, m_part, l_part, acc_part, _or(bias, lse), out, lse,
-                heads, dim_v, sched.chunk, BLOCK_H=sched.block_h, BLOCK_DV=sched.block_dv,
+                heads, dim_v, sb, sched.chunk, BLOCK_H=sched.block_h, BLOCK_DV=sched.block_dv,
                 BLOCK_C=combine_chunks(sched.block_h * sched.block_dv))
     return out, lse
 
@@ -350,8 +362,10 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
     dq = dk = dv = da_src = da_dst = None
     delta = torch.empty(n, heads, dtype=torch.float32, device=v.device)
     rows_total = n * heads
+    bias = rows_dense(bias)
     registry.kernel("row_dot", has_bias=bias is not None)[(-(-rows_total // 16),)](
-        dout, out, _or(bias, delta), delta, rows_total, dim_v, heads, BLOCK_R=16,
+        dout, out, _or(bias, delta), delta, rows_total, dim_v, heads, bias_stride(bias),
+        BLOCK_R=16,
         BLOCK_D=min(next_pow2(dim_v), 128))
     if dlse is not None:
         delta -= dlse

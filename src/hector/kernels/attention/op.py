@@ -13,7 +13,7 @@ from ... import checks as C
 from ...device import choose_backend
 from ...graph import Graph
 from .custom_ops import edge_attention_triton
-from .plan import AttentionPlan
+from .plan import AttentionPlan, side_rows
 from .reference import edge_attention_torch
 from .spec import AttentionSpec
 
@@ -72,14 +72,17 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
             given tensors; ``plan`` excludes ``schedule`` and must have been made for ``graph``.
         bias: ``[H, Dv]`` (or ``[H * Dv]``) added to every output row, a node without
             incoming edges included (a layer's output bias: the Triton kernels add it as they
-            store the row instead of a separate pass over the output).
+            store the row instead of a separate pass over the output); or ``[N, H, Dv]``,
+            one row added to each output row (a layer's skip term; any row stride, so a
+            column slice of a joint projection is read in place; its gradient is the
+            output's).
     Returns:
         ``[N, H, Dv]`` in ``v.dtype`` (accumulated in float32), plus ``bias`` if given.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
     _check_inputs(graph, v, q, k, a_src, a_dst)
-    bias = _check_bias(bias, v)
+    bias = _check_bias(bias, v, side_rows(graph, "dst"))
     scale, negative_slope, dropout = _check_scalars(scale, negative_slope, dropout, training, seed)
     _check_seed(seed, v)
     if strategy not in STRATEGIES:
@@ -96,21 +99,25 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
                                  strategy, schedule, spec=spec, plan=plan, bias=bias)
 
 
-def _check_bias(bias: Optional[torch.Tensor], v: torch.Tensor) -> Optional[torch.Tensor]:
-    """``bias`` as ``[H, Dv]``, after checking its shape, dtype and device against ``v``."""
+def _check_bias(bias: Optional[torch.Tensor], v: torch.Tensor,
+                rows: int) -> Optional[torch.Tensor]:
+    """``bias`` as ``[H, Dv]`` (per column) or ``[rows, H, Dv]`` (row-wise, as given: any
+    row stride), after checking its shape, dtype and device against ``v`` and the output's
+    ``rows``."""
     if bias is None:
         return None
     if not isinstance(bias, torch.Tensor):
         raise TypeError(f"bias must be a tensor, got {type(bias).__name__}")
     heads, dim_v = v.shape[1], v.shape[2]
-    if tuple(bias.shape) not in ((heads, dim_v), (heads * dim_v,)):
-        raise ValueError(f"bias must have shape [heads, Dv] = [{heads}, {dim_v}] or "
-                         f"[{heads * dim_v}], got {tuple(bias.shape)}")
+    if tuple(bias.shape) not in ((heads, dim_v), (heads * dim_v,), (rows, heads, dim_v)):
+        raise ValueError(f"bias must have shape [heads, Dv] = [{heads}, {dim_v}], "
+                         f"[{heads * dim_v}] or [rows, heads, Dv] = [{rows}, {heads}, "
+                         f"{dim_v}], got {tuple(bias.shape)}")
     if bias.dtype != v.dtype:
         raise TypeError(f"bias has dtype {bias.dtype} but v has {v.dtype}")
     if bias.device != v.device:
         raise ValueError(f"bias is on {bias.device} but v is on {v.device}")
-    return bias.reshape(heads, dim_v)
+    return bias if bias.dim() == 3 else bias.reshape(heads, dim_v)
 
 
 def _check_decided(spec, plan, schedule, v, q, a_src, a_dst, negative_slope, p, k=None) -> None:
