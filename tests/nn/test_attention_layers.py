@@ -25,16 +25,16 @@ DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
 CPU_FEATURES = 64
 
 
-def make_layers(kind, f_in, heads, concat, **transformer_kw):
+def make_layers(kind, f_in, heads, concat, **layer_kw):
     torch.manual_seed(0)
     if kind == "gat":
-        ref = pyg.GATConv(f_in, 16, heads=heads, concat=concat)
+        ref = pyg.GATConv(f_in, 16, heads=heads, concat=concat, **layer_kw)
     elif kind == "agnn":
         ref = pyg.AGNNConv()
         with torch.no_grad():
             ref.beta.fill_(1.7)       # not the initial 1, so a lost beta is seen
     else:
-        kw = dict(dict(beta=True), **transformer_kw)
+        kw = dict(dict(beta=True), **layer_kw)
         ref = pyg.TransformerConv(f_in, 16, heads=heads, concat=concat, **kw)
     # Non-trivial parameters: PyG zero-initialises biases.
     with torch.no_grad():
@@ -50,12 +50,12 @@ def rel_err(a, b, floor=1e-30):
 
 
 def compare(kind, edge_index, x, heads=2, concat=True, strategy="auto", backend="auto",
-            dtype=torch.float32, reorder=None, **transformer_kw):
+            dtype=torch.float32, reorder=None, **layer_kw):
     """Ours in ``dtype`` against PyG in float64 on the same (``dtype``-rounded) inputs and
     parameters: the error measured is ours, not the sum of two low-precision runs.
     ``reorder``: TransformerConv's linear reordering, asserted to be applied (True) or not
     (False) on this graph; None: as the layer decides."""
-    ref = make_layers(kind, x.shape[1], heads, concat, **transformer_kw).to(dtype)
+    ref = make_layers(kind, x.shape[1], heads, concat, **layer_kw).to(dtype)
     kw = {} if reorder is None else dict(reorder=reorder)
     ours = type_of(kind).from_pyg(ref, strategy=strategy, backend=backend, **kw)
     if reorder is not None:
@@ -109,6 +109,19 @@ def test_small_random_graphs(kind, strategy):
     x = torch.randn(40, 12, generator=torch.Generator().manual_seed(2))
     for dtype in DTYPES:
         compare(kind, ei, x, heads=3, strategy=strategy, backend="triton", dtype=dtype)
+
+
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+@pytest.mark.parametrize("concat, bias", [(True, True), (True, False), (False, True)])
+def test_gat_residual_matches_pyg(strategy, concat, bias):
+    """GAT with a residual: heads concatenated on a whole graph, ``x W_res^T + b`` is one
+    product that the attention's store adds row by row (the epilogue's row-wise addend, rows
+    without edges included); heads averaged, added after.  Output and every gradient."""
+    ei = random_graph(40, 150, seed=4, hub=80)
+    x = torch.randn(40, 12, generator=torch.Generator().manual_seed(5))
+    for dtype in DTYPES:
+        compare("gat", ei, x, heads=3, concat=concat, strategy=strategy, backend="triton",
+                dtype=dtype, residual=True, bias=bias)
 
 
 @pytest.mark.parametrize("kind", ["gat", "transformer"])

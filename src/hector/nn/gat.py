@@ -7,6 +7,7 @@ from torch import nn
 from .. import checks as C
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
+from ._bias import linear_of
 from ._common import (as_one_graph, check_backend, check_input, check_strategy,
                       load_from_pyg, no_edge_features, resolve_graph, take_rows)
 
@@ -85,12 +86,19 @@ class GATConv(nn.Module):
         z = self.lin(x).view(-1, H, C)
         a_src, a_dst = self._scores(z)
         fold = self.bias_in_kernel
+        epilogue = self.bias if fold else None
+        # On a whole graph with the heads concatenated, the residual and the bias are one
+        # product (x W_res^T + b) added by the attention's store, row by row: no pass over
+        # the output.
+        fold_res = self.res is not None and rows is None and self.concat
+        if fold_res:
+            epilogue = linear_of(x, self.res.weight, self.bias).view(-1, H, C)
         out = edge_attention(graph, z, a_src=a_src, a_dst=a_dst, negative_slope=self.negative_slope,
                              dropout=self.dropout, training=self.training, strategy=self.strategy,
-                             backend=self.backend, bias=self.bias if fold else None)
+                             backend=self.backend, bias=epilogue)
         out = take_rows(out, rows)      # a block's destination rows only
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
-        if self.res is not None:
+        if self.res is not None and not fold_res:
             out = out + self.res(take_rows(x, rows))
         return out + self.bias if self.bias is not None and not fold else out
 
