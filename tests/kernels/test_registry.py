@@ -167,5 +167,5 @@ def test_kernel_loads_from_cache_file_and_runs(cache):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     a, b = torch.randn(5, 7, device=device), torch.randn(5, 7, device=device)
     out = torch.empty(5, device=device)
-    fn[(1,)](a, b, out, out, 5, 7, 1, BLOCK_R=8, BLOCK_D=8)    # (no bias: any pointer)
+    fn[(1,)](a, b, out, out, 5, 7, 1, 0, BLOCK_R=8, BLOCK_D=8)    # (no bias: any pointer)
     torch.testing.assert_close(out, (a * b).sum(1))
