@@ -298,7 +298,7 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
                                   dout.contiguous(), *tensors, out.contiguous(),
                                   lse.contiguous(), float(scale), negative_slope,
                                   launch_handle(graph, spec, plan), list(needs),
-                                  bias=rows_dense(bias),
+                                  bias=bias,
                                   dst_index=dst_index)
         dv, dk = (t if need else v.new_empty(0)
                   for t, need in ((tensors[0], needs[0]), (tensors[2], needs[2])))
@@ -308,7 +308,7 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
     return call(edge_attention_backward_op, graph_handle(graph), dout.contiguous(), *tensors,
                 out.contiguous(), lse.contiguous(), float(scale), negative_slope, 0.0, 0,
                 "auto", launch_handle(graph, spec, plan), list(needs), dst_index=dst_index,
-                joint_kv=joint_kv, bias=rows_dense(bias))
+                joint_kv=joint_kv, bias=bias)
 
 
 _OPERANDS = ("v", "q", "k", "a_src", "a_dst")
@@ -338,13 +338,13 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
     launched as given (the op receives them by handle); otherwise derived from the tensors
     and planned here (inside the op, memoised per graph).  ``return_lse``: (out, the
     per-destination log-sum-exp ``[N, H]`` fp32) for a caller that runs the backward itself
-    (not with a pinned ``schedule``).  ``bias``: ``[H, Dv]``, added by the epilogue.
+    (not with a pinned ``schedule``).  ``bias``: ``[H, Dv]`` or row-wise ``[rows, H, Dv]``,
+    added by the epilogue (read as the launch code normalises it: :func:`.launch.rows_dense`).
     ``dst_index``: each canonical edge's row of ``a_dst`` (a per-edge destination term; the
     caller's ``spec`` says ``dst_edge``).  ``k``, ``v``: any row stride (:func:`rows_dense`:
     column slices of one K|V GEMM output are read in place)."""
     shared = shared_heads(v, k)      # (what AttentionSpec.of finds for these tensors)
     tensors = [_operand(t, name, shared) for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
-    bias = rows_dense(bias)
     if schedule is None:
         if spec is None and (plan is not None or dst_index is not None):
             spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0,

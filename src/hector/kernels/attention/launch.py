@@ -343,7 +343,7 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
                          "shared by the heads (spec.shared_kv)")
     if into_kv:
         _check_into(v if need_v else None, k if need_k else None)
-    v, k, q = kv_rows(spec, v), kv_rows(spec, k), rows_dense(q)
+    v, k, q, bias = kv_rows(spec, v), kv_rows(spec, k), rows_dense(q), rows_dense(bias)
     a_src, a_dst = term_rows(a_src), term_rows(a_dst)
     n_src, heads, dim_v = v.shape              # (side_rows(graph, "src"))
     n = side_rows(graph, "dst")
@@ -362,7 +362,6 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
     dq = dk = dv = da_src = da_dst = None
     delta = torch.empty(n, heads, dtype=torch.float32, device=v.device)
     rows_total = n * heads
-    bias = rows_dense(bias)
     registry.kernel("row_dot", has_bias=bias is not None)[(-(-rows_total // 16),)](
         dout, out, _or(bias, delta), delta, rows_total, dim_v, heads, bias_stride(bias),
         BLOCK_R=16,
