@@ -3,11 +3,17 @@ units), "tf32x3" (three TF32 tensor-core products) and "tf32" (one), per tile co
 shapes of the compiled relational layers on synthetic mag (CUDA only).
 
     python scripts/gemm_precision.py [--rows 1940000] [--width 64] [--configs]
+    python scripts/gemm_precision.py --dense 169343x128x512,2708x128x512
+
 
 Cases: a node-type GEMM (``rows`` contiguous rows, 4 segments), a compact-row GEMM (1.58 x
 ``rows`` rows gathered from ``rows`` node rows, 8 relations), and the weight gradient of
 each.  Error: max |got - fp64| / max |fp64| over the output.  Time: ``triton.testing.do_bench``
 median.  TB/s counts each row read once and written once (the floor's bytes).
+
+``--dense RxKxN,...``: instead, dense products ``[R, K] x [K, N]`` (the attention layers'
+node projections) in one segment, each mode beside torch's fp32 ``mm`` (cuBLAS), with the
+weight gradient ``x^T dy`` beside torch's; TFLOP/s counts ``2 R K N``.
 """
 from __future__ import annotations
 
@@ -46,13 +52,58 @@ def reference(x, w, bounds, gather):
     return a, out
 
 
+def set_mode(mode):
+    os.environ[FP32_DOT_ENV] = mode if mode != "tf32" else "ieee"
+    torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+
+
+def dense(shapes: str, all_configs: bool, gen: torch.Generator):
+    """Dense node projections: the segment GEMM by mode against torch's fp32 mm."""
+    print(f"{'R x K x N':20} {'mode':7} {'config':22} {'fwd ms':>8} {'TFLOP/s':>7} {'err':>8} "
+          f"{'wgrad ms':>9} {'err':>8}")
+    for shape in shapes.split(","):
+        r, k, n = (int(v) for v in shape.split("x"))
+        dev = torch.device("cuda")
+        x = torch.randn(r, k, generator=gen).to(dev)
+        w = (torch.randn(1, k, n, generator=gen) / k ** 0.5).to(dev)
+        dy = torch.randn(r, n, generator=gen).to(dev)
+        want = x.double() @ w[0].double()
+        dw_want = x.double().t() @ dy.double()
+        flop = 2 * r * k * n
+        set_mode("ieee")
+        rows = [("torch mm", "cuBLAS", lambda: x @ w[0], lambda: x.t() @ dy)]
+        for mode in ("ieee", "tf32x3", "tf32"):
+            set_mode(mode)
+            spec = GemmSpec.of(x, None, None, False, n)
+            configs = tune_configs(spec)
+            for sched in (configs if all_configs else configs[:1]):
+                cfg = f"{sched.block_m}x{sched.block_n}x{sched.block_k} w{sched.num_warps}"
+                rows.append((mode, cfg,
+                             lambda s=spec, c=sched: launch_gemm(s, c, (0, r), x, w, None, None, 0),
+                             lambda s=spec, c=sched: launch_wgrad(s, c, (0, r), x, None, dy, None, w)))
+        for mode, cfg, fwd, wg in rows:
+            set_mode("ieee" if mode == "torch mm" else mode)
+            try:
+                err, werr = rel_err(fwd(), want), rel_err(wg().reshape(k, n), dw_want)
+            except triton.runtime.errors.OutOfResources as e:   # a config too big for N
+                print(f"{shape:20} {mode:7} {cfg:22} skipped: {e}", flush=True)
+                continue
+            t, tw = triton.testing.do_bench(fwd), triton.testing.do_bench(wg)
+            print(f"{shape:20} {mode:7} {cfg:22} {t:8.3f} {flop / t / 1e9:7.1f} {err:8.1e} "
+                  f"{tw:9.3f} {werr:8.1e}", flush=True)
+    set_mode("ieee")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=1_940_000)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--configs", action="store_true", help="every tune config, not only the heuristic")
+    p.add_argument("--dense", help="RxKxN,...: dense products against torch's mm instead")
     a = p.parse_args()
     gen = torch.Generator().manual_seed(0)
+    if a.dense:
+        return dense(a.dense, a.configs, gen)
     print(f"{'case':14} {'mode':7} {'config':28} {'fwd ms':>8} {'TB/s':>5} {'err':>8} "
           f"{'wgrad ms':>9} {'err':>8}")
     for name, x, w, bounds, gather in cases(a.rows, a.width, gen):
@@ -63,8 +114,7 @@ def main():
         del a64
         moved = (bounds[-1] * x.shape[1] + want.numel()) * 4
         for mode in ("ieee", "tf32x3", "tf32"):
-            os.environ[FP32_DOT_ENV] = mode if mode != "tf32" else "ieee"
-            torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+            set_mode(mode)
             spec = GemmSpec.of(x, gather, None, False, w.shape[2])
             configs = tune_configs(spec)
             for sched in (configs if a.configs else configs[:1]):
@@ -80,7 +130,7 @@ def main():
                 cfg = f"{sched.block_m}x{sched.block_n}x{sched.block_k} w{sched.num_warps}"
                 print(f"{name:14} {mode:7} {cfg:28} {t:8.3f} {moved / t / 1e9:5.2f} {err:8.1e} "
                       f"{tw:9.3f} {werr:8.1e}", flush=True)
-    torch.backends.cuda.matmul.allow_tf32 = False
+    set_mode("ieee")
 
 
 if __name__ == "__main__":

@@ -69,6 +69,9 @@ def compare(kind, edge_index, x, heads=2, concat=True, strategy="auto", backend=
     assert not torch.isnan(out).any()
     tol = TOL[dtype]
     assert rel_err(out, out_ref) < tol, f"output: {rel_err(out, out_ref)}"
+    with torch.no_grad():     # inference takes other paths (GAT: scores in the GEMM's epilogue)
+        out_inf = ours(x, edge_index)
+    assert rel_err(out_inf, out_ref) < tol, f"inference output: {rel_err(out_inf, out_ref)}"
     grad_out = torch.randn_like(out)
     params_ref, params = dict(ref.named_parameters()), dict(ours.named_parameters())
     # (PyG keeps lin_skip with root_weight=False, unused; ours has none: compare ours.)
@@ -122,6 +125,40 @@ def test_gat_residual_matches_pyg(strategy, concat, bias):
     for dtype in DTYPES:
         compare("gat", ei, x, heads=3, concat=concat, strategy=strategy, backend="triton",
                 dtype=dtype, residual=True, bias=bias)
+
+
+@pytest.mark.parametrize("heads, concat", [(1, True), (3, True), (3, False)])
+def test_gat_inference_scores_in_the_projection_epilogue(monkeypatch, heads, concat):
+    """Without autograd on the Triton backend, GAT's projection and both scores are one
+    segment GEMM (the scores its epilogue's extra product); with autograd, not (its weight
+    gradient is slower than cuBLAS's).  Either way the output is PyG's."""
+    import hector.nn.gat as gat_module
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("extra_weight") is not None)
+        return segment_mm(*args, **kwargs)
+    segment_mm = gat_module.segment_mm
+    monkeypatch.setattr(gat_module, "segment_mm", counted)
+    ei = random_graph(40, 150, seed=7, hub=30)
+    x = torch.randn(40, 12, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    ref = make_layers("gat", 12, heads, concat)
+    ours = GATConv.from_pyg(ref, backend="triton").eval()
+    want = ref.double()(x.double(), ei.to(DEVICE))
+    with torch.no_grad():
+        got = ours(x, ei.to(DEVICE))
+    assert calls == [True]
+    assert rel_err(got, want) < TOL[torch.float32]
+    ours(x, ei.to(DEVICE))
+    assert calls == [True]          # autograd on: the two products, no segment GEMM
+
+
+def test_gat_scores_in_the_epilogue_where_measured_faster():
+    """One head always; several heads only on small graphs (they lost on a 169k-row one)."""
+    from hector.nn.gat import EPILOGUE_SCORES_MAX_ROWS, scores_in_epilogue
+    big = EPILOGUE_SCORES_MAX_ROWS + 1
+    assert scores_in_epilogue(big, 1) and scores_in_epilogue(2708, 4)
+    assert not scores_in_epilogue(big, 4)
 
 
 @pytest.mark.parametrize("kind", ["gat", "transformer"])

@@ -5,11 +5,27 @@ import torch
 from torch import nn
 
 from .. import checks as C
+from ..device import resolve_backend
 from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
+from ..kernels.segment_mm.op import segment_mm
 from ._bias import linear_of
 from ._common import (as_one_graph, check_backend, check_input, check_strategy,
                       load_from_pyg, no_edge_features, resolve_graph, take_rows)
+
+
+#: Several heads' scores come from the projection's epilogue only on graphs of at most this
+#: many rows.  Measured on the H200 (session 31, captured inference): one head gained on cora
+#: (2,708 rows, 16%) and synthetic arxiv (169,343, 12%), four heads of 16 gained on cora (10%)
+#: and lost on arxiv (9%: the epilogue's 8 extra columns per row cost more than cuBLAS's
+#: separate score GEMM there).  Between the two sizes it is unmeasured; 16384 rows (a few
+#: waves of 64-row tiles, where launches still dominate) is a guess.
+EPILOGUE_SCORES_MAX_ROWS = 16384
+
+
+def scores_in_epilogue(rows: int, heads: int) -> bool:
+    """Whether GAT's inference forms its scores in the projection GEMM's epilogue."""
+    return heads == 1 or rows <= EPILOGUE_SCORES_MAX_ROWS
 
 
 class GATConv(nn.Module):
@@ -59,7 +75,7 @@ class GATConv(nn.Module):
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
         self.res = nn.Linear(in_channels, total, bias=False) if residual else None
         self.bias = nn.Parameter(torch.empty(total)) if bias else None
-        # (a constant: the heads' block structure in _scores; not a parameter, not saved)
+        # (a constant: the heads' block structure in _project; not a parameter, not saved)
         self.register_buffer("_eye", torch.eye(heads), persistent=False)
         self.reset_parameters()
 
@@ -83,8 +99,7 @@ class GATConv(nn.Module):
         check_input(self, x, width=self.in_channels)
         graph = resolve_graph(x, edge_index, loops)
         H, C = self.heads, self.out_channels
-        z = self.lin(x).view(-1, H, C)
-        a_src, a_dst = self._scores(z)
+        z, a_src, a_dst = self._project(x)
         fold = self.bias_in_kernel
         epilogue = self.bias if fold else None
         # On a whole graph with the heads concatenated, the residual and the bias are one
@@ -102,20 +117,39 @@ class GATConv(nn.Module):
             out = out + self.res(take_rows(x, rows))
         return out + self.bias if self.bias is not None and not fold else out
 
-    def _scores(self, z):
-        """(a_src, a_dst) ``[N, H]``: ``<z_h, a_h>`` for both vectors as one ``[N, H*C] x
-        [H*C, 2H]`` product with a block-diagonal matrix (rows ``h*C .. h*C+C-1`` hold head
-        ``h``'s two vectors): the products of ``(z * a).sum(-1)``, summed in one GEMM that
-        reads ``z`` once, instead of two elementwise products and reductions over ``[N, H,
-        C]`` (a quarter of the layer's GPU time on a 169k-node graph).  The gradient reaches
-        ``x`` through ``z`` as in PyG's layer (folding ``a`` into the projection instead,
-        ``x (Theta^T a)``, moved the input gradient by 8e-4 relative to PyG's on github-musae
-        with 4 heads; why so much was not traced)."""
+    def _project(self, x):
+        """``(z [N, H, C], a_src [N, H], a_dst [N, H])``: the projection ``z = x Theta^T``
+        and both scores ``<z_h, a_h>``, the scores as one ``[N, H*C] x [H*C, 2H]`` product
+        with a block-diagonal matrix (rows ``h*C .. h*C+C-1`` hold head ``h``'s two
+        vectors): the products of ``(z * a).sum(-1)``, summed in one GEMM that reads ``z``
+        once, instead of two elementwise products and reductions over ``[N, H, C]`` (a
+        quarter of the layer's GPU time on a 169k-node graph).
+
+        Without autograd on the Triton backend the block product is the epilogue of the
+        projection itself (``segment_mm``'s ``extra_weight``: each fp32 row of ``z`` times
+        the blocks before it is stored), one launch where cuBLAS ran two GEMMs and a split-K
+        reduction (on cora the score product cost more than the projection); several heads
+        only on small graphs (:func:`scores_in_epilogue`).  Training
+        keeps the two products: the segment GEMM's weight gradient is slower than cuBLAS's
+        on these dense shapes (``scripts/gemm_precision.py --dense``, session 31).  The
+        gradient reaches ``x`` through ``z`` as in PyG's layer (folding ``a`` into the
+        projection instead, ``x (Theta^T a)``, moved the input gradient by 8e-4 relative to
+        PyG's on github-musae with 4 heads; why so much was not traced)."""
         H, C = self.heads, self.out_channels
         att = torch.stack([self.att_src[0], self.att_dst[0]], 2)             # [H, C, 2]
-        blocks = (att.unsqueeze(-1) * self._eye[:, None, None, :]).reshape(H * C, 2 * H)
-        a = (z.reshape(-1, H * C) @ blocks).view(-1, 2, H)
-        return a.unbind(1)           # (its backward: one stack of the two gradients)
+        blocks = (att.reshape(C, 2) if H == 1 else       # (one head: no block structure)
+                  (att.unsqueeze(-1) * self._eye[:, None, None, :]).reshape(H * C, 2 * H))
+        w = self.lin.weight
+        if (not torch.is_grad_enabled() and x.dtype == w.dtype == blocks.dtype
+                and scores_in_epilogue(x.shape[0], H)
+                and resolve_backend(self.backend, x.device, x.dtype) == "triton"):
+            z, a = segment_mm(x, w.t().unsqueeze(0), [0, x.shape[0]],
+                              extra_weight=blocks, backend="triton")
+        else:
+            z = self.lin(x)
+            a = z @ blocks
+        # (the split's backward: one stack of the two gradients)
+        return (z.view(-1, H, C), *a.view(-1, 2, H).unbind(1))
 
     def attention_spec(self, dtype=torch.float32, features=None):
         """What this layer asks of the fused attention op (for ``hector.explain``)."""

@@ -38,7 +38,8 @@ def _layout(name):
 @needs_triton
 @pytest.mark.parametrize("layout", ["plain", "gathered", "permuted"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("k, n, e", [(19, 24, 8), (16, 32, 1), (8, 16, 20), (12, 128, 3)])
+@pytest.mark.parametrize("k, n, e", [(19, 24, 8), (16, 32, 1), (8, 16, 20), (12, 128, 3),
+                                     (12, 48, 6)])     # N not a power of two, over a tile
 def test_extra_product_matches_the_torch_backend(layout, dtype, k, n, e):
     x, w, v = _inputs(dtype, k, n, e)
     kw = _layout(layout)

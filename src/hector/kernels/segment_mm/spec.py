@@ -328,7 +328,7 @@ def _csr_tiles(spec: GemmSpec, sched: GemmSchedule) -> GemmSchedule:
     """A CSR prologue's schedule: the reduction tile spans all of ``K``; with extra columns
     the output tile spans all of ``N`` (``check_fits``)."""
     if spec.extra_cols and sched.block_n < spec.N:     # (a wider tile: the warps it would get)
-        block_n = _side(spec.N, spec.N)
+        block_n = _side(spec.N, next_pow2(spec.N))     # (N need not be a power of two)
         sched = replace(sched, block_n=block_n, num_warps=max(
             sched.num_warps, 8 if block_n * sched.block_m >= 8192 else 4))
     return replace(sched, block_k=max(next_pow2(spec.K), sched.block_k)) if spec.has_csr \
