@@ -17,9 +17,10 @@ from ._common import (as_one_graph, check_backend, check_input, check_strategy,
 #: Several heads' scores come from the projection's epilogue only on graphs of at most this
 #: many rows.  Measured on the H200 (session 31, captured inference): one head gained on cora
 #: (2,708 rows, 16%) and synthetic arxiv (169,343, 12%), four heads of 16 gained on cora (10%)
-#: and lost on arxiv (9%: the epilogue's 8 extra columns per row cost more than cuBLAS's
-#: separate score GEMM there).  Between the two sizes it is unmeasured; 16384 rows (a few
-#: waves of 64-row tiles, where launches still dominate) is a guess.
+#: and lost on arxiv (9%; not profiled: the epilogue forms each of its 2H = 8 extra columns
+#: as a row reduction over the whole 64-wide row, three quarters of it the block matrix's
+#: zeros, which is presumably why).  Between the two sizes it is unmeasured; 16384 rows (a
+#: few waves of 64-row tiles, where launches still dominate) is a guess.
 EPILOGUE_SCORES_MAX_ROWS = 16384
 
 
@@ -129,12 +130,12 @@ class GATConv(nn.Module):
         projection itself (``segment_mm``'s ``extra_weight``: each fp32 row of ``z`` times
         the blocks before it is stored), one launch where cuBLAS ran two GEMMs and a split-K
         reduction (on cora the score product cost more than the projection); several heads
-        only on small graphs (:func:`scores_in_epilogue`).  Training
-        keeps the two products: the segment GEMM's weight gradient is slower than cuBLAS's
-        on these dense shapes (``scripts/gemm_precision.py --dense``, session 31).  The
-        gradient reaches ``x`` through ``z`` as in PyG's layer (folding ``a`` into the
-        projection instead, ``x (Theta^T a)``, moved the input gradient by 8e-4 relative to
-        PyG's on github-musae with 4 heads; why so much was not traced)."""
+        only on small graphs (:func:`scores_in_epilogue`).  Training keeps the two
+        products: the segment GEMM's weight gradient is slower than cuBLAS's on these dense
+        shapes (``scripts/gemm_precision.py --dense``, session 31).  The gradient reaches
+        ``x`` through ``z`` as in PyG's layer (folding ``a`` into the projection instead,
+        ``x (Theta^T a)``, moved the input gradient by 8e-4 relative to PyG's on
+        github-musae with 4 heads; why so much was not traced)."""
         H, C = self.heads, self.out_channels
         att = torch.stack([self.att_src[0], self.att_dst[0]], 2)             # [H, C, 2]
         blocks = (att.reshape(C, 2) if H == 1 else       # (one head: no block structure)
