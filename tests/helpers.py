@@ -3,12 +3,20 @@ self loops and duplicate edges included on purpose."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
 import torch
 
 import hector
+
+
+#: The real datasets, never copied into the project: ``$HECTOR_TEST_DATA`` where set (a device
+#: machine's copy), else ``shared/data`` beside the checkout.  Tests that need a dataset skip
+#: with a reason when it is absent.
+SHARED_DATA = Path(os.environ.get("HECTOR_TEST_DATA")
+                   or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
 def random_relational(num_nodes=24, num_edges=90, num_relations=4, seed=0, empty=(1,)):

@@ -9,7 +9,9 @@ import torch
 
 from hector.cli import main
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/helpers.py
+from helpers import SHARED_DATA as DATA  # noqa: E402
+
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"real datasets not found at {DATA}")
 
 

@@ -1,10 +1,11 @@
 """Fixtures for the dataset tests: the real data folder shared next to the project."""
+import sys
 from pathlib import Path
 
 import pytest
 
-# The repository root is two levels up (tests/datasets/conftest.py); the data sits beside it.
-SHARED_DATA = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data").resolve()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
+from helpers import SHARED_DATA  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ case runs the Triton kernels, both strategies, in fp32 and bf16 (scripts/gpu-che
 file on the H200).
 """
 import copy
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from hector.nn import AGNNConv, GATConv, TransformerConv  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
+from helpers import SHARED_DATA as DATA  # noqa: E402
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
 CPU_FEATURES = 64

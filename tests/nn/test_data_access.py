@@ -158,7 +158,7 @@ def test_half_inputs_stay_half_in_the_kernels(name, monkeypatch):
     assert seen and set(seen) == {torch.bfloat16}
 
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+from helpers import SHARED_DATA as DATA  # noqa: E402
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),

@@ -15,7 +15,7 @@ pyg = pytest.importorskip("torch_geometric.nn")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
 from helpers import device_for, random_hetero, random_relational, rel_err  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+from helpers import SHARED_DATA as DATA  # noqa: E402
 TOL = 1e-4
 
 

@@ -2,6 +2,7 @@
 import argparse
 import io
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,8 @@ import torch
 
 from hector.train import configure, resolve_config, run, train
 
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
+from helpers import SHARED_DATA as DATA  # noqa: E402
 
 
 def needs(name):
