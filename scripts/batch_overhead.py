@@ -4,7 +4,8 @@
                                      [--models rgcn,rgat,hgt] [--fanout 25,20]
                                      [--batch-size 1024] [--batches 10] [--threads N] [--pyg]
                                      [--count-syncs] [--stub-kernels] [--cpu-clock]
-                                     [--cprofile N] [--torch-profile N] [--epoch-prefetch K]
+                                     [--cprofile N] [--torch-profile N] [--op-sites N]
+                                     [--epoch-prefetch K]
 
 For each batch of ``NeighborLoader`` on a synthetic profile (features of width ``--hidden``
 drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HGTConv):
@@ -32,6 +33,11 @@ drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HG
 ``--cprofile N``: each batch's first forward + backward run once more on fresh blocks under
 cProfile (after the timings, which it does not touch), the top N functions printed to stderr.
 
+``--op-sites N``: the ATen ops one new batch dispatches (its blocks' build; its first
+forward + backward beyond the same step repeated), counted by the hector source line that
+called them, top N sites to stderr: what a new graph costs the host, op by op (each op is a
+dispatch, and on CUDA a launch), independent of timing noise.
+
 ``--torch-profile N``: torch.profiler tables (top N by self CPU time) of the last batch's first
 forward + backward on fresh blocks and of the same step repeated, to stderr.
 
@@ -49,6 +55,7 @@ kernels.
 Prints medians in milliseconds per batch, one row per model.
 """
 import argparse
+import collections
 import cProfile
 import pstats
 import statistics
@@ -200,6 +207,49 @@ def torch_profile(kind, model, graph, batch, x, device, top):
             print(prof.key_averages().table(sort_by=key, row_limit=top), file=sys.stderr)
 
 
+def count_op_sites(fn) -> collections.Counter:
+    """``fn()`` run once; the ATen ops it dispatched, counted by the innermost ``hector``
+    source line that called them (``file:line function``; "(outside hector)" for the rest,
+    and the autograd engine's own ops, which no Python frame calls)."""
+    import traceback
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    counts = collections.Counter()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            site = "(outside hector)"
+            for frame in reversed(traceback.extract_stack(limit=40)):
+                if "/hector/" in frame.filename:
+                    path = frame.filename.split("/hector/", 1)[1]
+                    site = f"{path}:{frame.lineno} {frame.name}"
+                    break
+            counts[site] += 1
+            return func(*args, **(kwargs or {}))
+    with Count():
+        fn()
+    return counts
+
+
+def op_sites(kind, model, graph, batch, x, top):
+    """The ATen ops (stderr) a new batch adds: its blocks' build, and its first forward +
+    backward beyond the same step repeated, by hector call site (see ``--op-sites``)."""
+    blocks = batch.blocks
+    build = count_op_sites(lambda: [rebuild(b) for b in blocks])
+    batch.blocks = [rebuild(b) for b in blocks]
+    first = count_op_sites(lambda: step(kind, model, graph, batch, x))
+    repeat = count_op_sites(lambda: step(kind, model, graph, batch, x))
+    extra = first - repeat
+    print(f"--- {kind}: ATen ops per new batch: build {sum(build.values())}, first step "
+          f"{sum(first.values())}, repeated step {sum(repeat.values())} (the first's extra "
+          f"{sum(first.values()) - sum(repeat.values())}); top sites of the extra, then of "
+          "the build", file=sys.stderr)
+    for counter in (extra, build):
+        for site, n in counter.most_common(top):
+            print(f"  {n:5d}  {site}", file=sys.stderr)
+        print(file=sys.stderr)
+
+
 def epoch_prefetch(args, graph, x, seeds, fanouts, device):
     """Wall time per epoch with and without ``prefetch`` (see ``--epoch-prefetch``): the
     layers' default backend on CUDA, the torch backend on the CPU (the interpreter would time
@@ -261,6 +311,9 @@ def main():
     p.add_argument("--torch-profile", type=int, default=0, metavar="N",
                    help="torch.profiler of one new batch's first step and of its repeat "
                         "(host ops and device kernels), top N rows by self CPU time, stderr")
+    p.add_argument("--op-sites", type=int, default=0, metavar="N",
+                   help="count the ATen ops of one new batch's block build and of its first "
+                        "step beyond the repeat, by hector call site; top N sites, stderr")
     p.add_argument("--cpu-clock", action="store_true",
                    help="CPU only: time by this process's CPU time, not wall time (steadier "
                         "on a machine shared with other jobs)")
@@ -353,6 +406,8 @@ def main():
                  f" {sum(r[11] for r in rows)} in {sum(r[11] > 0 for r in rows)} batches |"))
         if args.torch_profile:
             torch_profile(kind, model, graph, batch, x, device, args.torch_profile)
+        if args.op_sites:
+            op_sites(kind, model, graph, batch, x, args.op_sites)
         if args.cprofile:
             stats = pstats.Stats(profile, stream=sys.stderr)
             print(f"--- {kind}: cProfile of the first forward+backward of {len(rows)} new "
