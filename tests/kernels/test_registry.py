@@ -14,7 +14,8 @@ GEMM = dict(has_gather=True, has_scatter=False, dot_fp32=False, input_precision=
 WGRAD = {k: v for k, v in GEMM.items()
          if k not in ("accumulate", "has_bias", "has_addend", "has_csr_out", "extra_cols")}
 SCORE = dict(has_qk=True, has_src=False, has_dst=True, has_leaky=True, has_dropout=False,
-             edge_parallel=False, has_bias=False, dst_edge=False, shared_kv=False)
+             edge_parallel=False, has_bias=False, dst_edge=False, shared_kv=False,
+             normed_k=False)
 TRITON_OK = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 needs_triton = pytest.mark.skipif(not TRITON_OK, reason="no CUDA and TRITON_INTERPRET unset")
 
@@ -77,6 +78,11 @@ def test_params_are_rendered_in_not_constexpr_flags(cache):
     shared = registry.source("attention_fwd", **dict(SCORE, shared_kv=True))
     assert "inner_ks = offs_h[:, None] * 0 + offs_dk[None, :]" in shared
     assert "inner_ks = inner_k" in registry.source("attention_fwd", **SCORE)
+    # keys formed from the gathered value rows (AGNN's k = x / |x|): one gather per edge
+    normed = registry.source("attention_fwd", **dict(SCORE, normed_k=True))
+    plain = registry.source("attention_fwd", **SCORE)
+    assert normed.count("gather_rows(") == plain.count("gather_rows(") - 1
+    assert "v_t / tl.load(k_norm + u" in normed and "k_norm +" not in plain
 
 
 def test_different_params_give_different_hashes_and_files(cache):

@@ -50,13 +50,17 @@ class AGNNConv(nn.Module):
         check_input(self, x)
         graph = resolve_graph(x, edge_index, loops)
         beta = self.beta.to(x.dtype)
+        norm = None
         if choose_backend(self.backend, x, "x") == "triton":
-            q, k = cosine_qk(x, beta)          # one kernel each way instead of ~12 torch ops
+            # One kernel each way instead of ~12 torch ops; the norm lets the attention form
+            # each key from x's row, which it gathers per edge anyway (k = x / norm): one
+            # row gathered per edge instead of two.
+            q, k, norm = cosine_qk(x, beta, with_norm=True)
         else:
             k = F.normalize(x, p=2.0, dim=-1)
             q = k * beta
         out = edge_attention(graph, x.unsqueeze(1), q=q.unsqueeze(1), k=k.unsqueeze(1),
-                             strategy=self.strategy, backend=self.backend)
+                             strategy=self.strategy, backend=self.backend, k_norm=norm)
         return take_rows(out.squeeze(1), rows)
 
     def attention_spec(self, dtype=torch.float32, features=None):

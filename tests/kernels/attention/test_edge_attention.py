@@ -232,6 +232,70 @@ def test_triton_row_addend_epilogue(terms, heads, strategy):
     run_triton_vs_torch(terms, heads, strategy, bias="rows")
 
 
+def _normed_keys(g, heads, dim=6, seed=3):
+    """(v, q, k, k_norm): k is v divided row by row by k_norm (AGNN's normalised keys)."""
+    gen = torch.Generator().manual_seed(seed)
+    v = torch.randn(g.num_nodes, heads, dim, generator=gen)
+    k_norm = torch.rand(g.num_nodes, generator=gen) + 0.5
+    q = torch.randn(g.num_nodes, heads, dim, generator=gen)
+    k = v / k_norm[:, None, None]
+    return ({n: t.to(DEVICE).requires_grad_() for n, t in (("v", v), ("q", q), ("k", k))},
+            k_norm.to(DEVICE))
+
+
+@needs_triton
+@pytest.mark.parametrize("strategy", ["node", "edge"])
+@pytest.mark.parametrize("heads", [1, 3])
+def test_triton_normed_keys(heads, strategy):
+    """``k_norm``: the destination side forms each edge's key from its gathered value row;
+    output and the gradients of v, q and k equal the torch backend's with k as given."""
+    g = make_graph()
+    x, k_norm = _normed_keys(g, heads)
+    sched = edge_schedule(heads, dim_k=6, dim_v=6) if strategy == "edge" else None
+    ref = outputs_and_grads(lambda **t: edge_attention(g, **t, scale=1.3, backend="torch"), x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = outputs_and_grads(lambda **t: edge_attention(
+            g, **t, scale=1.3, backend="triton", strategy=strategy, schedule=sched,
+            k_norm=k_norm), x)
+        # The forward and the destination side read no k row: with a k of zeros the
+        # output and dq (the destination side's) are the same.
+        blind = outputs_and_grads(lambda v, q: edge_attention(
+            g, v, q, torch.zeros_like(x["k"]), scale=1.3, backend="triton", strategy=strategy,
+            schedule=sched, k_norm=k_norm), dict(v=x["v"], q=x["q"]))
+    for name, a, b in zip(("out", "v", "q", "k"), got, ref):
+        assert_close(a, b, 1e-4, f"{name} ({strategy})")
+    assert_close(blind[0], ref[0], 1e-4, f"out from v alone ({strategy})")
+    assert_close(blind[2], ref[2], 1e-4, f"dq from v alone ({strategy})")
+
+
+def test_k_norm_is_checked():
+    g = make_graph(device=torch.device("cpu"))
+    x, k_norm = _normed_keys(g, 2)
+    x = {n: t.detach().cpu() for n, t in x.items()}
+    k_norm = k_norm.cpu()
+    bad = [(dict(k_norm=k_norm[:-1]), ValueError, r"\[num_nodes\] = \[24\]"),
+           (dict(k_norm=k_norm.double()), TypeError, "float32"),
+           (dict(k_norm=k_norm.tolist()), TypeError, "must be a tensor"),
+           (dict(k_norm=k_norm, q=None, k=None), ValueError, "k was not given"),
+           (dict(k_norm=k_norm, q=x["q"][..., :4], k=x["k"][..., :4]), ValueError,
+            "of v's shape")]
+    for change, error, match in bad:
+        with pytest.raises(error, match=match):
+            edge_attention(g, **dict(x, **change), backend="torch")
+
+
+def test_k_norm_promise_is_checked_in_debug_mode(monkeypatch):
+    g = make_graph(device=torch.device("cpu"))
+    x, k_norm = _normed_keys(g, 2)
+    x = {n: t.detach().cpu() for n, t in x.items()}
+    edge_attention(g, **x, k_norm=k_norm.cpu(), backend="torch")      # unchecked
+    monkeypatch.setenv("HECTOR_DEBUG", "1")
+    edge_attention(g, **x, k_norm=k_norm.cpu(), backend="torch")      # the promise holds
+    with pytest.raises(ValueError, match="not v divided"):
+        edge_attention(g, **x, k_norm=k_norm.cpu() * 2, backend="torch")      # not k's
+
+
 def test_row_addend_shape_is_checked():
     g = make_graph()
     x = make_inputs(g, 2, "gat")

@@ -31,18 +31,21 @@ EPS = 1e-12
 _BLOCK_R, _MAX_BLOCK_D = 16, 128
 
 
-def cosine_qk(x: torch.Tensor, beta: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def cosine_qk(x: torch.Tensor, beta: torch.Tensor, with_norm: bool = False):
     """``(beta * k, k)`` with ``k = F.normalize(x, dim=-1)``, for ``x [N, D]`` and a
-    one-element ``beta`` (differentiable in both)."""
+    one-element ``beta`` (differentiable in both); ``with_norm``: also the clamped norm ``[N]``
+    fp32 that divided each row (no gradient; the attention's ``k_norm``, which forms k from
+    x's rows instead of gathering k)."""
     if x.dim() != 2:
         raise ValueError(f"x must be [num_nodes, features], got {tuple(x.shape)}")
     if beta.numel() != 1 or beta.dtype != x.dtype or beta.device != x.device:
         raise ValueError(f"beta must be one element of x's dtype and device ({x.dtype}, "
                          f"{x.device}), got {tuple(beta.shape)} {beta.dtype} {beta.device}")
-    q, k, _ = call(cosine_qk_op, x.contiguous(), beta.reshape(1))
+    q, k, norm = call(cosine_qk_op, x.contiguous(), beta.reshape(1))
     # Features that need no gradient (a first layer's inputs): k then needs none either, so
     # the attention backward skips its source-side kernel (dk), the costliest of the three.
-    return q, (k if x.requires_grad else k.detach())
+    k = k if x.requires_grad else k.detach()
+    return (q, k, norm.detach()) if with_norm else (q, k)
 
 
 def cosine_qk_torch(x: torch.Tensor, beta: torch.Tensor):

@@ -35,20 +35,22 @@ class EdgeAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
-                v, q, k, a_src, a_dst, bias=None):
-        out, lse = attention_forward(graph, spec, plan, params, v, q, k, a_src, a_dst, bias)
+                v, q, k, a_src, a_dst, bias=None, k_norm=None):
+        out, lse = attention_forward(graph, spec, plan, params, v, q, k, a_src, a_dst, bias,
+                                     k_norm=k_norm)
         ctx.graph, ctx.spec, ctx.plan, ctx.params = graph, spec, plan, params
-        ctx.save_for_backward(v, q, k, a_src, a_dst, out, lse, bias)
+        ctx.save_for_backward(v, q, k, a_src, a_dst, out, lse, bias, k_norm)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        *saved, bias = ctx.saved_tensors
+        *saved, bias, k_norm = ctx.saved_tensors
         dout = dout.contiguous()
         grads = attention_backward(ctx.graph, ctx.spec, ctx.plan, ctx.params,
-                                   tuple(ctx.needs_input_grad[4:9]), dout, *saved, bias=bias)
+                                   tuple(ctx.needs_input_grad[4:9]), dout, *saved, bias=bias,
+                                   k_norm=k_norm)
         dbias = bias_grad(dout, bias) if ctx.needs_input_grad[9] else None
-        return (None, None, None, None, *grads, dbias)
+        return (None, None, None, None, *grads, dbias, None)
 
 
 # -- the custom operators (torch.library) ---------------------------------------------------
@@ -108,14 +110,15 @@ def launch_handle(graph, spec: AttentionSpec, plan: AttentionPlan) -> int:
 
 
 def _op_setup(handle, v, q, a_src, a_dst, negative_slope, dropout, strategy, launch=0,
-              k=None):
+              k=None, k_norm=None):
     """(graph, spec, plan) of one op call: the caller's (``launch`` > 0), or derived from the
     tensors with the plan memoised per (graph, spec, strategy)."""
     graph = _graph(handle)
     if launch:
         entry = _LAUNCHES[launch]
         return graph, entry.spec, entry.plan
-    spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0, k=k)
+    spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0, k=k,
+                            k_norm=k_norm)
     return graph, spec, _memo_plan(graph, spec, strategy)
 
 
@@ -126,16 +129,18 @@ def edge_attention_op(graph: int, v: torch.Tensor, q: Optional[torch.Tensor],
                       negative_slope: Optional[float], dropout: float, seed: int,
                       strategy: str, launch: int, seed_tensor: Optional[torch.Tensor] = None,
                       bias: Optional[torch.Tensor] = None,
-                      dst_index: Optional[torch.Tensor] = None
+                      dst_index: Optional[torch.Tensor] = None,
+                      k_norm: Optional[torch.Tensor] = None
                       ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out ``[N, H, Dv]``, lse ``[N, H]`` fp32, kept for the backward); ``bias`` ``[H, Dv]``:
     added to every output row by the kernels' epilogue; ``dst_index``: see
-    :func:`attention_forward` (only with a caller's spec, ``launch``)."""
+    :func:`attention_forward` (only with a caller's spec, ``launch``); ``k_norm``: k's rows
+    are v's divided by it (``AttentionSpec.normed_k``)."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
-                              launch, k)
+                              launch, k, k_norm)
     return attention_forward(g, spec, plan, (scale, negative_slope, dropout,
                                              _seed_of(seed, seed_tensor)), v, q, k, a_src, a_dst,
-                             bias, dst_index)
+                             bias, dst_index, k_norm)
 
 
 def _seed_of(seed: int, seed_tensor: Optional[torch.Tensor]):
@@ -144,7 +149,7 @@ def _seed_of(seed: int, seed_tensor: Optional[torch.Tensor]):
 
 @edge_attention_op.register_fake
 def _(graph, v, q, k, a_src, a_dst, scale, negative_slope, dropout, seed, strategy, launch,
-      seed_tensor=None, bias=None, dst_index=None):
+      seed_tensor=None, bias=None, dst_index=None, k_norm=None):
     n = side_rows(_graph(graph), "dst")
     return (v.new_empty((n,) + tuple(v.shape[1:])),
             v.new_empty((n, v.shape[1]), dtype=torch.float32))
@@ -159,7 +164,8 @@ def edge_attention_backward_op(
         needs: List[bool], seed_tensor: Optional[torch.Tensor] = None,
         dlse: Optional[torch.Tensor] = None,
         bias: Optional[torch.Tensor] = None,
-        dst_index: Optional[torch.Tensor] = None, joint_kv: bool = False) -> List[torch.Tensor]:
+        dst_index: Optional[torch.Tensor] = None, joint_kv: bool = False,
+        k_norm: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """[dv, dq, dk, d a_src, d a_dst]; a gradient not asked for is an empty tensor (a
     schema output cannot be None).  ``dlse``: the log-sum-exp output's gradient, if any;
     ``bias``, ``dst_index``: see :func:`attention_backward` (the bias's own
@@ -171,13 +177,13 @@ def edge_attention_backward_op(
     concatenation).  One tensor in dk's slot and an empty one in dv's, since a custom op's
     outputs must not alias each other."""
     g, spec, plan = _op_setup(graph, v, q, a_src, a_dst, negative_slope, dropout, strategy,
-                              launch, k)
+                              launch, k, k_norm)
     # Positional: the compiler's tests spy on attention_backward with (graph, spec, plan, *rest).
     grads = list(attention_backward(g, spec, plan, (scale, negative_slope, dropout,
                                                     _seed_of(seed, seed_tensor)),
                                     tuple(needs), dout, v, q, k, a_src, a_dst, out, lse,
                                     None if dlse is None else dlse.float(), bias, dst_index,
-                                    joint_kv))
+                                    joint_kv, False, k_norm))
     if joint_kv:
         grads[0], grads[2] = None, joint_of(grads[2], grads[0])
     return [gr if gr is not None else v.new_empty(0) for gr in grads]
@@ -217,7 +223,7 @@ def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, launc
 @edge_attention_backward_op.register_fake
 def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropout, seed,
       strategy, launch, needs, seed_tensor=None, dlse=None, bias=None, dst_index=None,
-      joint_kv=False):
+      joint_kv=False, k_norm=None):
     # Gradients have their side's rows (v's for the sources); a_dst's has its own rows (a
     # per-edge destination term's are (dst, relation) rows).
     _check_joint(joint_kv, needs[2], needs[0])
@@ -235,25 +241,26 @@ def _(graph, dout, v, q, k, a_src, a_dst, out, lse, scale, negative_slope, dropo
 def _setup_context(ctx, inputs, output):
     graph, v, q, k, a_src, a_dst, *rest = inputs
     # rest: scale, slope, dropout, seed, strategy, launch, then the optional seed_tensor,
-    # bias and dst_index.
+    # bias, dst_index and k_norm.
     scalars = rest[:6]
-    seed_t, bias, dst_index = (list(rest[6:9]) + [None] * 3)[:3]
+    seed_t, bias, dst_index, k_norm = (list(rest[6:10]) + [None] * 4)[:4]
     ctx.graph, ctx.scalars = graph, scalars
     # The seed tensor is saved too: the backward redraws the forward's mask from it.
-    ctx.save_for_backward(v, q, k, a_src, a_dst, *output, seed_t, bias, dst_index)
+    ctx.save_for_backward(v, q, k, a_src, a_dst, *output, seed_t, bias, dst_index, k_norm)
 
 
 def _autograd_backward(ctx, dout, dlse):
     needs = list(ctx.needs_input_grad[1:6])
-    *saved, seed_t, bias, dst_index = ctx.saved_tensors
+    *saved, seed_t, bias, dst_index, k_norm = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(saved[-2])
     grads = call(edge_attention_backward_op, ctx.graph, dout, *saved, *ctx.scalars, needs,
-                 seed_t, dlse, bias=bias, dst_index=dst_index)
+                 seed_t, dlse, bias=bias, dst_index=dst_index, k_norm=k_norm)
     need_bias = len(ctx.needs_input_grad) > 13 and ctx.needs_input_grad[13]
+    # (k_norm carries no gradient: the caller's k does, which the norm only describes)
     return (None, *[g if need else None for g, need in zip(grads, needs)],
             None, None, None, None, None, None, None,
-            bias_grad(dout, bias) if need_bias else None, None)
+            bias_grad(dout, bias) if need_bias else None, None, None)
 
 
 def bias_grad(dout: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -331,7 +338,8 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
                           spec: Optional[AttentionSpec] = None,
                           plan: Optional[AttentionPlan] = None, return_lse: bool = False,
                           bias: Optional[torch.Tensor] = None,
-                          dst_index: Optional[torch.Tensor] = None):
+                          dst_index: Optional[torch.Tensor] = None,
+                          k_norm: Optional[torch.Tensor] = None):
     """The Triton path of :func:`hector.kernels.attention.op.edge_attention` (inputs already
     validated): the ``hector::edge_attention`` custom op, or with a pinned ``schedule`` the
     ``autograd.Function``.  ``spec`` / ``plan``: decided by the caller (the compiler) and
@@ -342,13 +350,14 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
     added by the epilogue (read as the launch code normalises it: :func:`.launch.rows_dense`).
     ``dst_index``: each canonical edge's row of ``a_dst`` (a per-edge destination term; the
     caller's ``spec`` says ``dst_edge``).  ``k``, ``v``: any row stride (:func:`rows_dense`:
-    column slices of one K|V GEMM output are read in place)."""
+    column slices of one K|V GEMM output are read in place).  ``k_norm``: ``[N]`` fp32, k's
+    rows as v's divided by it (:attr:`AttentionSpec.normed_k`: v is gathered once per edge)."""
     shared = shared_heads(v, k)      # (what AttentionSpec.of finds for these tensors)
     tensors = [_operand(t, name, shared) for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
     if schedule is None:
         if spec is None and (plan is not None or dst_index is not None):
             spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0,
-                                    dst_index=dst_index, k=k)
+                                    dst_index=dst_index, k=k, k_norm=k_norm)
         # A caller's spec without a plan gets the memoised plan: one handle per (graph, spec),
         # not a new plan and handle every call.
         launch = 0 if plan is None and spec is None else launch_handle(
@@ -356,15 +365,15 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
         seed_t = seed_tensor(seed, v.device) if dropout > 0 else None
         out = call(edge_attention_op, graph_handle(graph), *tensors, float(scale),
                    negative_slope, float(dropout), 0, strategy, launch, seed_t, bias,
-                   dst_index)
+                   dst_index, k_norm)
         return out if return_lse else out[0]
     if return_lse or dst_index is not None:
         raise ValueError("return_lse and dst_index need the custom op's path (no pinned "
                          "schedule)")
     if spec is None:
         spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0,
-                                k=k)
+                                k=k, k_norm=k_norm)
     if plan is None:
         plan = make_plan(graph, spec, strategy, schedule)
     return EdgeAttentionFunction.apply(graph, spec, plan, (scale, negative_slope, dropout, seed),
-                                       *tensors, bias)
+                                       *tensors, bias, k_norm)

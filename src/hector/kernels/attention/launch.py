@@ -61,7 +61,7 @@ def score_params(spec: AttentionSpec, strategy: str) -> dict:
     return dict(has_qk=spec.has_qk, has_src=spec.has_src, has_dst=spec.has_dst,
                 has_leaky=spec.has_leaky, has_dropout=spec.has_dropout,
                 edge_parallel=strategy == "edge", dst_edge=spec.dst_edge,
-                shared_kv=spec.shared_kv)
+                shared_kv=spec.shared_kv, normed_k=spec.normed_k)
 
 
 def _tiles(sched: Schedule) -> dict:
@@ -262,12 +262,14 @@ def joint_of(dk: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
 
 
 def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
-                      v, q, k, a_src, a_dst, bias=None, dst_index=None):
+                      v, q, k, a_src, a_dst, bias=None, dst_index=None, k_norm=None):
     """(out, lse): the forward traversal (and the combine pass of an edge-parallel one).
     ``bias`` ``[H, Dv]``, or ``[rows, H, Dv]`` one row per output row, with any row stride
     (or None): added to the output rows by the kernels' epilogue.
     ``dst_index`` (``spec.dst_edge``): each canonical edge's row of ``a_dst``.  ``k``, ``v``:
-    any row stride (:func:`rows_dense`), or one row shared by the heads (``spec.shared_kv``)."""
+    any row stride (:func:`rows_dense`), or one row shared by the heads (``spec.shared_kv``).
+    ``k_norm`` (``spec.normed_k``): ``[N]`` fp32, k's rows as v's divided by it (k is not
+    read)."""
     v, k, q, bias = kv_rows(spec, v), kv_rows(spec, k), rows_dense(q), rows_dense(bias)
     a_src, a_dst = term_rows(a_src), term_rows(a_dst)
     _, heads, dim_v = v.shape
@@ -296,7 +298,8 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
     if n > 0:
         has_bias = bias is not None
         args = (csr.ptr, csr.col, csr.eid, rows, row_ids, _or(q, v), _or(k, v), v,
-                _or(a_src, lse), _or(a_dst, lse), _or(dst_index, lse), _or(bias, lse), out,
+                _or(a_src, lse), _or(a_dst, lse), _or(dst_index, lse), _or(k_norm, lse),
+                _or(bias, lse), out,
                 lse, m_part, l_part,
                 acc_part, *_scalars(params, lse), graph.num_edges, heads, spec.dim_qk, dim_v,
                 _row_stride(q, heads * spec.dim_qk), _or(k, v).stride(0), v.stride(0),
@@ -316,7 +319,7 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
 def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: tuple,
                        needs: tuple, dout, v, q, k, a_src, a_dst, out, lse, dlse=None,
                        bias=None, dst_index=None, joint_kv: bool = False,
-                       into_kv: bool = False):
+                       into_kv: bool = False, k_norm=None):
     """(dv, dq, dk, d a_src, d a_dst), None where ``needs`` (same order) is False.
     ``dlse``: the gradient of the log-sum-exp output, if it has one.  Since ``d lse_v / d
     s_e = alpha_e``, it joins ``ds_e = alpha_e (<dout_v, v_u> - delta_v)`` as ``delta_v -
@@ -335,7 +338,10 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
     them; see :func:`edge_attention_grads_triton`), which must then need no copy
     (:func:`rows_dense`) and not overlap: the source-side kernel reads a row's k and v only
     in the program that writes its gradients, after the destination side read them per edge.
-    Returned as those same tensors (with ``joint_kv``, column views of one buffer)."""
+    Returned as those same tensors (with ``joint_kv``, column views of one buffer).
+
+    ``k_norm`` (``spec.normed_k``): k's rows are v's divided by it; the destination side
+    forms k from v's gathered rows (the source side reads its own rows of k)."""
     need_v, need_q, need_k, need_src, need_dst = needs
     _check_joint(joint_kv, need_k, need_v)
     if spec.shared_kv and (joint_kv or into_kv):
@@ -378,7 +384,7 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         csr, row_ids, n_rows = _rows_of(graph, full, sched, "dst")
         skips = csr is not full
         tensors = (_or(q, v), _or(k, v), v, _or(a_src, lse), _or(a_dst, lse),
-                   _or(dst_index, lse), dout, lse, delta)
+                   _or(dst_index, lse), _or(k_norm, lse), dout, lse, delta)
         dq = _rows_out(skips, (n, heads, dim_k), dtype=q.dtype, device=v.device) if need_q else None
         per_edge = need_dst and spec.dst_edge     # summed per edge into a_dst's rows
         if per_edge:     # zeroed by the launch (before every autotune trial too)

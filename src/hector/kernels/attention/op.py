@@ -5,6 +5,7 @@ Triton kernels (:mod:`.custom_ops`) on CUDA or under ``TRITON_INTERPRET=1``, pla
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional
 
 import torch
@@ -15,7 +16,7 @@ from ...graph import Graph
 from .custom_ops import edge_attention_triton
 from .plan import AttentionPlan, side_rows
 from .reference import edge_attention_torch
-from .spec import AttentionSpec
+from .spec import AttentionSpec, shared_heads
 
 STRATEGIES = ("auto", "node", "edge")
 
@@ -27,7 +28,8 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
                    training: bool = False, seed=None, strategy: str = "auto",
                    backend: str = "auto", schedule=None, spec: Optional[AttentionSpec] = None,
                    plan: Optional[AttentionPlan] = None,
-                   bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   bias: Optional[torch.Tensor] = None,
+                   k_norm: Optional[torch.Tensor] = None) -> torch.Tensor:
     r"""Fused graph attention (score, edge softmax, aggregation) over the incoming edges of
     every node; one op behind GAT, AGNN, TransformerConv and relational attention.
 
@@ -76,12 +78,19 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
             one row added to each output row (a layer's skip term; any row stride, so a
             column slice of a joint projection is read in place; its gradient is the
             output's).
+        k_norm: ``[N]`` float32, a promise that ``k`` is ``v`` normalised row by row, ``k[u] =
+            v[u] / k_norm[u]`` (AGNN's keys ``x / |x|`` with ``v = x``; needs ``k`` of
+            ``v``'s shape): the Triton kernels then gather each edge's ``v`` row once and
+            form its key from it instead of gathering ``k`` too (half the bytes per edge);
+            ``k`` still carries the gradient of the keys.  The torch backend reads ``k``.
+            The promise is checked with ``HECTOR_DEBUG=1`` (a pass over the data).
     Returns:
         ``[N, H, Dv]`` in ``v.dtype`` (accumulated in float32), plus ``bias`` if given.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
     _check_inputs(graph, v, q, k, a_src, a_dst)
+    _check_k_norm(k_norm, v, k)
     bias = _check_bias(bias, v, side_rows(graph, "dst"))
     scale, negative_slope, dropout = _check_scalars(scale, negative_slope, dropout, training, seed)
     _check_seed(seed, v)
@@ -89,14 +98,45 @@ def edge_attention(graph, v: torch.Tensor, q: Optional[torch.Tensor] = None,
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     backend = choose_backend(backend, v, "v")
     p = dropout if training else 0.0
-    _check_decided(spec, plan, schedule, v, q, a_src, a_dst, negative_slope, p, k)
+    _check_decided(spec, plan, schedule, v, q, a_src, a_dst, negative_slope, p, k, k_norm)
     if p > 0 and seed is None:
         seed = draw_seed(v.device)
     if backend == "torch":
         out = edge_attention_torch(graph, v, q, k, a_src, a_dst, scale, negative_slope, p, seed)
         return out if bias is None else out + bias
     return edge_attention_triton(graph, v, q, k, a_src, a_dst, scale, negative_slope, p, seed,
-                                 strategy, schedule, spec=spec, plan=plan, bias=bias)
+                                 strategy, schedule, spec=spec, plan=plan, bias=bias,
+                                 k_norm=k_norm)
+
+
+def _check_k_norm(k_norm: Optional[torch.Tensor], v: torch.Tensor, k) -> None:
+    """``k_norm`` is None or ``[N]`` float32 on ``v``'s device, with a ``k`` of ``v``'s
+    shape and one row per head (not shared by the heads); with ``HECTOR_DEBUG=1`` also that
+    ``k`` is ``v`` divided by it."""
+    if k_norm is None:
+        return
+    if not isinstance(k_norm, torch.Tensor):
+        raise TypeError(f"k_norm must be a tensor, got {type(k_norm).__name__}")
+    if k is None:
+        raise ValueError("k_norm describes k (k = v / k_norm row by row); k was not given")
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"k_norm needs k of v's shape {tuple(v.shape)} (Dk = Dv), got "
+                         f"{tuple(k.shape)}")
+    if shared_heads(v, k):
+        raise ValueError("k_norm needs k and v with a row per head; these are shared by "
+                         "the heads (head stride 0)")
+    if k_norm.dim() != 1 or k_norm.shape[0] != v.shape[0]:
+        raise ValueError(f"k_norm must have shape [num_nodes] = [{v.shape[0]}], got "
+                         f"{tuple(k_norm.shape)}")
+    if k_norm.dtype != torch.float32:
+        raise TypeError(f"k_norm must be float32, got {k_norm.dtype}")
+    if k_norm.device != v.device:
+        raise ValueError(f"k_norm is on {k_norm.device} but v is on {v.device}")
+    if os.environ.get("HECTOR_DEBUG", "0") not in ("", "0"):
+        want = (v.float() / k_norm[:, None, None]).to(k.dtype)
+        tol = 1e-5 if k.dtype == torch.float32 else 1e-2
+        if not torch.allclose(k, want, rtol=tol, atol=tol):
+            raise ValueError("k_norm: k is not v divided row by row by k_norm")
 
 
 def _check_bias(bias: Optional[torch.Tensor], v: torch.Tensor,
@@ -120,13 +160,15 @@ def _check_bias(bias: Optional[torch.Tensor], v: torch.Tensor,
     return bias if bias.dim() == 3 else bias.reshape(heads, dim_v)
 
 
-def _check_decided(spec, plan, schedule, v, q, a_src, a_dst, negative_slope, p, k=None) -> None:
+def _check_decided(spec, plan, schedule, v, q, a_src, a_dst, negative_slope, p, k=None,
+                   k_norm=None) -> None:
     """A caller-made spec must be the one these inputs give (else the kernels would be
     rendered for other score terms or shapes); a plan replaces ``schedule``."""
     if spec is not None:
         if not isinstance(spec, AttentionSpec):
             raise TypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
-        want = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=p > 0, k=k)
+        want = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=p > 0, k=k,
+                                k_norm=k_norm)
         if spec != want:
             raise ValueError(f"spec {spec} does not describe the given tensors ({want})")
     if plan is not None:

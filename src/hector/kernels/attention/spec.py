@@ -79,6 +79,11 @@ class AttentionSpec:
     #: stride 0: a key shared by the heads, as a reordered Transformer's input rows); the
     #: gradients dk and dv stay per head.
     shared_kv: bool = False
+    #: k's rows are v's rows divided by a per-node norm ``k_norm [N]`` (AGNN's normalised keys,
+    #: ``k = x / |x|`` with ``v = x``): the destination side gathers v once per edge and forms
+    #: k from it (half the bytes per edge); k itself is read only as the source side's own
+    #: rows, and its gradient is returned as without the norm.
+    normed_k: bool = False
 
     @property
     def has_leaky(self) -> bool:
@@ -86,13 +91,15 @@ class AttentionSpec:
 
     @staticmethod
     def of(v: torch.Tensor, q=None, a_src=None, a_dst=None, negative_slope=None,
-           has_dropout: bool = False, dst_index=None, k=None) -> "AttentionSpec":
+           has_dropout: bool = False, dst_index=None, k=None,
+           k_norm=None) -> "AttentionSpec":
         return AttentionSpec(heads=int(v.shape[1]), dim_qk=int(q.shape[2]) if q is not None else 0,
                              dim_v=int(v.shape[2]), has_qk=q is not None,
                              has_src=a_src is not None, has_dst=a_dst is not None,
                              negative_slope=None if negative_slope is None else float(negative_slope),
                              has_dropout=has_dropout, dtype=v.dtype,
-                             dst_edge=dst_index is not None, shared_kv=shared_heads(v, k))
+                             dst_edge=dst_index is not None, shared_kv=shared_heads(v, k),
+                             normed_k=k_norm is not None)
 
 
 def shared_heads(v: torch.Tensor, k=None) -> bool:
