@@ -52,6 +52,8 @@ def test_floor_bytes_and_bandwidth():
     # GAT: one projected row per edge plus a node row read and one written, fp32
     assert floor.floor_bytes("gat", nodes=10, edges=100, features=8) == 4 * (100 * 8 + 10 * 16)
     assert floor.floor_bytes("hgt", nodes=10, edges=100, features=8) == 4 * (200 * 8 + 10 * 16)
+    # a formulation gathering other than the layer's rows (a reordered Transformer head)
+    assert floor.floor_bytes("transformer", 10, 100, 8, rows=1) == 4 * (100 * 8 + 10 * 16)
     with pytest.raises(ValueError, match="layer"):
         floor.floor_bytes("gcn", 1, 1, 1)
     bw = floor.copy_bandwidth(torch.device("cpu"), 1 << 22)

@@ -9,6 +9,8 @@ the floor is a lower bound and the fraction an upper bound of what is reachable.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 #: neighbour rows gathered per edge, in units of the output width
@@ -17,11 +19,14 @@ COPY_BYTES = 1 << 30                      # 1 GiB copied per bandwidth sample
 
 
 def floor_bytes(layer: str, nodes: int, edges: int, features: int,
-                dtype_bytes: int = 4) -> int:
-    """Bytes the forward of ``layer`` must move: ``E * rows * F + N * (F_in + F_out)``."""
+                dtype_bytes: int = 4, rows: Optional[int] = None) -> int:
+    """Bytes the forward of ``layer`` must move: ``E * rows * F + N * (F_in + F_out)``;
+    ``rows``: neighbour rows per edge where a formulation gathers other than the layer's
+    (a reordered Transformer head gathers one input row, not a key and a value)."""
     if layer not in GATHERED_ROWS:
         raise ValueError(f"layer: unknown layer {layer!r}")
-    return dtype_bytes * (edges * GATHERED_ROWS[layer] * features + nodes * 2 * features)
+    rows = GATHERED_ROWS[layer] if rows is None else rows
+    return dtype_bytes * (edges * rows * features + nodes * 2 * features)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = COPY_BYTES) -> float:
