@@ -15,7 +15,7 @@ WGRAD = {k: v for k, v in GEMM.items()
          if k not in ("accumulate", "has_bias", "has_addend", "has_csr_out", "extra_cols")}
 SCORE = dict(has_qk=True, has_src=False, has_dst=True, has_leaky=True, has_dropout=False,
              edge_parallel=False, has_bias=False, dst_edge=False, shared_kv=False,
-             normed_k=False)
+             normed_k=False, merge_last=False)
 TRITON_OK = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 needs_triton = pytest.mark.skipif(not TRITON_OK, reason="no CUDA and TRITON_INTERPRET unset")
 
@@ -64,14 +64,17 @@ def test_params_are_rendered_in_not_constexpr_flags(cache):
         assert "_prologue(" in gelu and "tl.erf" in gelu
         assert "_prologue(" not in registry.source(name, **params)
     edge = registry.source("attention_fwd", **dict(SCORE, edge_parallel=True))
-    assert "m_part + slot" in edge and "m_part + slot" not in registry.source("attention_fwd",
-                                                                              **SCORE)
+    assert "m_part + own_slot" in edge and "m_part + own_slot" not in registry.source(
+        "attention_fwd", **SCORE)
+    # cut rows merged by their last chunk (an arrival counter) only where asked
+    merged = registry.source("attention_fwd", **dict(SCORE, edge_parallel=True, merge_last=True))
+    assert "tl.atomic_add(counter, 1" in merged and "atomic_add(counter" not in edge
     # a destination term per edge: read through dst_index, not once per row
     per_edge = registry.source("attention_fwd", **dict(SCORE, dst_edge=True))
     assert "tl.load(dst_index + eids" in per_edge and "s_dst = tl.load" not in per_edge
     assert "dst_index + eids" not in registry.source("attention_fwd", **SCORE)
     bwd = dict(SCORE, need_dq=True, need_ddst=True)
-    del bwd["has_bias"]
+    del bwd["has_bias"], bwd["merge_last"]
     assert "tl.atomic_add(da_dst" in registry.source("attention_bwd_dst", **dict(bwd, dst_edge=True))
     assert "tl.atomic_add" not in registry.source("attention_bwd_dst", **bwd)
     # k and v shared by the heads: their reads index the same columns for every head

@@ -101,7 +101,7 @@ KERNELS: Mapping[str, Entry] = MappingProxyType({
                               dict(_GEMM, atomic=_BOOL, has_sums=_BOOL, has_csr=_BOOL,
                                    narrow=_BOOL)),
     "attention_fwd": Entry("attention_fwd.py.j2", "attention_fwd_kernel",
-                           dict(_SCORE, has_bias=_BOOL)),
+                           dict(_SCORE, has_bias=_BOOL, merge_last=_BOOL)),
     "attention_combine": Entry("attention_combine.py.j2", "attention_combine_kernel",
                                dict(has_bias=_BOOL)),
     "attention_bwd_dst": Entry("attention_bwd.py.j2", "attention_bwd_dst_kernel",

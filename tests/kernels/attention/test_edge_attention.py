@@ -221,6 +221,42 @@ def test_triton_rows_cut_into_many_chunks(terms, heads, bias):
 
 
 @needs_triton
+@pytest.mark.parametrize("graph,chunk,heads,terms,bias", [
+    ("hubs", 3, 1, "gat", False), ("hubs", 3, 3, "all", True), ("plain", 5, 3, "all", True),
+    ("empty runs", 4, 3, "transformer", False)])
+def test_triton_cut_rows_merged_in_the_traversal(monkeypatch, graph, chunk, heads, terms,
+                                                 bias):
+    """``HECTOR_MERGE_LAST=1``: the last of a cut row's chunks merges its partials in the
+    forward (no combine launch; its counters back at 0 after every launch, so a second call
+    reuses them); output and every gradient against the torch backend, twice."""
+    from hector.kernels.attention import launch, plan
+    monkeypatch.setenv("HECTOR_MERGE_LAST", "1")
+    g = {"hubs": lambda: make_graph(super_degree=200, hub_out_degree=200),
+         "plain": make_graph, "empty runs": graph_with_empty_runs}[graph]()
+    combines = []
+    real = launch.registry.kernel
+    monkeypatch.setattr(launch.registry, "kernel", lambda name, **kw: (
+        combines.append(name) if name == "attention_combine" else None) or real(name, **kw))
+    for _ in range(2):
+        run_triton_vs_torch(terms, heads, "edge", graph=g, bias=bias,
+                            schedule=edge_schedule(heads, chunk=chunk))
+    assert not combines
+    counters = [t for table in plan._chunk_tables.values() for key, t in table.items()
+                if key[0] == "counts"]
+    assert counters and all(int(t.abs().sum()) == 0 for t in counters)
+
+
+def test_merge_in_traversal_is_opt_in_and_edge_parallel_only(monkeypatch):
+    from hector.kernels.attention.launch import merges_in_traversal
+    edge, node = edge_schedule(2), Schedule("node", block_e=8, block_h=2, block_dk=8,
+                                            block_dv=8)
+    monkeypatch.delenv("HECTOR_MERGE_LAST", raising=False)
+    assert not merges_in_traversal(edge)
+    monkeypatch.setenv("HECTOR_MERGE_LAST", "1")
+    assert merges_in_traversal(edge) and not merges_in_traversal(node)
+
+
+@needs_triton
 @pytest.mark.parametrize("strategy", ["node", "edge"])
 @pytest.mark.parametrize("heads,terms", [(1, "transformer"), (3, "all")])
 def test_triton_row_addend_epilogue(terms, heads, strategy):

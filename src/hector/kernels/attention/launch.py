@@ -23,8 +23,8 @@ import torch
 from .. import autotune
 from .. import registry
 from ..sizes import next_pow2
-from .plan import (AttentionPlan, _rows_of, chunk_rows, empty_rows, idle_rows, side_csr,
-                   side_rows)
+from .plan import (AttentionPlan, _rows_of, chunk_rows, empty_rows, idle_rows, merge_counters,
+                   side_csr, side_rows)
 from .reference import dropout_threshold
 from .spec import AttentionSpec, Schedule, tune_configs
 
@@ -64,16 +64,39 @@ def score_params(spec: AttentionSpec, strategy: str) -> dict:
                 shared_kv=spec.shared_kv, normed_k=spec.normed_k)
 
 
+def fwd_params(spec: AttentionSpec, sched: Schedule, has_bias: bool) -> dict:
+    """Render parameters of the forward traversal kernel."""
+    return dict(score_params(spec, sched.strategy), has_bias=has_bias,
+                merge_last=merges_in_traversal(sched))
+
+
 def _tiles(sched: Schedule) -> dict:
     """The ``tl.constexpr`` tile sizes and launch options of one traversal launch."""
     return dict(BLOCK_E=sched.block_e, BLOCK_H=sched.block_h, BLOCK_DK=sched.block_dk,
                 BLOCK_DV=sched.block_dv, num_warps=sched.num_warps)
 
 
+def _fwd_tiles(sched: Schedule) -> dict:
+    """The forward's tiles: also the partial rows it merges per step where it merges its
+    cut rows itself (:func:`merges_in_traversal`)."""
+    return dict(_tiles(sched), BLOCK_C=combine_chunks(sched.block_h * sched.block_dv))
+
+
+def merges_in_traversal(sched: Schedule) -> bool:
+    """Whether an edge-parallel forward merges the rows its chunks cut in the traversal
+    itself (the last of a row's chunks to finish merges the row's partials: one launch less,
+    the combine pass's, ~5 us of a small graph's captured step) instead of a combine launch.
+    Opt-in with ``HECTOR_MERGE_LAST=1``: tested under Triton's interpreter, which runs
+    programs one after another, so the cross-program ordering it relies on (an
+    acquire-release counter) is not yet tested or timed on a GPU."""
+    return (sched.strategy == "edge"
+            and os.environ.get("HECTOR_MERGE_LAST", "0") not in ("", "0"))
+
+
 def _launch_traversal(name: str, params: dict, plan: AttentionPlan, sched: Schedule, grid,
                       args: tuple, shape: tuple, device: torch.device,
                       accumulates: Optional[torch.Tensor] = None,
-                      overwrites: Sequence[torch.Tensor] = ()) -> None:
+                      overwrites: Sequence[torch.Tensor] = (), tiles=_tiles) -> None:
     """Launch traversal kernel ``name``, its edge tile and warps autotuned around ``sched``
     when the plan allows it.  Trials run on the real outputs: stores leave the same values
     whichever run was last, but an output the kernel sums into with atomics
@@ -90,7 +113,7 @@ def _launch_traversal(name: str, params: dict, plan: AttentionPlan, sched: Sched
     def run(s: Schedule):
         if accumulates is not None:
             accumulates.zero_()
-        kernel[grid](*args, **_tiles(s))
+        kernel[grid](*args, **tiles(s))
     if plan.tune and autotune.enabled(device):
         # Looked up by this key first: the config list and spec hash cost more host time
         # than the launch, on every call of a step that is not captured.
@@ -295,20 +318,21 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
         acc_part = torch.empty(nchunks, 2, heads, dim_v, dtype=torch.float32, device=v.device)
     else:
         m_part = l_part = acc_part = lse
+    merge = merges_in_traversal(sched)
+    counts = merge_counters(graph, csr, sched.chunk, grid[1]) if merge else lse
     if n > 0:
         has_bias = bias is not None
         args = (csr.ptr, csr.col, csr.eid, rows, row_ids, _or(q, v), _or(k, v), v,
                 _or(a_src, lse), _or(a_dst, lse), _or(dst_index, lse), _or(k_norm, lse),
                 _or(bias, lse), out,
                 lse, m_part, l_part,
-                acc_part, *_scalars(params, lse), graph.num_edges, heads, spec.dim_qk, dim_v,
+                acc_part, counts, *_scalars(params, lse), graph.num_edges, heads, spec.dim_qk, dim_v,
                 _row_stride(q, heads * spec.dim_qk), _or(k, v).stride(0), v.stride(0),
                 _row_stride(a_src, heads), _row_stride(a_dst, heads), sb, sched.chunk)
-        _launch_traversal("attention_fwd", dict(score_params(spec, sched.strategy),
-                                                has_bias=has_bias),
+        _launch_traversal("attention_fwd", fwd_params(spec, sched, has_bias),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
-                          v.device)
-        if nchunks > 1:
+                          v.device, tiles=_fwd_tiles)
+        if nchunks > 1 and not merge:
             registry.kernel("attention_combine", has_bias=has_bias)[(nchunks - 1, grid[1])](
                 csr.ptr, rows, row_ids, m_part, l_part, acc_part, _or(bias, lse), out, lse,
                 heads, dim_v, sb, sched.chunk, BLOCK_H=sched.block_h, BLOCK_DV=sched.block_dv,

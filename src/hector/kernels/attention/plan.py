@@ -173,6 +173,20 @@ def chunk_rows(graph, csr, chunk: int) -> torch.Tensor:
     return table[key]
 
 
+def merge_counters(graph, csr, chunk: int, head_blocks: int) -> torch.Tensor:
+    """int32 zeros, one per (row of ``csr``, block of heads): the arrival counters of an
+    edge-parallel forward that merges its cut rows itself (``merge_last``; each launch's
+    last arrival sets its row's back to 0, so one buffer serves every launch and replay).
+    Cached with the chunk table, per (graph, csr, chunk, head blocks); launches of one
+    graph on two streams at once would share it."""
+    table = _chunk_tables.setdefault(graph, {})
+    key = ("counts", id(csr), chunk, head_blocks)
+    if key not in table:
+        table[key] = torch.zeros((csr.ptr.numel() - 1) * head_blocks, dtype=torch.int32,
+                                 device=csr.ptr.device)
+    return table[key]
+
+
 def active_rows(graph, csr, num_empty: Optional[int] = None) -> Tuple["CSR", torch.Tensor]:
     """The rows of ``csr`` that hold edges, as a compressed CSR, and their ids (every row's
     id when all hold edges).  ``num_empty``: how many rows hold none, when the host knows
