@@ -3,6 +3,7 @@ every layer and kernel reads.  Built once per graph with vectorised torch ops; v
 at build time, so the hot path never re-checks ids."""
 from __future__ import annotations
 
+import operator
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -239,6 +240,17 @@ class Graph:
         return self.node_perm[lo:hi].long()
 
     def relation_index(self, relation) -> int:
+        """The id of ``relation``: an id (int, numpy or 0-d tensor integer), a relation name
+        or a ``(src_type, relation, dst_type)`` triple."""
+        if not isinstance(relation, (str, tuple, list)):
+            try:
+                if isinstance(relation, bool):
+                    raise TypeError
+                relation = operator.index(relation)     # numpy ints, 0-d integer tensors
+            except TypeError:
+                raise TypeError(f"relation must be an int id, a relation name (str) or a "
+                                f"(src_type, relation, dst_type) tuple, got "
+                                f"{type(relation).__name__} ({relation!r})") from None
         if isinstance(relation, int):
             if not 0 <= relation < self.num_relations:
                 raise ValueError(f"relation {relation} out of range for num_relations="
@@ -427,6 +439,10 @@ def _validate(edge_index, edge_type, num_nodes, num_relations, node_type, num_no
     num_node_types = 1 if num_node_types is None else max(num_node_types, 1)
 
     _check_names(node_type_names, "node_type_names", num_node_types, "num_node_types")
+    if node_type_names is not None and len(set(node_type_names)) != len(node_type_names):
+        # one name for two types: lookups by name see only the first (nodes_of_type, relations)
+        raise ValueError(f"node_type_names has a name twice ({list(node_type_names)}); each "
+                         "node type needs its own name")
     _check_names(relation_names, "relation_names", num_relations, "num_relations")
     if relation_names is not None:
         for i, r in enumerate(relation_names):

@@ -104,9 +104,9 @@ class NeighborLoader:
         if graph.num_node_types > 1 and not graph.node_types_contiguous:
             raise ValueError("graph: node types must be contiguous id ranges (build it with "
                              "Graph.from_hetero) so each block keeps them contiguous")
-        if C.check_count(batch_size, "batch_size") < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if C.check_count(num_parts, "num_parts") < 1 or not 0 <= C.check_count(part, "part") < num_parts:
+        C.check_size(batch_size, "batch_size")
+        C.check_size(num_parts, "num_parts")
+        if not 0 <= C.check_count(part, "part") < num_parts:
             raise ValueError(f"part must be in [0, num_parts={num_parts}), got {part}")
         if seed is not None and not isinstance(seed, int):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
@@ -143,9 +143,16 @@ class NeighborLoader:
     def _fanout(self, f, hop: int) -> Union[int, torch.Tensor]:
         name = f"num_neighbors[{hop}]"
         if isinstance(f, dict):
-            fans = [None] * self.graph.num_relations
+            fans, keys = [None] * self.graph.num_relations, {}
             for key, v in f.items():
-                r = self.graph.relation_index(key)
+                try:
+                    r = self.graph.relation_index(key)
+                except (TypeError, ValueError) as err:
+                    raise type(err)(f"{name}: key {key!r}: {err}") from None
+                if r in keys:     # one relation by two spellings (name, triple, id)
+                    raise ValueError(f"{name} gives relation {r} twice, as {keys[r]!r} and "
+                                     f"{key!r}; give each relation one fan-out")
+                keys[r] = key
                 fans[r] = _check_fanout(v, f"{name}[{key!r}]")
             missing = [self.graph.relation_names[r] if self.graph.relation_names else r
                        for r, v in enumerate(fans) if v is None]

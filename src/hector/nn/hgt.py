@@ -155,6 +155,15 @@ class HGTConv(nn.Module):
                 # is only right when each node type is one contiguous id range.
                 raise ValueError("the prebuilt Graph's node types are not contiguous id ranges; "
                                  "build it with Graph.from_hetero (or order node ids by type)")
+            # x_dict is stacked type after type against the graph's type ranges: rows that
+            # only add up to the graph's total would be silently read as other types' nodes.
+            ptr = g.host_ptr["node"]
+            for i, t in enumerate(self.node_types):
+                rows, want = int(x_dict[t].shape[0]), ptr[i + 1] - ptr[i]
+                if rows != want:
+                    where = "the block has" if g.is_block else "the graph has"
+                    raise ValueError(f"x_dict[{t!r}] has {rows} rows but {where} {want} {t!r} "
+                                     "nodes; pass one row per node of each type")
             return g
         if not isinstance(edge_index_dict, dict):
             raise TypeError("edge_index_dict must be a dict {(src, rel, dst): edge_index} or a "

@@ -94,8 +94,9 @@ def edge_attention_torch(graph, v: torch.Tensor, q=None, k=None, a_src=None, a_d
     Accumulates in float32 (float64 for float64 inputs) and returns ``v.dtype``."""
     acc = torch.float64 if v.dtype == torch.float64 else torch.float32
     # Under torch.compile the edge-wise form is traced instead (dynamo cannot create sparse
-    # tensors, and inductor fuses the gathers and scatters itself).
-    if v.device.type != "cpu" or torch.compiler.is_compiling():
+    # tensors, and inductor fuses the gathers and scatters itself); a graph without nodes
+    # too (the sparse layout's [0, -1] views are undefined).
+    if v.device.type != "cpu" or v.shape[0] == 0 or torch.compiler.is_compiling():
         return _edge_attention_gather(graph, v, q, k, a_src, a_dst, scale, negative_slope,
                                       dropout, seed, acc)
     heads = v.shape[1]
