@@ -8,9 +8,10 @@ machine's wheel may differ).
         /tmp/t36/bin/python scripts/triton_compile_check.py compile DIR
 
 ``render`` writes the kernel sources hector renders for the CSR prologue, the CSR scatter
-epilogue and the CSR weight gradient (fp32 and bf16, K = N = 64), the edge-parallel
-attention forward with and without the in-traversal merge of cut rows (``merge_last``;
-GAT's terms, fp32 and bf16) and a manifest; ``compile``
+epilogue and the CSR weight gradient (fp32 and bf16, K = N = 64), the attention traversal kernels
+(forward node- and edge-parallel, with and without the in-traversal merge of cut rows
+``merge_last``, both backward sides; GAT's, AGNN's normalised-key and Transformer's terms;
+fp32 and bf16) and a manifest; ``compile``
 runs each through ``triton.compile`` (every pass up to PTX and ptxas, no driver needed)
 for several row tiles and warp counts and prints OK or the first error line.  How Triton
 3.6's "'tt.load' op failed to verify that mask type matches ptr type" in the CSR walks was
@@ -28,13 +29,35 @@ _GEMM_INTS = ("K", "N", "stride_xm", "stride_xk", "stride_ws", "stride_wk", "str
               "stride_bs", "stride_om", "stride_on", "stride_am", "stride_an")
 _WGRAD_PTRS = ("tiles", "x", "gather", "dy", "scatter", "dw", "db", "csr_ptr", "csr_col",
                "csr_val")
-#: The attention forward's arguments (kernels/attention/templates/attention_fwd.py.j2).
+#: The attention traversal kernels' arguments, by name (templates/attention_*.py.j2): index
+#: pointers, fp32 buffers (log-sum-exps, partials, norms, per-edge term gradients), scalars;
+#: every other pointer holds the layer's dtype, every other argument is an int.
 _ATTN_INT_PTRS = ("ptr", "col", "eid", "chunk_rows", "row_ids", "dst_index", "counts")
-_ATTN_FLOAT_PTRS = ("q", "k", "v", "a_src", "a_dst", "bias", "out")
-_ATTN_FP32_PTRS = ("k_norm", "lse", "m_part", "l_part", "acc_part")
+_ATTN_FP32_PTRS = ("k_norm", "lse", "delta", "m_part", "l_part", "acc_part", "dq_part",
+                   "dd_part", "dk_part", "dv_part", "ds_part", "da_dst", "da_src")
 _ATTN_SCALARS = dict(scale="fp32", slope="fp32", seed="*i64", drop_threshold="i32",
                      drop_scale="fp32")
-_ATTN_INTS = ("E", "H", "DK", "DV", "SQ", "SK", "SV", "SAS", "SAD", "SB", "CHUNK")
+_ATTN_DATA_PTRS = ("q", "k", "v", "a_src", "a_dst", "bias", "out", "dout", "dq", "dk", "dv")
+#: (kernel, strategy, extra render parameters) compiled for each term set and dtype.
+_ATTN_KERNELS = (("attention_fwd", "node", dict(has_bias=True, merge_last=False)),
+                 ("attention_fwd", "edge", dict(has_bias=True, merge_last=False)),
+                 ("attention_fwd", "edge", dict(has_bias=True, merge_last=True)),
+                 ("attention_bwd_dst", "edge", {}), ("attention_bwd_src", "edge", {}))
+
+
+def _attention_specs(dtype) -> dict:
+    """GAT's terms (source and destination scores), AGNN's (q k with keys formed from the
+    gathered values: normed_k) and Transformer's (q k), two heads of 64."""
+    from hector.kernels.attention.spec import AttentionSpec
+    base = dict(heads=2, dim_v=64, has_dropout=False, dtype=dtype)
+    return {"gat": AttentionSpec(dim_qk=0, has_qk=False, has_src=True, has_dst=True,
+                                 negative_slope=0.2, **base),
+            "agnn": AttentionSpec(dim_qk=64, has_qk=True, has_src=False, has_dst=False,
+                                  negative_slope=None, normed_k=True, **base),
+            "transformer": AttentionSpec(dim_qk=64, has_qk=True, has_src=False, has_dst=False,
+                                         negative_slope=None, **base)}
+
+
 _WGRAD_INTS = ("K", "N", "stride_xm", "stride_xk", "stride_dym", "stride_dyn", "stride_ws",
                "stride_wk", "stride_wn", "stride_bs")
 
@@ -64,14 +87,18 @@ def render(out: Path) -> None:
     from hector.kernels.attention.spec import AttentionSpec
     for dtype in (torch.float32, torch.bfloat16):
         name = "fp32" if dtype == torch.float32 else "bf16"
-        spec = AttentionSpec(heads=2, dim_qk=0, dim_v=64, has_qk=False, has_src=True,
-                             has_dst=True, negative_slope=0.2, has_dropout=False,
-                             dtype=dtype)
-        for merge in (False, True):
-            path = out / f"attention_fwd_{'merge_' if merge else ''}{name}.py"
-            path.write_text(registry.source("attention_fwd", **score_params(spec, "edge"),
-                                            has_bias=True, merge_last=merge))
-            manifest.append(dict(file=path.name, kernel="attention_fwd_kernel", dtype=name))
+        for terms, spec in _attention_specs(dtype).items():
+            for kernel, strategy, extra in _ATTN_KERNELS:
+                params = dict(score_params(spec, strategy), **extra)
+                if kernel == "attention_bwd_dst":
+                    params.update(need_dq=spec.has_qk, need_ddst=spec.has_dst)
+                elif kernel == "attention_bwd_src":
+                    params.update(need_dk=spec.has_qk, need_dv=True, need_dsrc=spec.has_src)
+                flags = "_".join(k for k, v in extra.items() if v is True)
+                path = out / f"{kernel}_{terms}_{strategy}{'_' + flags if flags else ''}_{name}.py"
+                path.write_text(registry.source(kernel, **params))
+                manifest.append(dict(file=path.name, kernel=f"{kernel}_kernel", dtype=name,
+                                     block_dk=1 if not spec.has_qk else 64))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     print(f"{len(manifest)} kernels in {out}")
 
@@ -86,7 +113,7 @@ def compile_all(out: Path) -> int:
         spec = importlib.util.spec_from_file_location(item["file"][:-3], out / item["file"])
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        if item["kernel"] == "attention_fwd_kernel":
+        if item["kernel"].startswith("attention_"):
             failed += _compile_attention(triton, ASTSource, GPUTarget, mod, item)
             continue
         wgrad = item["kernel"] == "segment_mm_wgrad_kernel"
@@ -112,30 +139,34 @@ def compile_all(out: Path) -> int:
     return failed
 
 
+def _attention_type(arg: str, dtype: str) -> str:
+    if arg in _ATTN_INT_PTRS:
+        return "*i32"
+    if arg in _ATTN_FP32_PTRS:
+        return "*fp32"
+    if arg in _ATTN_SCALARS:
+        return _ATTN_SCALARS[arg]
+    return "*" + dtype if arg in _ATTN_DATA_PTRS else "i32"
+
+
 def _compile_attention(triton, ASTSource, GPUTarget, mod, item) -> int:
-    """The attention forward for a few edge tiles and warp counts; the number that failed."""
-    sig = {p: "*i32" for p in _ATTN_INT_PTRS}
-    sig.update({p: "*" + item["dtype"] for p in _ATTN_FLOAT_PTRS})
-    sig.update({p: "*fp32" for p in _ATTN_FP32_PTRS})
-    sig.update(_ATTN_SCALARS)
-    sig.update({i: "i32" for i in _ATTN_INTS})
-    order = ("ptr", "col", "eid", "chunk_rows", "row_ids", "q", "k", "v", "a_src", "a_dst",
-             "dst_index", "k_norm", "bias", "out", "lse", "m_part", "l_part", "acc_part",
-             "counts") + tuple(_ATTN_SCALARS) + _ATTN_INTS
+    """One attention traversal kernel, its signature read off the function's argument names,
+    for two warp counts; the number that failed."""
+    fn = getattr(mod, item["kernel"])
+    consts = dict(BLOCK_E=16, BLOCK_H=2, BLOCK_DK=item["block_dk"], BLOCK_DV=64, BLOCK_C=16)
+    sig = {a: ("constexpr" if a.startswith("BLOCK_") else _attention_type(a, item["dtype"]))
+           for a in fn.arg_names}
+    consts = {k: v for k, v in consts.items() if k in sig}
     failed = 0
-    for block_e, warps in itertools.product((16, 32), (2, 4)):
-        consts = dict(BLOCK_E=block_e, BLOCK_H=2, BLOCK_DK=1, BLOCK_DV=64, BLOCK_C=16)
-        full = {name: sig[name] for name in order}
-        full.update({k: "constexpr" for k in consts})
+    for warps in (2, 4):
         try:
-            triton.compile(ASTSource(fn=mod.attention_fwd_kernel, signature=full,
-                                     constexprs=consts),
+            triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
             result = "OK"
         except Exception as e:      # report the first line, go on with the rest
             failed += 1
-            result = "FAIL " + str(e).strip().splitlines()[0][:160]
-        print(f"{item['file']:28s} block_e={block_e:3d} warps={warps}: {result}")
+            result = "FAIL " + " | ".join(str(e).strip().splitlines())[-300:]
+        print(f"{item['file']:52s} warps={warps}: {result}")
     return failed
 
 
