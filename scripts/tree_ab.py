@@ -10,6 +10,10 @@ caches (Triton's, the autotuner's) warmed by the first, which made one fixed-ord
 comparison favour whichever tree ran second by 13-23% (perf-notes "Session 28").  Every
 output is appended to ``--log``; then, for each markdown table row (keyed by its first
 cell) and each numeric column, the mean per tree over the rounds, and new / old.
+
+``--env NAME:VAR=VALUE`` sets an environment variable for tree NAME's runs only, so one tree
+given twice under two names compares a switch (``--tree off=src --tree on=src --env
+on:HECTOR_MERGE_LAST=1``).
 """
 from __future__ import annotations
 
@@ -77,6 +81,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tree", action="append", required=True, metavar="NAME=PATH",
                    help="a source tree (its folder for PYTHONPATH); give two")
+    p.add_argument("--env", action="append", default=[], metavar="NAME:VAR=VALUE",
+                   help="an environment variable for tree NAME's runs only")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--log", default="tree_ab.log")
     p.add_argument("command", nargs=argparse.REMAINDER)
@@ -85,11 +91,19 @@ def main(argv=None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if len(trees) < 2 or not command or args.rounds < 1:
         p.error("give two --tree NAME=PATH, --rounds >= 1 and a command after --")
+    extra: Dict[str, dict] = defaultdict(dict)
+    for item in args.env:
+        name, _, setting = item.partition(":")
+        var, eq, value = setting.partition("=")
+        if name not in trees or not var or not eq:
+            p.error(f"--env {item!r}: give NAME:VAR=VALUE with NAME one of the trees "
+                    f"({', '.join(trees)})")
+        extra[name][var] = value
     runs: Dict[str, list] = defaultdict(list)
     with open(args.log, "a") as log:
         for r, order in enumerate(orders(list(trees), args.rounds), 1):
             for name in order:
-                env = dict(os.environ, PYTHONPATH=os.path.abspath(trees[name]))
+                env = dict(os.environ, PYTHONPATH=os.path.abspath(trees[name]), **extra[name])
                 done = subprocess.run(command, env=env, capture_output=True, text=True)
                 log.write(f"=== {name} round {r} rc={done.returncode}\n{done.stdout}"
                           f"{done.stderr}\n")

@@ -2,6 +2,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 import tree_ab  # noqa: E402
@@ -49,3 +51,17 @@ def test_end_to_end_each_tree_on_its_own_path(tmp_path, capsys):
     assert "r | v: old 2.000  new 5.000  new/old 2.500" in out
     assert [l.split()[1] for l in log.read_text().splitlines() if l.startswith("===")] == \
         ["old", "new", "new", "old"]
+
+
+def test_env_sets_a_variable_for_one_trees_runs(tmp_path, capsys):
+    cmd = tmp_path / "cmd.py"
+    cmd.write_text("import os\nprint('| k | v |\\n|---|---|\\n| r | %s |' % "
+                   "os.environ.get('AB_SWITCH', '0'))\n")
+    log = tmp_path / "log"
+    assert tree_ab.main(["--tree", f"off={tmp_path}", "--tree", f"on={tmp_path}",
+                         "--env", "on:AB_SWITCH=7", "--rounds", "2", "--log", str(log),
+                         "--", sys.executable, str(cmd)]) == 0
+    assert "r | v: off 0.000  on 7.000" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tree_ab.main(["--tree", f"off={tmp_path}", "--tree", f"on={tmp_path}",
+                      "--env", "nosuch:AB_SWITCH=7", "--", sys.executable, str(cmd)])
