@@ -10,7 +10,7 @@ machine's wheel may differ).
 ``render`` writes the kernel sources hector renders for the CSR prologue, the CSR scatter
 epilogue and the CSR weight gradient (fp32 and bf16, K = N = 64), the attention traversal kernels
 (forward node- and edge-parallel, with and without the in-traversal merge of cut rows
-``merge_last``, both backward sides; GAT's, AGNN's normalised-key and Transformer's terms;
+``merge_last``, both backward sides with and without it; GAT's, AGNN's normalised-key and Transformer's terms;
 fp32 and bf16) and a manifest; ``compile``
 runs each through ``triton.compile`` (every pass up to PTX and ptxas, no driver needed)
 for several row tiles and warp counts and prints OK or the first error line.  How Triton
@@ -42,7 +42,10 @@ _ATTN_DATA_PTRS = ("q", "k", "v", "a_src", "a_dst", "bias", "out", "dout", "dq",
 _ATTN_KERNELS = (("attention_fwd", "node", dict(has_bias=True, merge_last=False)),
                  ("attention_fwd", "edge", dict(has_bias=True, merge_last=False)),
                  ("attention_fwd", "edge", dict(has_bias=True, merge_last=True)),
-                 ("attention_bwd_dst", "edge", {}), ("attention_bwd_src", "edge", {}))
+                 ("attention_bwd_dst", "edge", dict(merge_last=False)),
+                 ("attention_bwd_dst", "edge", dict(merge_last=True)),
+                 ("attention_bwd_src", "edge", dict(merge_last=False)),
+                 ("attention_bwd_src", "edge", dict(merge_last=True)))
 
 
 def _attention_specs(dtype) -> dict:

@@ -74,7 +74,7 @@ def test_params_are_rendered_in_not_constexpr_flags(cache):
     assert "tl.load(dst_index + eids" in per_edge and "s_dst = tl.load" not in per_edge
     assert "dst_index + eids" not in registry.source("attention_fwd", **SCORE)
     bwd = dict(SCORE, need_dq=True, need_ddst=True)
-    del bwd["has_bias"], bwd["merge_last"]
+    del bwd["has_bias"]
     assert "tl.atomic_add(da_dst" in registry.source("attention_bwd_dst", **dict(bwd, dst_edge=True))
     assert "tl.atomic_add" not in registry.source("attention_bwd_dst", **bwd)
     # k and v shared by the heads: their reads index the same columns for every head

@@ -18,7 +18,7 @@ from ..device import interpreting, resolve_backend
 from ..graph import Graph, with_self_loops
 from ..kernels import autotune, registry
 from ..kernels.attention import spec as attention_spec
-from ..kernels.attention.launch import fwd_params, score_params
+from ..kernels.attention.launch import score_params
 from ..kernels.attention.plan import make_plan
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.edgewise.launch import edgewise_params
@@ -220,7 +220,7 @@ class _Kernels:
         attention's ``bias`` role)."""
         params = score_params(spec, sched.strategy)
         if name == "attention_fwd":
-            params = fwd_params(spec, sched, bias)
+            params.update(has_bias=bias)
         elif name == "attention_bwd_dst":
             params.update(need_dq=spec.has_qk, need_ddst=spec.has_dst)
         elif name == "attention_bwd_src":

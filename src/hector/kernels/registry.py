@@ -54,7 +54,8 @@ _EXTRA_COLS = tuple(range(0, 129))
 #: fp32 ``tl.dot`` modes (see hector.kernels.segment_mm.spec.INPUT_PRECISIONS).
 _PRECISIONS = ("ieee", "tf32", "tf32x3")
 _SCORE = dict(has_qk=_BOOL, has_src=_BOOL, has_dst=_BOOL, has_leaky=_BOOL, has_dropout=_BOOL,
-              edge_parallel=_BOOL, dst_edge=_BOOL, shared_kv=_BOOL, normed_k=_BOOL)
+              edge_parallel=_BOOL, dst_edge=_BOOL, shared_kv=_BOOL, normed_k=_BOOL,
+              merge_last=_BOOL)
 #: A GEMM input's elementwise function ("": none; hector.kernels.segment_mm.spec.PROLOGUES).
 _PROLOGUES = ("", "gelu", "relu", "sigmoid", "tanh")
 _GEMM = dict(has_gather=_BOOL, has_scatter=_BOOL, dot_fp32=_BOOL, input_precision=_PRECISIONS,
@@ -101,7 +102,7 @@ KERNELS: Mapping[str, Entry] = MappingProxyType({
                               dict(_GEMM, atomic=_BOOL, has_sums=_BOOL, has_csr=_BOOL,
                                    narrow=_BOOL)),
     "attention_fwd": Entry("attention_fwd.py.j2", "attention_fwd_kernel",
-                           dict(_SCORE, has_bias=_BOOL, merge_last=_BOOL)),
+                           dict(_SCORE, has_bias=_BOOL)),
     "attention_combine": Entry("attention_combine.py.j2", "attention_combine_kernel",
                                dict(has_bias=_BOOL)),
     "attention_bwd_dst": Entry("attention_bwd.py.j2", "attention_bwd_dst_kernel",

@@ -227,8 +227,9 @@ def test_triton_rows_cut_into_many_chunks(terms, heads, bias):
 def test_triton_cut_rows_merged_in_the_traversal(monkeypatch, graph, chunk, heads, terms,
                                                  bias):
     """``HECTOR_MERGE_LAST=1``: the last of a cut row's chunks merges its partials in the
-    forward (no combine launch; its counters back at 0 after every launch, so a second call
-    reuses them); output and every gradient against the torch backend, twice."""
+    forward and sums its gradients in both backward sides (no combine launch; the counters
+    back at 0 after every launch, so a second call reuses them); output and every gradient
+    against the torch backend, twice."""
     from hector.kernels.attention import launch, plan
     monkeypatch.setenv("HECTOR_MERGE_LAST", "1")
     g = {"hubs": lambda: make_graph(super_degree=200, hub_out_degree=200),
@@ -236,7 +237,8 @@ def test_triton_cut_rows_merged_in_the_traversal(monkeypatch, graph, chunk, head
     combines = []
     real = launch.registry.kernel
     monkeypatch.setattr(launch.registry, "kernel", lambda name, **kw: (
-        combines.append(name) if name == "attention_combine" else None) or real(name, **kw))
+        combines.append(name) if name in ("attention_combine", "combine_sum") else None)
+        or real(name, **kw))
     for _ in range(2):
         run_triton_vs_torch(terms, heads, "edge", graph=g, bias=bias,
                             schedule=edge_schedule(heads, chunk=chunk))
@@ -248,12 +250,10 @@ def test_triton_cut_rows_merged_in_the_traversal(monkeypatch, graph, chunk, head
 
 def test_merge_in_traversal_is_opt_in_and_edge_parallel_only(monkeypatch):
     from hector.kernels.attention.launch import merges_in_traversal
-    edge, node = edge_schedule(2), Schedule("node", block_e=8, block_h=2, block_dk=8,
-                                            block_dv=8)
     monkeypatch.delenv("HECTOR_MERGE_LAST", raising=False)
-    assert not merges_in_traversal(edge)
+    assert not merges_in_traversal("edge")
     monkeypatch.setenv("HECTOR_MERGE_LAST", "1")
-    assert merges_in_traversal(edge) and not merges_in_traversal(node)
+    assert merges_in_traversal("edge") and not merges_in_traversal("node")
 
 
 @needs_triton

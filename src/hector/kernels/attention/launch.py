@@ -61,13 +61,8 @@ def score_params(spec: AttentionSpec, strategy: str) -> dict:
     return dict(has_qk=spec.has_qk, has_src=spec.has_src, has_dst=spec.has_dst,
                 has_leaky=spec.has_leaky, has_dropout=spec.has_dropout,
                 edge_parallel=strategy == "edge", dst_edge=spec.dst_edge,
-                shared_kv=spec.shared_kv, normed_k=spec.normed_k)
-
-
-def fwd_params(spec: AttentionSpec, sched: Schedule, has_bias: bool) -> dict:
-    """Render parameters of the forward traversal kernel."""
-    return dict(score_params(spec, sched.strategy), has_bias=has_bias,
-                merge_last=merges_in_traversal(sched))
+                shared_kv=spec.shared_kv, normed_k=spec.normed_k,
+                merge_last=merges_in_traversal(strategy))
 
 
 def _tiles(sched: Schedule) -> dict:
@@ -76,27 +71,28 @@ def _tiles(sched: Schedule) -> dict:
                 BLOCK_DV=sched.block_dv, num_warps=sched.num_warps)
 
 
-def _fwd_tiles(sched: Schedule) -> dict:
-    """The forward's tiles: also the partial rows it merges per step where it merges its
-    cut rows itself (:func:`merges_in_traversal`)."""
-    return dict(_tiles(sched), BLOCK_C=combine_chunks(sched.block_h * sched.block_dv))
+def _merge_tiles(sched: Schedule) -> dict:
+    """The traversals' tiles and the partial rows they merge per step where they merge their
+    cut rows themselves (:func:`merges_in_traversal`)."""
+    width = sched.block_h * max(sched.block_dk, sched.block_dv)
+    return dict(_tiles(sched), BLOCK_C=combine_chunks(width))
 
 
-def merges_in_traversal(sched: Schedule) -> bool:
-    """Whether an edge-parallel forward merges the rows its chunks cut in the traversal
-    itself (the last of a row's chunks to finish merges the row's partials: one launch less,
-    the combine pass's, ~5 us of a small graph's captured step) instead of a combine launch.
+def merges_in_traversal(strategy: str) -> bool:
+    """Whether an edge-parallel traversal merges the rows its chunks cut itself (the last of
+    a row's chunks to finish merges the row's partials: the forward's softmax states, the
+    backward's gradient sums) instead of a combine launch after it: one launch less per
+    forward and per gradient of a cut side, each ~2.5-5 us of a small graph's captured step.
     Opt-in with ``HECTOR_MERGE_LAST=1``: tested under Triton's interpreter, which runs
     programs one after another, so the cross-program ordering it relies on (an
     acquire-release counter) is not yet tested or timed on a GPU."""
-    return (sched.strategy == "edge"
-            and os.environ.get("HECTOR_MERGE_LAST", "0") not in ("", "0"))
+    return strategy == "edge" and os.environ.get("HECTOR_MERGE_LAST", "0") not in ("", "0")
 
 
 def _launch_traversal(name: str, params: dict, plan: AttentionPlan, sched: Schedule, grid,
                       args: tuple, shape: tuple, device: torch.device,
                       accumulates: Optional[torch.Tensor] = None,
-                      overwrites: Sequence[torch.Tensor] = (), tiles=_tiles) -> None:
+                      overwrites: Sequence[torch.Tensor] = ()) -> None:
     """Launch traversal kernel ``name``, its edge tile and warps autotuned around ``sched``
     when the plan allows it.  Trials run on the real outputs: stores leave the same values
     whichever run was last, but an output the kernel sums into with atomics
@@ -113,7 +109,7 @@ def _launch_traversal(name: str, params: dict, plan: AttentionPlan, sched: Sched
     def run(s: Schedule):
         if accumulates is not None:
             accumulates.zero_()
-        kernel[grid](*args, **tiles(s))
+        kernel[grid](*args, **_merge_tiles(s))
     if plan.tune and autotune.enabled(device):
         # Looked up by this key first: the config list and spec hash cost more host time
         # than the launch, on every call of a step that is not captured.
@@ -318,7 +314,7 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
         acc_part = torch.empty(nchunks, 2, heads, dim_v, dtype=torch.float32, device=v.device)
     else:
         m_part = l_part = acc_part = lse
-    merge = merges_in_traversal(sched)
+    merge = merges_in_traversal(sched.strategy)
     counts = merge_counters(graph, csr, sched.chunk, grid[1]) if merge else lse
     if n > 0:
         has_bias = bias is not None
@@ -329,9 +325,10 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
                 acc_part, counts, *_scalars(params, lse), graph.num_edges, heads, spec.dim_qk, dim_v,
                 _row_stride(q, heads * spec.dim_qk), _or(k, v).stride(0), v.stride(0),
                 _row_stride(a_src, heads), _row_stride(a_dst, heads), sb, sched.chunk)
-        _launch_traversal("attention_fwd", fwd_params(spec, sched, has_bias),
+        _launch_traversal("attention_fwd", dict(score_params(spec, sched.strategy),
+                                                has_bias=has_bias),
                           plan, sched, grid, args, _shape(n_rows, graph.num_edges, spec),
-                          v.device, tiles=_fwd_tiles)
+                          v.device)
         if nchunks > 1 and not merge:
             registry.kernel("attention_combine", has_bias=has_bias)[(nchunks - 1, grid[1])](
                 csr.ptr, rows, row_ids, m_part, l_part, acc_part, _or(bias, lse), out, lse,
@@ -419,8 +416,11 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         dq_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_q and nchunks else lse
         dd_part = (torch.empty(nchunks, 2, heads, **fp32) if need_dst and nchunks
                    and not per_edge else lse)
+        merge = merges_in_traversal(sched.strategy)
+        counts = merge_counters(graph, csr, sched.chunk, grid[1]) if merge else lse
         args = (csr.ptr, csr.col, csr.eid, rows, row_ids, *tensors, _or(dq, lse),
-                _or(da_dst, lse), dq_part, dd_part, *_scalars(params, lse), graph.num_edges,
+                _or(da_dst, lse), dq_part, dd_part, counts, *_scalars(params, lse),
+                graph.num_edges,
                 heads, dim_k, dim_v, _row_stride(q, heads * dim_k), tensors[1].stride(0),
                 v.stride(0), _row_stride(a_src, heads), _row_stride(a_dst, heads), sched.chunk)
         _launch_traversal("attention_bwd_dst", dict(score_params(spec, sched.strategy),
@@ -429,7 +429,7 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
                           v.device, accumulates=da_dst if per_edge else None)
         for flag, part, grad in ((need_q, dq_part, dq),
                                  (need_dst and not per_edge, dd_part, da_dst)):
-            if flag:
+            if flag and not merge:
                 _combine_sum(csr, sched, rows, row_ids, nchunks, part, grad)
         if per_edge:
             da_dst = da_dst.to(a_dst.dtype)
@@ -457,8 +457,10 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
         dk_part = torch.empty(nchunks, 2, heads * dim_k, **fp32) if need_k and nchunks else lse
         dv_part = torch.empty(nchunks, 2, heads * dim_v, **fp32) if need_v and nchunks else lse
         ds_part = torch.empty(nchunks, 2, heads, **fp32) if need_src and nchunks else lse
+        merge = merges_in_traversal(sched.strategy)
+        counts = merge_counters(graph, csr, sched.chunk, grid[1]) if merge else lse
         args = (csr.ptr, csr.col, csr.eid, rows, row_ids, *tensors, _or(dk, lse), _or(dv, lse),
-                _or(da_src, lse), dk_part, dv_part, ds_part, *_scalars(params, lse),
+                _or(da_src, lse), dk_part, dv_part, ds_part, counts, *_scalars(params, lse),
                 graph.num_edges, heads, dim_k, dim_v, _row_stride(q, heads * dim_k),
                 tensors[1].stride(0), v.stride(0), _row_stride(a_src, heads),
                 _row_stride(a_dst, heads), _row_stride(dk, heads * dim_k),
@@ -471,7 +473,7 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
                           v.device, overwrites=consumed)
         for flag, part, grad in ((need_k, dk_part, dk), (need_v, dv_part, dv),
                                  (need_src, ds_part, da_src)):
-            if flag:
+            if flag and not merge:
                 _combine_sum(csr, sched, rows, row_ids, nchunks, part, grad)
         if consumed and skips:      # rows with no edges were not written: their gradient is 0
             keep = torch.zeros(n_src, dtype=v.dtype, device=v.device)
