@@ -107,3 +107,33 @@ def test_views_and_allocations_launch_nothing_and_cpu_ops_do_not_count_on_a_gpu(
     with CallCounter("cuda") as host_only:      # counting for a GPU: CPU tensors launch nothing
         (x * 2).sum()
     assert total(host_only.launches) == 0
+
+
+@pytest.mark.parametrize("kind", ["gat", "transformer"])
+def test_in_traversal_merge_drops_the_combine_launches(monkeypatch, kind):
+    """An edge-parallel training step on a graph whose hub row its chunks cut:
+    ``HECTOR_MERGE_LAST=1`` launches no combine kernel (the forward's, and one per gradient
+    of each backward side) and nothing else in their place."""
+    from hector import Graph
+    from hector.nn import GATConv, TransformerConv
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(0, 40, (300,), generator=gen)
+    dst = torch.cat([torch.zeros(200, dtype=torch.long), torch.randint(0, 40, (100,),
+                                                                       generator=gen)])
+    g = Graph(torch.stack([src, dst]), num_nodes=40)
+    x = torch.randn(40, 8, generator=gen).requires_grad_()
+    layer = {"gat": lambda: GATConv(8, 4, heads=2, strategy="edge", backend="triton"),
+             "transformer": lambda: TransformerConv(8, 4, heads=2, strategy="edge",
+                                                    backend="triton")}[kind]()
+    steps = {}
+    for merge in ("0", "1"):
+        monkeypatch.setenv("HECTOR_MERGE_LAST", merge)
+        layer(x, g).sum().backward()          # plans (and, merging, fills the counters)
+        steps[merge] = count_step(lambda: layer(x, g), "cpu", [x, *layer.parameters()])
+
+    def combines(c):
+        return sum(n for k, n in c.items() if "combine" in k)
+    for side in ("forward", "backward"):
+        off, on = steps["0"][side], steps["1"][side]
+        assert combines(off) >= 1 and combines(on) == 0, f"{side}: {summary(on)}"
+        assert total(on) == total(off) - combines(off), f"{side}: {summary(on)}"
