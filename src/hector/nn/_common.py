@@ -79,7 +79,7 @@ def load_from_pyg(module: torch.nn.Module, pyg_module: torch.nn.Module,
 
 
 def as_one_graph(x, edge_index, edge_type=None, add_self_loops: bool = False,
-                 num_relations: int = 1):
+                 num_relations=None):
     """Bring bipartite inputs to one graph over one node set, so every layer keeps its
     single-graph math; returns ``(x, edge_index, edge_type, rows, add_self_loops)`` where
     ``rows`` selects the destination rows of the output (``take_rows``; None: all rows) and
@@ -92,6 +92,10 @@ def as_one_graph(x, edge_index, edge_type=None, add_self_loops: bool = False,
     * any other ``(x_src, x_dst)``: the union graph over ``x_src`` then ``x_dst`` (edges enter
       the ``x_dst`` copies; with ``add_self_loops``, PyG's bipartite loops source ``i`` ->
       destination ``i`` replace the edges whose two ends have the same id).
+
+    ``num_relations``: the relational layers' count; None for a layer that reads no relations
+    (GAT, AGNN, Transformer), whose union graph then has none either (a block sampled from a
+    graph with several relations keeps its edge types, which such a layer ignores).
     """
     if not isinstance(x, (tuple, list)):
         return x, edge_index, edge_type, (dst_rows(edge_index) if isinstance(edge_index, Graph)
@@ -108,7 +112,7 @@ def as_one_graph(x, edge_index, edge_type=None, add_self_loops: bool = False,
                          f"{tuple(x_src.shape)} and {tuple(x_dst.shape)}")
     if isinstance(edge_index, Graph) and edge_index.is_block and _is_prefix_view(x_src, x_dst, edge_index):
         return as_one_graph(x_src, edge_index, edge_type, add_self_loops, num_relations)
-    if not isinstance(edge_index, Graph) and edge_type is None and num_relations > 1:
+    if not isinstance(edge_index, Graph) and edge_type is None and (num_relations or 1) > 1:
         raise ValueError("edge_type is required with an edge_index tensor (one relation id "
                          "per edge); or pass a block built by hector.loader as edge_index")
     n_src, n_dst = int(x_src.shape[0]), int(x_dst.shape[0])
@@ -119,8 +123,9 @@ def as_one_graph(x, edge_index, edge_type=None, add_self_loops: bool = False,
         loops = torch.arange(loop_src.numel(), device=src.device)
         src, dst_pos = torch.cat([src, loop_src]), torch.cat([dst_pos, loops])
         etype = torch.cat([etype, torch.zeros_like(loops)])
-    union = Graph(torch.stack([src, dst_pos + n_src]), edge_type=etype, num_nodes=n_src + n_dst,
-                  num_relations=num_relations)
+    union = Graph(torch.stack([src, dst_pos + n_src]), num_nodes=n_src + n_dst,
+                  edge_type=None if num_relations is None else etype,
+                  num_relations=num_relations or 1)
     return torch.cat([x_src, x_dst.to(x_src.device)]), union, None, slice(n_src, n_src + n_dst), False
 
 

@@ -269,7 +269,9 @@ def bias_grad(dout: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     the H200: ``nn._bias``); for a row-wise ``[rows, H, Dv]`` addend ``dout`` itself."""
     if bias.dim() == 3:
         return dout.to(bias.dtype)
-    return column_sum(dout.reshape(dout.shape[0], -1)).reshape(bias.shape).to(bias.dtype)
+    # (bias.numel(), not -1: a graph without nodes has 0 rows, where -1 is ambiguous)
+    return column_sum(dout.reshape(dout.shape[0], bias.numel())).reshape(bias.shape).to(
+        bias.dtype)
 
 
 edge_attention_op.register_autograd(_autograd_backward, setup_context=_setup_context)
