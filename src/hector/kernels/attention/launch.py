@@ -322,7 +322,8 @@ def attention_forward(graph, spec: AttentionSpec, plan: AttentionPlan, params: t
                 _or(a_src, lse), _or(a_dst, lse), _or(dst_index, lse), _or(k_norm, lse),
                 _or(bias, lse), out,
                 lse, m_part, l_part,
-                acc_part, counts, *_scalars(params, lse), graph.num_edges, heads, spec.dim_qk, dim_v,
+                acc_part, counts, *_scalars(params, lse), graph.num_edges, heads, spec.dim_qk,
+                dim_v,
                 _row_stride(q, heads * spec.dim_qk), _or(k, v).stride(0), v.stride(0),
                 _row_stride(a_src, heads), _row_stride(a_dst, heads), sb, sched.chunk)
         _launch_traversal("attention_fwd", dict(score_params(spec, sched.strategy),
