@@ -97,3 +97,31 @@ def test_graph_node_type_names_given_twice():
     for extra in ({}, dict(relation_names=[("a", "r", "a")])):
         with pytest.raises(ValueError, match=r"node_type_names has a name twice \(\['a', 'a'\]\)"):
             Graph(ei, node_type=nt, node_type_names=["a", "a"], **extra)
+
+
+def test_node_type_ids_of_other_types_are_refused_by_name():
+    """nodes_of_type(0.5) failed with "list indices must be integers"; a numpy id works."""
+    g = Graph(torch.tensor([[0, 1], [1, 0]]), node_type=torch.tensor([0, 1]),
+              node_type_names=["a", "b"])
+    for bad in (0.5, True):
+        with pytest.raises(TypeError, match=r"node_type must be an int id or a node type "
+                                            r"name \(str\), got"):
+            g.nodes_of_type(bad)
+    assert g.nodes_of_type(np.int64(1)).tolist() == [1]
+
+
+def test_loader_seed_beyond_64_bits():
+    """seed=2**70 failed inside torch ("Overflow when unpacking long long")."""
+    g = Graph(torch.tensor([[0, 1], [1, 0]]), num_nodes=2)
+    with pytest.raises(ValueError, match="seed must fit in 64 bits"):
+        NeighborLoader(g, [2], batch_size=1, seed=2 ** 70)
+    with pytest.raises(TypeError, match="seed must be an int or None, got bool"):
+        NeighborLoader(g, [2], batch_size=1, seed=True)
+
+
+def test_dataset_root_that_is_not_a_path():
+    """datasets.load(root=3) raised os's TypeError, which did not name root."""
+    from hector import datasets
+    with pytest.raises(TypeError, match=r"root must be a folder path \(str or os.PathLike\), "
+                                        r"got int"):
+        datasets.load("cora", root=3)

@@ -8,6 +8,7 @@ generates a graph (``hector.datasets.synthetic``).
 from __future__ import annotations
 
 import inspect
+import os
 from typing import List
 
 from .base import Dataset
@@ -46,6 +47,9 @@ def load(name: str, root=None, **kw) -> Dataset:
     ``scale``).  An unknown name raises ``ValueError`` listing the known ones.
     """
     key = normalize(name)
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"root must be a folder path (str or os.PathLike), got "
+                        f"{type(root).__name__}")
     if key.startswith(_SYNTHETIC):
         if root is not None:
             raise ValueError(f"root does not apply to synthetic datasets ({name!r}); "

@@ -243,14 +243,8 @@ class Graph:
         """The id of ``relation``: an id (int, numpy or 0-d tensor integer), a relation name
         or a ``(src_type, relation, dst_type)`` triple."""
         if not isinstance(relation, (str, tuple, list)):
-            try:
-                if isinstance(relation, bool):
-                    raise TypeError
-                relation = operator.index(relation)     # numpy ints, 0-d integer tensors
-            except TypeError:
-                raise TypeError(f"relation must be an int id, a relation name (str) or a "
-                                f"(src_type, relation, dst_type) tuple, got "
-                                f"{type(relation).__name__} ({relation!r})") from None
+            relation = _as_id(relation, "relation", "an int id, a relation name (str) or a "
+                                                    "(src_type, relation, dst_type) tuple")
         if isinstance(relation, int):
             if not 0 <= relation < self.num_relations:
                 raise ValueError(f"relation {relation} out of range for num_relations="
@@ -271,6 +265,7 @@ class Graph:
             if not self.node_type_names or node_type not in self.node_type_names:
                 raise ValueError(f"unknown node type {node_type!r}; known: {self.node_type_names}")
             return self.node_type_names.index(node_type)
+        node_type = _as_id(node_type, "node_type", "an int id or a node type name (str)")
         if not 0 <= node_type < self.num_node_types:
             raise ValueError(f"node type {node_type} out of range for num_node_types="
                              f"{self.num_node_types}")
@@ -380,6 +375,16 @@ def _move_value(value, device):
         return move(value, device)
     return value
 
+
+def _as_id(value, name: str, allowed: str) -> int:
+    """``value`` as an int id (numpy and 0-d integer tensors included; not a bool), or a
+    TypeError naming ``name`` and what it may be."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be {allowed}, got {type(value).__name__} ({value!r})")
 
 def _validate(edge_index, edge_type, num_nodes, num_relations, node_type, num_node_types,
               node_type_names, relation_names, super_node_threshold, check_ids=True):

@@ -108,8 +108,10 @@ class NeighborLoader:
         C.check_size(num_parts, "num_parts")
         if not 0 <= C.check_count(part, "part") < num_parts:
             raise ValueError(f"part must be in [0, num_parts={num_parts}), got {part}")
-        if seed is not None and not isinstance(seed, int):
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        if seed is not None and not -2 ** 63 <= seed < 2 ** 63:
+            raise ValueError(f"seed must fit in 64 bits (a torch.Generator's), got {seed}")
         self.graph, self.batch_size = graph, batch_size
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self.num_parts, self.part = num_parts, part
