@@ -86,8 +86,13 @@ def edges_of(batch):
             zip(batch.blocks, batch.node_ids)]
 
 
-@pytest.mark.parametrize("fanouts", [[3, 2], [-1, 2], [1], [5, 3, 2]])
-def test_homogeneous_batches_have_every_property(fanouts):
+@pytest.mark.parametrize("floyd", [True, False])
+@pytest.mark.parametrize("fanouts", [[3, 2], [-1, 2], [1], [5, 3, 2], [0, 2]])
+def test_homogeneous_batches_have_every_property(fanouts, floyd, monkeypatch):
+    """Both ways of drawing one fan-out for all relations: Floyd's algorithm (the CPU's)
+    and the candidates' sort (CUDA's, and the CPU's for large fan-outs)."""
+    if not floyd:
+        monkeypatch.setattr(sampler, "FLOYD_MAX_FANOUT", 0)
     graph = random_graph()
     loader = NeighborLoader(graph, fanouts, batch_size=7, shuffle=True, seed=3)
     seen = []
@@ -150,12 +155,15 @@ def test_deterministic_for_a_seed_and_different_for_another():
         u.shape == v.shape and torch.equal(u, v) for u, v in zip(flat(a), flat(c)))
 
 
-@pytest.mark.parametrize("packed_keys", [True, False])
-def test_sampling_is_uniform(packed_keys, monkeypatch):
+@pytest.mark.parametrize("path", ["floyd", "packed", "perm"])
+def test_sampling_is_uniform(path, monkeypatch):
     """One node with 10 incoming edges, fan-out 3, drawn 6000 times in one call: each edge
-    is kept with probability 3/10 (binomial sd ~ 35, tolerance 5 sd).  Both ways of ranking:
-    (group, random key) packed in one int64, and the permutation for too many groups."""
-    if not packed_keys:
+    is kept with probability 3/10 (binomial sd ~ 35, tolerance 5 sd).  Every way of drawing:
+    Floyd's algorithm (the CPU's, one fan-out), and the sorts: (group, random key) packed in
+    one int64, and the permutation for too many groups."""
+    if path != "floyd":
+        monkeypatch.setattr(sampler, "FLOYD_MAX_FANOUT", 0)
+    if path == "perm":
         monkeypatch.setattr(sampler, "_KEY_GROUPS", 0)
     graph = Graph(torch.stack([torch.arange(1, 11), torch.zeros(10, dtype=torch.long)]))
     index = SamplingIndex.of(graph)
@@ -290,3 +298,20 @@ def test_a_batch_reads_the_device_once_per_hop_and_once_per_block(hetero):
     where = Counter(c.split("/hector/")[-1].split(":")[0] for _, _, c in seen)
     assert where == {"loader/sampler.py": 4, "graph/graph.py": 2}, where   # 2 of them unique
     check_batch(graph, batch, [3, 2])
+
+
+def test_floyd_draws_every_k_subset_equally_often():
+    """Floyd's algorithm, the CPU's path: a destination with 5 candidates and fan-out 2 gets
+    each of the 10 pairs with probability 1/10 (20000 draws: sd ~42, tolerance 5 sd), its
+    picks in CSR order; rows within the fan-out keep every edge, in order."""
+    graph = Graph(torch.stack([torch.tensor([1, 2, 3, 4, 5, 6, 7]),
+                               torch.tensor([0, 0, 0, 0, 0, 8, 8])]), num_nodes=9)
+    index = SamplingIndex.of(graph)
+    dst = torch.cat([torch.zeros(20000, dtype=torch.long), torch.tensor([8])])
+    src, pos, _ = sample_hop(index, dst, 2, torch.Generator().manual_seed(1))
+    pairs = src[:-2].view(-1, 2)
+    assert bool((pairs[:, 0] < pairs[:, 1]).all())            # CSR order, no repeat
+    counts = Counter(map(tuple, pairs.tolist()))
+    assert len(counts) == 10
+    assert max(abs(c - 2000) for c in counts.values()) < 5 * (20000 * 0.1 * 0.9) ** 0.5
+    assert src[-2:].tolist() == [6, 7] and pos[-2:].tolist() == [20000, 20000]
