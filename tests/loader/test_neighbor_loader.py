@@ -103,12 +103,18 @@ def test_homogeneous_batches_have_every_property(fanouts, floyd, monkeypatch):
     assert torch.equal(seen.sort().values, torch.arange(graph.num_nodes))   # each seed once
 
 
-@pytest.mark.parametrize("packed_keys", [True, False])
-def test_per_relation_fanouts(packed_keys, monkeypatch):
-    if not packed_keys:          # the permutation path for too many groups
+@pytest.mark.parametrize("path", ["floyd", "packed", "perm"])
+@pytest.mark.parametrize("all_in", [True, False])
+def test_per_relation_fanouts(path, all_in, monkeypatch):
+    """Per-relation fan-outs, 0 and (with ``all_in``) -1 among them, on every path: Floyd's
+    algorithm over (destination, relation) groups (the CPU's, without -1), the sort with
+    packed keys, and the permutation for too many groups."""
+    if path != "floyd":
+        monkeypatch.setattr(sampler, "FLOYD_MAX_FANOUT", 0)
+    if path == "perm":
         monkeypatch.setattr(sampler, "_KEY_GROUPS", 0)
     graph = hetero_graph()
-    fanouts = [{"writes": 2, "cites": 1, "in": -1, "written_by": 3}, 2]
+    fanouts = [{"writes": 2, "cites": 0, "in": -1 if all_in else 4, "written_by": 3}, 2]
     loader = NeighborLoader(graph, fanouts, input_nodes="paper", batch_size=8, seed=0)
     n = 0
     for batch in loader:
@@ -315,3 +321,25 @@ def test_floyd_draws_every_k_subset_equally_often():
     assert len(counts) == 10
     assert max(abs(c - 2000) for c in counts.values()) < 5 * (20000 * 0.1 * 0.9) ** 0.5
     assert src[-2:].tolist() == [6, 7] and pos[-2:].tolist() == [20000, 20000]
+
+
+def test_floyd_per_relation_groups_are_uniform_and_in_csr_order():
+    """Per-relation fan-outs by Floyd's algorithm: a destination with 4 edges of relation 0
+    and 3 of relation 1, fan-outs (2, 1), drawn 12000 times: relation 0's 6 pairs and
+    relation 1's 3 edges each equally often (5 sd), picks in CSR order, per relation."""
+    src = torch.tensor([1, 2, 3, 4, 5, 6, 7])
+    graph = Graph(torch.stack([src, torch.zeros(7, dtype=torch.long)]),
+                  edge_type=torch.tensor([0, 0, 0, 0, 1, 1, 1]), num_nodes=8, num_relations=2)
+    index = SamplingIndex.of(graph)
+    got, pos, rel = sample_hop(index, torch.zeros(12000, dtype=torch.long),
+                               torch.tensor([2, 1]), torch.Generator().manual_seed(4))
+    assert torch.equal(torch.bincount(pos), torch.full((12000,), 3))
+    rows = got.view(-1, 3)
+    assert torch.equal(rel.view(-1, 3), torch.tensor([[0, 0, 1]]).expand(12000, 3))
+    assert bool((rows[:, 0] < rows[:, 1]).all())
+    for picks, cases, p in ((map(tuple, rows[:, :2].tolist()), 6, 1 / 6),
+                            (rows[:, 2].tolist(), 3, 1 / 3)):
+        counts = Counter(picks)
+        assert len(counts) == cases
+        sd = (12000 * p * (1 - p)) ** 0.5
+        assert max(abs(c - 12000 * p) for c in counts.values()) < 5 * sd

@@ -73,7 +73,9 @@ def sample_hop(index: SamplingIndex, dst: torch.Tensor, fanout: Union[int, torch
     else:
         total, kept = torch.stack([deg.sum(), deg.clamp(max=fanout).sum()]).tolist()
         if dst.device.type == "cpu" and fanout <= FLOYD_MAX_FANOUT:
-            return _floyd_hop(index, start, deg, fanout, kept, generator)
+            pos, seg = _floyd_picks(start, deg, torch.full_like(deg, fanout), fanout, kept,
+                                    generator)
+            return index.col[pos], seg, index.rel[pos]
     seg = torch.repeat_interleave(torch.arange(dst.numel(), device=dst.device), deg,
                                   output_size=total)
     first = torch.cumsum(deg, 0) - deg          # where each destination's candidates start
@@ -81,6 +83,15 @@ def sample_hop(index: SamplingIndex, dst: torch.Tensor, fanout: Union[int, torch
     rel = index.rel[pos]
     if all(f < 0 for f in (fanout.tolist() if per_relation else [fanout])):
         return index.col[pos], seg, rel
+    if per_relation and _floyd_fits(dst, fanout, index.num_relations, total):
+        # A row's edges are in relation order (the CSR is a stable sort of the canonical
+        # order), so each (destination, relation) group is one contiguous range of it.
+        n, r = dst.numel(), index.num_relations
+        counts = torch.bincount(seg * r + rel, minlength=n * r).view(n, r)
+        starts = start[:, None] + torch.cumsum(counts, 1) - counts
+        pos, group = _floyd_picks(starts.reshape(-1), counts.reshape(-1), fanout.repeat(n),
+                                  int(fanout.max()), None, generator)
+        return index.col[pos], group // r, group % r
     group = seg * index.num_relations + rel if per_relation else seg
     if dst.numel() * index.num_relations < _KEY_GROUPS:
         key = group * _KEY_RANGE + torch.randint(0, _KEY_RANGE, (total,), generator=generator,
@@ -109,36 +120,54 @@ def sample_hop(index: SamplingIndex, dst: torch.Tensor, fanout: Union[int, torch
     return index.col[pos[chosen]], seg[chosen], rel[chosen]
 
 
-def _floyd_hop(index: SamplingIndex, start: torch.Tensor, deg: torch.Tensor, k: int,
-               kept: int, generator: torch.Generator):
-    """:func:`sample_hop` with one fan-out ``k`` by Floyd's algorithm (see the module's
-    docstring): a ``[destinations, k]`` table of CSR offsets, each row a uniform ``k``-subset
-    of its destination's ``d`` candidates (all of them, in order, where ``d <= k``), sorted
-    along the row, then its valid entries laid out row after row (``kept`` of them) by one
-    scatter: the same output, in the same order, as the sorting path."""
+def _floyd_fits(dst: torch.Tensor, fanout: torch.Tensor, num_relations: int,
+                total: int) -> bool:
+    """Whether per-relation fan-outs are drawn by Floyd's algorithm: on the CPU, every
+    fan-out in ``[0, FLOYD_MAX_FANOUT]`` (-1, every edge, has no bound on a group's picks),
+    and the ``[destinations x relations, max fan-out]`` table no larger than a few times the
+    candidates (a graph of hundreds of relations, mostly empty per destination, sorts)."""
+    if dst.device.type != "cpu" or FLOYD_MAX_FANOUT <= 0:
+        return False
+    lo, hi = fanout.min().item(), fanout.max().item()
+    return (0 <= lo and hi <= FLOYD_MAX_FANOUT
+            and dst.numel() * num_relations * hi <= max(4 * total, 1 << 20))
+
+
+def _floyd_picks(starts: torch.Tensor, deg: torch.Tensor, k: torch.Tensor, width: int,
+                 kept, generator: torch.Generator):
+    """CSR positions and group numbers of ``min(deg[g], k[g])`` picks per group ``g`` (the
+    candidates ``starts[g] + [0, deg[g])``), by Floyd's algorithm (see the module's
+    docstring): a ``[groups, width]`` table (``width`` >= every ``k``), each row a uniform
+    ``k``-subset of its ``d`` candidates (all of them, in order, where ``d <= k``), sorted along
+    the row, then its valid entries laid out row after row by one scatter (``kept`` of them,
+    or counted here when None): the same output, in the same order, as the sorting path."""
     n = deg.numel()
-    picks = torch.empty(n, k, dtype=torch.int64)
-    for i in range(k):
-        # (only rows with d > k keep these picks; j >= 0 there)
+    picks = torch.zeros(n, width, dtype=torch.int64)
+    for i in range(width):
+        # (only rows with d > k and i < k keep these picks; j >= 0 there)
         j = deg - k + i
         t = (torch.rand(n, generator=generator, dtype=torch.float64) * (j + 1)).long()
         t = torch.minimum(t, j)           # (a product rounded up to j + 1)
         taken = (picks[:, :i] == t[:, None]).any(dim=1)
         picks[:, i] = torch.where(taken, j, t)
-    lanes = torch.arange(k)
-    few = deg <= k                         # every candidate, in CSR order
-    picks = torch.where(few[:, None], lanes.expand(n, k), picks.sort(dim=1).values)
-    valid = lanes[None, :] < deg.clamp(max=k)[:, None]
-    # Row r's valid picks go to [offset_r, offset_r + min(d_r, k)); invalid ones to a spare
+    lanes = torch.arange(width)
+    counts = torch.minimum(deg, k)
+    valid = lanes[None, :] < counts[:, None]
+    # Rows with d > k sort their k picks (the lanes past k, unused, sort last as d);
+    # rows with d <= k take every candidate in order.
+    picks = torch.where(valid, picks, deg[:, None]).sort(dim=1).values
+    picks = torch.where((deg <= k)[:, None], lanes.expand(n, width), picks)
+    if kept is None:
+        kept = int(counts.sum())
+    # Row g's valid picks go to [offset_g, offset_g + counts_g); invalid ones to a spare
     # slot past the end, cut off after (a boolean mask's index would call nonzero).
-    counts = deg.clamp(max=k)
     offset = torch.cumsum(counts, 0) - counts
     slot = torch.where(valid, offset[:, None] + lanes[None, :], kept).reshape(-1)
     pos = torch.empty(kept + 1, dtype=torch.int64).scatter_(
-        0, slot, (start[:, None] + picks).reshape(-1))[:kept]
-    seg = torch.empty(kept + 1, dtype=torch.int64).scatter_(
-        0, slot, torch.arange(n)[:, None].expand(n, k).reshape(-1))[:kept]
-    return index.col[pos], seg, index.rel[pos]
+        0, slot, (starts[:, None] + picks).reshape(-1))[:kept]
+    group = torch.empty(kept + 1, dtype=torch.int64).scatter_(
+        0, slot, torch.arange(n)[:, None].expand(n, width).reshape(-1))[:kept]
+    return pos, group
 
 
 def relabel(index: SamplingIndex, dst: torch.Tensor, src: torch.Tensor):
