@@ -78,8 +78,7 @@ def sample_hop(index: SamplingIndex, dst: torch.Tensor, fanout: Union[int, torch
         total, kept = int(deg.sum()), None
     else:
         total, kept = torch.stack([deg.sum(), deg.clamp(max=fanout).sum()]).tolist()
-        if (dst.device.type == "cpu" and fanout <= FLOYD_MAX_FANOUT
-                and _floyd_pays(dst.numel(), fanout, total)):
+        if _floyd_pays(dst, fanout, fanout, dst.numel(), total):
             pos, seg = _floyd_picks(start, deg, torch.full_like(deg, fanout), fanout, kept,
                                     generator)
             return index.col[pos], seg, index.rel[pos]
@@ -90,15 +89,17 @@ def sample_hop(index: SamplingIndex, dst: torch.Tensor, fanout: Union[int, torch
     rel = index.rel[pos]
     if all(f < 0 for f in (fanout.tolist() if per_relation else [fanout])):
         return index.col[pos], seg, rel
-    if per_relation and _floyd_fits(dst, fanout, index.num_relations, total):
-        # A row's edges are in relation order (the CSR is a stable sort of the canonical
-        # order), so each (destination, relation) group is one contiguous range of it.
+    if per_relation:
+        low, high = fanout.min().item(), fanout.max().item()
         n, r = dst.numel(), index.num_relations
-        counts = torch.bincount(seg * r + rel, minlength=n * r).view(n, r)
-        starts = start[:, None] + torch.cumsum(counts, 1) - counts
-        pos, group = _floyd_picks(starts.reshape(-1), counts.reshape(-1), fanout.repeat(n),
-                                  int(fanout.max()), None, generator)
-        return index.col[pos], group // r, group % r
+        if _floyd_pays(dst, low, high, n * r, total):
+            # A row's edges are in relation order (the CSR is a stable sort of the canonical
+            # order), so each (destination, relation) group is one contiguous range of it.
+            counts = torch.bincount(seg * r + rel, minlength=n * r).view(n, r)
+            starts = start[:, None] + torch.cumsum(counts, 1) - counts
+            pos, group = _floyd_picks(starts.reshape(-1), counts.reshape(-1),
+                                      fanout.repeat(n), high, None, generator)
+            return index.col[pos], group // r, group % r
     group = seg * index.num_relations + rel if per_relation else seg
     if dst.numel() * index.num_relations < _KEY_GROUPS:
         key = group * _KEY_RANGE + torch.randint(0, _KEY_RANGE, (total,), generator=generator,
@@ -127,23 +128,15 @@ def sample_hop(index: SamplingIndex, dst: torch.Tensor, fanout: Union[int, torch
     return index.col[pos[chosen]], seg[chosen], rel[chosen]
 
 
-def _floyd_fits(dst: torch.Tensor, fanout: torch.Tensor, num_relations: int,
-                total: int) -> bool:
-    """Whether per-relation fan-outs are drawn by Floyd's algorithm: on the CPU, every
-    fan-out in ``[0, FLOYD_MAX_FANOUT]`` (-1, every edge, has no bound on a group's picks),
-    where its ``[destinations x relations, max fan-out]`` table costs less than sorting the
-    candidates (:func:`_floyd_pays`: many relations, mostly empty per destination, sort)."""
-    if dst.device.type != "cpu" or FLOYD_MAX_FANOUT <= 0:
-        return False
-    lo, hi = fanout.min().item(), fanout.max().item()
-    return 0 <= lo and hi <= FLOYD_MAX_FANOUT and _floyd_pays(dst.numel() * num_relations,
-                                                              hi, total)
-
-
-def _floyd_pays(groups: int, k: int, total: int) -> bool:
-    """Floyd's table of ``groups`` rows of ``k`` picks against sorting ``total`` candidates
-    (:data:`FLOYD_PAYS`)."""
-    return groups * k * (k + 20) < FLOYD_PAYS * total
+def _floyd_pays(dst: torch.Tensor, low: int, high: int, groups: int, total: int) -> bool:
+    """Whether a hop's fan-outs (``low`` to ``high``) are drawn by Floyd's algorithm: on the
+    CPU, every fan-out in ``[0, FLOYD_MAX_FANOUT]`` (-1, every edge, has no bound on a group's
+    picks), where its table of ``groups`` rows of ``high`` picks costs less than sorting the
+    ``total`` candidates (:data:`FLOYD_PAYS`: many relations, mostly empty per destination,
+    sort)."""
+    return (dst.device.type == "cpu" and FLOYD_MAX_FANOUT > 0
+            and 0 <= low and high <= FLOYD_MAX_FANOUT
+            and groups * high * (high + 20) < FLOYD_PAYS * total)
 
 
 def _floyd_picks(starts: torch.Tensor, deg: torch.Tensor, k: torch.Tensor, width: int,
