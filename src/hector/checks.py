@@ -7,9 +7,17 @@ to fix before any kernel runs (DESIGN.md section 6).  Checks that need a pass ov
 """
 from __future__ import annotations
 
+import os
 from typing import Optional, Sequence
 
 import torch
+
+def debug_enabled() -> bool:
+    """Debug mode (``HECTOR_DEBUG`` set and not 0): the checks that cost a pass over the data
+    on every call (CSR values in range, promises a caller makes about its tensors) and the
+    compiler's IR verification after each pass.  Read on every call, so tests may set it."""
+    return os.environ.get("HECTOR_DEBUG", "0") not in ("", "0")
+
 
 _INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)

@@ -50,7 +50,8 @@ from .passes import autodiff, canonicalize, compact, fuse as fusion, reorder, si
 from .passes.common import Cheaper, Decision, GraphStats
 from . import schedule
 from .plan import Plan
-from .verify import debug_enabled, verify
+from ..checks import debug_enabled
+from .verify import verify
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ from .ir import NODE, Op, Value, toposort
 from .passes.common import GraphStats
 from .pipeline import (CompiledPlan, ForwardStage, check_same_plan, compile_backward,
                        compile_forward)
-from .verify import debug_enabled
 from .steps_torch import GraphIndex
 
 AUTODIFF = ("ir", "torch")
@@ -131,7 +130,7 @@ class Program:
         if sid is not None:
             self._stages.move_to_end(sid)
             stage = self._stages[sid][1]
-            if debug_enabled():
+            if C.debug_enabled():
                 check_same_plan(stage.forward_plan, self._compile(stats, dtype).forward_plan,
                                 stats)
             return CompiledPlan(stats, stage)

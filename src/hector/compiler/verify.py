@@ -2,15 +2,10 @@
 its arguments.  Passes run it after each rewrite in debug mode (``HECTOR_DEBUG=1``)."""
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 from . import ir as N
 from .ir import LEAVES, Op, Value, toposort
-
-
-def debug_enabled() -> bool:
-    return os.environ.get("HECTOR_DEBUG", "0") not in ("", "0")
 
 
 def _infer(v: Value) -> Value:

@@ -5,7 +5,6 @@ Triton kernels (:mod:`.custom_ops`) on CUDA or under ``TRITON_INTERPRET=1``, pla
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional
 
 import torch
@@ -132,7 +131,7 @@ def _check_k_norm(k_norm: Optional[torch.Tensor], v: torch.Tensor, k) -> None:
         raise TypeError(f"k_norm must be float32, got {k_norm.dtype}")
     if k_norm.device != v.device:
         raise ValueError(f"k_norm is on {k_norm.device} but v is on {v.device}")
-    if os.environ.get("HECTOR_DEBUG", "0") not in ("", "0"):
+    if C.debug_enabled():
         want = (v.float() / k_norm[:, None, None]).to(k.dtype)
         tol = 1e-5 if k.dtype == torch.float32 else 1e-2
         if not torch.allclose(k, want, rtol=tol, atol=tol):

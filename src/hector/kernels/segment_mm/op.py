@@ -5,7 +5,6 @@ by the torch backend (:mod:`hector.kernels.segment_mm.reference`) or the Triton 
 (:mod:`hector.kernels.segment_mm.launch`)."""
 from __future__ import annotations
 
-import os
 from typing import Optional, Union
 
 import torch
@@ -210,7 +209,7 @@ def segment_mm_csr(x: torch.Tensor, weight: torch.Tensor, seg_ptr, csr_ptr: torc
     rows = x.new_zeros(1, x.shape[1]).expand(csr_ptr.numel() - 1, x.shape[1])
     bounds, num_out_rows = _check(rows, weight, seg_ptr, gather, scatter, num_out_rows,
                                   transpose_weight, gather_unique, scatter_unique, bias)
-    if os.environ.get("HECTOR_DEBUG", "0") not in ("", "0"):
+    if C.debug_enabled():
         _check_csr_values(csr_ptr, csr_col, x.shape[0], "x.shape[0]")
     backend = choose_backend(backend, x, "x")
     if backend == "triton":
@@ -263,7 +262,7 @@ def segment_mm_csr_scatter(x: torch.Tensor, weight: torch.Tensor, seg_ptr,
     _check_row_index(rows, "rows", bounds[-1])
     C.check_same_device([("x", x), ("csr_ptr", csr_ptr), ("csr_col", csr_col),
                          ("csr_val", csr_val), ("rows", rows)])
-    if os.environ.get("HECTOR_DEBUG", "0") not in ("", "0"):
+    if C.debug_enabled():
         _check_csr_values(csr_ptr, csr_col, num_out_rows, "num_out_rows")
         C.check_range(rows, "rows", csr_ptr.numel() - 1, "the CSR's rows")
     backend = choose_backend(backend, x, "x")
@@ -400,7 +399,7 @@ def _check(x, weight, seg_ptr, gather, scatter, num_out_rows, transpose_weight,
         if flag and index is not None and rows != m:
             raise ValueError(f"{name}_unique=True: {name} must be a permutation of the "
                              f"seg_ptr[-1] = {m} rows, but it indexes {rows} rows")
-    if os.environ.get("HECTOR_DEBUG", "0") not in ("", "0"):
+    if C.debug_enabled():
         for name, flag, index, rows, of in (
                 ("gather", gather_unique, gather, x.shape[0], "x.shape[0]"),
                 ("scatter", scatter_unique, scatter, num_out_rows, "num_out_rows")):
