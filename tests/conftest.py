@@ -5,6 +5,10 @@ triton is first imported, hence here, at collection start.
 
 Rendered kernels and autotuning results go to a temporary cache folder of this session, so
 tests never write to ``~/.cache/hector`` nor read what another run left there.
+
+``HECTOR_TEST_PROGRAM_ORDER=reversed`` (or ``shuffled``) runs every interpreted launch's
+programs in that order instead of grid order (``helpers.program_order``): a sweep for
+kernels that assume which program runs last, as a GPU would expose.
 """
 import atexit
 import os
@@ -45,3 +49,15 @@ def cache(tmp_path, monkeypatch):
     yield tmp_path / "kernels"
     registry.clear_memo()
     autotune.clear_memo()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _program_order():
+    """The session's interpreted launches in ``$HECTOR_TEST_PROGRAM_ORDER`` (see above)."""
+    order = os.environ.get("HECTOR_TEST_PROGRAM_ORDER", "grid")
+    if order == "grid" or os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        yield
+        return
+    from helpers import program_order
+    with program_order(order):
+        yield

@@ -19,6 +19,47 @@ SHARED_DATA = Path(os.environ.get("HECTOR_TEST_DATA")
                    or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
+#: Orders :func:`program_order` runs a launch's programs in.
+PROGRAM_ORDERS = ("grid", "reversed", "shuffled")
+
+
+@contextlib.contextmanager
+def program_order(order: str, seed: int = 0):
+    """Inside the block, Triton's interpreter runs each launch's programs in ``order``:
+    "grid" (its own: one after another in grid order), "reversed", or "shuffled" (a random
+    permutation per launch, drawn from ``seed``).  On a GPU programs run in any order and
+    at once; the interpreter's fixed order would hide a kernel that assumes which program
+    comes last (an arrival counter, a partial another program wrote).  A kernel that is
+    right in every order gives the same integers and, up to fp32 summation order, the same
+    floats.  ``$HECTOR_TEST_PROGRAM_ORDER`` runs the whole test session so (conftest)."""
+    if order not in PROGRAM_ORDERS:
+        raise ValueError(f"order must be one of {PROGRAM_ORDERS}, got {order!r}")
+    from triton.runtime import interpreter
+    builder = type(interpreter.interpreter_builder)
+    outer = builder.set_grid_dim, builder.set_grid_idx       # (an enclosing order's, maybe)
+    real_dim, real_idx = (getattr(f, "hector_real", f) for f in outer)
+    rng = torch.Generator().manual_seed(seed)
+
+    def set_grid_dim(self, x, y, z):
+        real_dim(self, x, y, z)
+        n = x * y * z
+        self._hector_order = (list(range(n)) if order == "grid" else
+                              list(range(n - 1, -1, -1)) if order == "reversed" else
+                              torch.randperm(n, generator=rng).tolist())
+
+    def set_grid_idx(self, x, y, z):
+        _, gy, gz = self.grid_dim
+        flat = self._hector_order[(x * gy + y) * gz + z]
+        real_idx(self, flat // (gy * gz), flat // gz % gy, flat % gz)
+
+    set_grid_dim.hector_real, set_grid_idx.hector_real = real_dim, real_idx
+    builder.set_grid_dim, builder.set_grid_idx = set_grid_dim, set_grid_idx
+    try:
+        yield
+    finally:
+        builder.set_grid_dim, builder.set_grid_idx = outer
+
+
 def random_relational(num_nodes=24, num_edges=90, num_relations=4, seed=0, empty=(1,)):
     """edge_index, edge_type with relations in ``empty`` having no edge and the last two
     nodes isolated; one duplicate edge and one self loop."""

@@ -230,6 +230,26 @@ def test_triton_cut_rows_merged_in_the_traversal(monkeypatch, graph, chunk, head
     forward and sums its gradients in both backward sides (no combine launch; the counters
     back at 0 after every launch, so a second call reuses them); output and every gradient
     against the torch backend, twice."""
+    check_merge_in_traversal(monkeypatch, graph, chunk, heads, terms, bias)
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda" or not TRITON_OK,
+                    reason="reorders the programs of Triton's interpreter (CPU only)")
+@pytest.mark.parametrize("order,graph,chunk,heads,terms,bias", [
+    ("reversed", "hubs", 3, 3, "all", True), ("shuffled", "hubs", 3, 1, "gat", False),
+    ("shuffled", "empty runs", 4, 3, "transformer", False)])
+def test_cut_rows_merged_whatever_order_the_programs_run_in(monkeypatch, order, graph, chunk,
+                                                            heads, terms, bias):
+    """The in-traversal merge on a GPU: a cut row's chunks finish in any order, and the
+    merger is whichever arrives last, not the row's last chunk.  The interpreter runs
+    programs in grid order, where the two coincide; here in reverse and shuffled order
+    (``helpers.program_order``), forward and both backward sides."""
+    from helpers import program_order
+    with program_order(order, seed=3):
+        check_merge_in_traversal(monkeypatch, graph, chunk, heads, terms, bias)
+
+
+def check_merge_in_traversal(monkeypatch, graph, chunk, heads, terms, bias):
     from hector.kernels.attention import launch, plan
     monkeypatch.setenv("HECTOR_MERGE_LAST", "1")
     g = {"hubs": lambda: make_graph(super_degree=200, hub_out_degree=200),
