@@ -31,6 +31,24 @@ def test_build_cap_from_environment(monkeypatch):
         Graph(ei, num_nodes=3)
 
 
+def test_only_builds_past_the_small_size_read_the_free_memory(monkeypatch):
+    """A mini-batch block's build reads no free-memory figure (/proc/meminfo, the driver);
+    a build planning more than ``SMALL_BUILD_BYTES`` still does, and is refused past it."""
+    monkeypatch.delenv(build.ENV_MAX_BUILD_BYTES, raising=False)
+    reads = []
+    monkeypatch.setattr(build, "available_bytes", lambda device: reads.append(device) or 1 << 40)
+    ei = torch.tensor([[0, 1], [1, 2]])
+    Graph(ei, num_nodes=1000)
+    assert reads == []
+    big = build.SMALL_BUILD_BYTES // 40 + 1          # nodes: > 40 planned bytes each
+    assert build.build_nbytes(big, 2, 1) > build.SMALL_BUILD_BYTES
+    Graph(ei, num_nodes=big)
+    assert reads == [torch.device("cpu")]
+    monkeypatch.setattr(build, "available_bytes", lambda device: build.SMALL_BUILD_BYTES)
+    with pytest.raises(ValueError, match="more than the cpu memory available now"):
+        Graph(ei, num_nodes=big)
+
+
 def test_estimate_is_not_above_a_measured_build():
     """The estimate must never refuse a build that fits: compare with what a build keeps."""
     g = Graph(torch.randint(0, 50, (2, 400), generator=torch.Generator().manual_seed(0)),
