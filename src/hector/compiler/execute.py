@@ -175,20 +175,30 @@ def _stash(ctx, saved: List[torch.Tensor], outs, given) -> None:
     ctx.stash = [t.detach() if id(t) in mine else t for t in saved]
     ctx.versions = [(i, t._version) for i, t in enumerate(ctx.stash) if id(saved[i]) in mine]
     # (only the Triton backend's attention backward writes over its inputs)
-    ctx.private = (_private(ctx.compiled, saved, given, outs) if ctx.backend == "triton"
+    ctx.private = (_private(ctx.part, saved, given, outs) if ctx.backend == "triton"
                    else frozenset())
 
 
-def _private(compiled, saved: List[torch.Tensor], given, outs) -> frozenset:
+def _private(part, saved: List[torch.Tensor], given, outs) -> frozenset:
     """The saved values that only the backward will hold, among those an attention backward
     may overwrite (``overwritable``): computed by the forward, sharing no storage with its
     outputs or with the caller's tensors (inputs, parameters, weight roots)."""
-    if not compiled.overwritable:
+    if not part.overwritable:
         return frozenset()
     user = {t.untyped_storage().data_ptr() for t in (*given.values(), *outs)}
-    return frozenset(compiled.saved_leaves[i] for i in compiled.overwritable
-                     if compiled.saved_values[i] not in given
+    return frozenset(part.saved_leaves[i] for i in part.overwritable
+                     if part.saved_values[i] not in given
                      and saved[i].untyped_storage().data_ptr() not in user)
+
+
+def _backward_part(compiled, leaves: Tuple[Value, ...], needs: Sequence[bool]):
+    """The part of ``compiled``'s backward the leaves that need gradients ask for (eager:
+    a first layer's features need none, so their gradient's steps never run); the whole
+    backward while torch.compile traces (one traced backward for every caller)."""
+    if torch.compiler.is_compiling():
+        return compiled.backward_part()
+    wanted = {leaf for leaf, need in zip(leaves, needs) if need}
+    return compiled.backward_part(tuple(t for t in compiled.grad_targets if t in wanted))
 
 
 def _take_saved(ctx) -> List[torch.Tensor]:
@@ -231,22 +241,24 @@ class PlanFunction(torch.autograd.Function):
             made = compiled.materialised.get(v)
             if made is not None:
                 given.setdefault(made, t)
+        part = _backward_part(compiled, leaves, ctx.needs_input_grad[4:])
         env = run_plan(compiled.forward_plan, ix, given, backend,
-                       releases=compiled.forward_releases, then=compiled.backward_plan)
+                       releases=part.forward_releases, then=part.plan)
         outs = tuple(env[o] for o in compiled.forward_plan.outputs)
         if torch.compiler.is_compiling():
             # torch 2.11's aot_autograd returned zero gradients for every input when an
             # output here is a view of an intermediate that the caller slices further (HGT's
             # per-type outputs; seen on the H200): traced, the outputs are their own tensors.
             outs = tuple(o.clone() for o in outs)
-        ctx.compiled, ctx.ix, ctx.backend, ctx.leaves = compiled, ix, backend, leaves
-        _stash(ctx, [env[v] for v in compiled.saved_values], outs, given)
+        ctx.compiled, ctx.part, ctx.ix, ctx.backend = compiled, part, ix, backend
+        ctx.leaves = leaves
+        _stash(ctx, [env[v] for v in part.saved_values], outs, given)
         return outs if len(outs) > 1 else outs[0]
 
     @staticmethod
     def backward(ctx, *grads):
-        compiled = ctx.compiled
-        env = dict(zip(compiled.saved_leaves, _take_saved(ctx)))
+        compiled, part = ctx.compiled, ctx.part
+        env = dict(zip(part.saved_leaves, _take_saved(ctx)))
         outs = compiled.forward_plan.outputs
         # A gradient made dense once here: ``out.sum().backward()`` hands an expanded
         # (stride-0) one, and each step reading it would otherwise copy it for itself (RGCN's
@@ -258,10 +270,8 @@ class PlanFunction(torch.autograd.Function):
         # (an attention backward's dk and dv over k and v): not when the backward itself
         # records a graph (create_graph), which would read them again.
         mine = ctx.private if ctx.stashed and not torch.is_grad_enabled() else frozenset()
-        env = run_plan(compiled.backward_plan, ctx.ix, env, ctx.backend, consume=True,
-                       overwritable=mine)
-        by_target = dict(zip(compiled.grad_targets,
-                             (env[o] for o in compiled.backward_plan.outputs)))
+        env = run_plan(part.plan, ctx.ix, env, ctx.backend, consume=True, overwritable=mine)
+        by_target = dict(zip(part.targets, (env[o] for o in part.plan.outputs)))
         grads_in = [by_target.get(leaf) if needs else None
                     for leaf, needs in zip(ctx.leaves, ctx.needs_input_grad[4:])]
         return (None, None, None, None, *grads_in)

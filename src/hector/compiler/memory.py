@@ -159,7 +159,7 @@ def simulate(entry, stats: Optional[GraphStats] = None,
     bwd = entry.backward_plan
     names.update((s.output, f"bwd[{i}] {s.name}") for i, s in enumerate(bwd.steps))
     # The saved values only the backward holds (not inputs, not outputs) may be overwritten.
-    over = {entry.saved_leaves[i] for i in entry.overwritable
+    over = {entry.saved_leaves[i] for i in entry.backward_part().overwritable
             if entry.saved_values[i].op != Op.INPUT
             and entry.saved_values[i] not in fwd.outputs}
     return points + replay(bwd, bwd.last_uses, kept, size, "backward", over), names

@@ -108,14 +108,49 @@ class BackwardStage:
     #: when it records for this backward)
     forward_releases: Tuple[Tuple[Value, ...], ...]
 
+    #: :meth:`part` per gradient subset (a few: which of a layer's inputs need gradients)
+    parts: Dict[Tuple[Value, ...], "BackwardPart"] = field(
+        default_factory=dict, repr=False, compare=False)
+
     def fits(self, stats: GraphStats) -> bool:
         return _fits(self.questions, stats)
+
+    def part(self, targets: Tuple[Value, ...], forward_plan: Plan) -> "BackwardPart":
+        """What the gradients of ``targets`` alone need (``grad_targets`` order; all of them:
+        the whole stage): the backward plan pruned to them, the forward values it reads and
+        the forward's releases keeping just those (the rest is freed in the forward, as
+        when nothing records)."""
+        found = self.parts.get(targets)
+        if found is None:
+            outs = tuple(o for t, o in zip(self.grad_targets, self.backward_plan.outputs)
+                         if t in targets)
+            plan = (self.backward_plan if len(outs) == len(self.backward_plan.outputs)
+                    else self.backward_plan.pruned(outs))
+            read = set(plan.leaves)
+            kept = [i for i, leaf in enumerate(self.saved_leaves) if leaf in read]
+            saved_values = tuple(self.saved_values[i] for i in kept)
+            found = self.parts[targets] = BackwardPart(
+                plan, targets, saved_values, tuple(self.saved_leaves[i] for i in kept),
+                forward_plan.releases(saved_values))
+        return found
+
+
+@dataclass(frozen=True)
+class BackwardPart:
+    """The part of a :class:`BackwardStage` that some of its gradients need
+    (:meth:`BackwardStage.part`): what a forward that records keeps, and what its backward
+    runs."""
+    plan: Plan
+    targets: Tuple[Value, ...]               # forward leaf whose gradient each output is
+    saved_values: Tuple[Value, ...]          # forward-plan values kept for this plan
+    saved_leaves: Tuple[Value, ...]          # their ``saved`` leaves in it
+    forward_releases: Tuple[Tuple[Value, ...], ...]
 
     @functools.cached_property
     def overwritable(self) -> Tuple[int, ...]:
         """Indices of the saved values an attention backward step reads (its k and v among
         them): the candidates whose rows that step may write its gradients over."""
-        read = {v for s in self.backward_plan.steps
+        read = {v for s in self.plan.steps
                 if s.template == "attention" and s.body.op == Op.ATTENTION_BWD
                 for v in s.inputs}
         return tuple(i for i, leaf in enumerate(self.saved_leaves) if leaf in read)
@@ -150,9 +185,13 @@ class CompiledPlan:
     saved_leaves = property(lambda self: self.backward.saved_leaves if self.backward else ())
     grad_leaves = property(lambda self: self.backward.grad_leaves if self.backward else ())
     grad_targets = property(lambda self: self.backward.grad_targets if self.backward else ())
-    overwritable = property(lambda self: self.backward.overwritable if self.backward else ())
     forward_releases = property(lambda self: self.backward.forward_releases if self.backward
                                 else self.forward_plan.last_uses)
+
+    def backward_part(self, targets: Optional[Tuple[Value, ...]] = None) -> "BackwardPart":
+        """The backward stage's part for the gradients of ``targets`` (None: all)."""
+        wanted = self.grad_targets if targets is None else targets
+        return self.backward.part(tuple(wanted), self.forward_plan)
 
     @property
     def log(self) -> List[PassRecord]:

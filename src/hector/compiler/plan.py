@@ -208,6 +208,21 @@ class Plan:
                 drops[i].append(v)
         return tuple(tuple(d) for d in drops)
 
+    def pruned(self, outputs: Tuple[Value, ...]) -> "Plan":
+        """The plan of ``outputs`` (some of this plan's) alone: the steps they need, in this
+        plan's order, and the leaves those read.  What a backward runs when some of its
+        layer's inputs need no gradient (a first layer's features): their gradients' steps,
+        and the index structures and launches those steps would cost, are left out."""
+        if not set(outputs) <= set(self.outputs):
+            raise ValueError("pruned: every output must be one of the plan's")
+        need, keep = set(outputs), []
+        for step in reversed(self.steps):
+            if step.output in need or (step.extra is not None and step.extra in need):
+                keep.append(step)
+                need.update(step.inputs)
+        return Plan(tuple(reversed(keep)), tuple(outputs),
+                    tuple(v for v in self.leaves if v in need))
+
     def describe(self) -> str:
         lines = []
         for i, s in enumerate(self.steps):
