@@ -22,6 +22,11 @@ def test_explain_lists_passes_decisions_and_plans():
     for needle in ("captured IR", "pass reorder", "weight @ q", "pass compact", "pass fuse",
                    "attention", "forward plan", "backward plan", "segment_mm", "edge_attention"):
         assert needle in text, needle
+    # The backward's steps that run when the features need no gradient, by number.
+    line = next(t for t in text.splitlines() if t.startswith("when the inputs need no"))
+    total = int(text.split("== backward plan (")[1].split(" ")[0])
+    ran = line.split("steps [")[1].split("]")[0].split(", ")
+    assert 0 < len(ran) < total and f"({len(ran)} of {total})" in line
     text = explain(models.rgcn, g, in_dim=16, out_dim=8, num_relations=4, backward=False)
     assert "backward plan" not in text
 

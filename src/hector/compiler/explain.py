@@ -108,9 +108,22 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
                                       _gemm_op(step) if step.template == "gemm" else
                                       _OPS[step.template]))
             out.extend(f"      {line}" for line in _step_kernels(step, graph, kernels))
+        if title == "backward plan":
+            out.append(_parameters_only(cp))
     if launches:
         out += ["", launch_counts(program, graph, dtype)]
     return "\n".join(out + kernels.sources())
+
+
+def _parameters_only(cp) -> str:
+    """Which backward steps run when no input needs a gradient (``BackwardStage.part``)."""
+    part = cp.backward_part(tuple(t for t in cp.grad_targets if t.op != Op.INPUT))
+    kept = set(part.plan.steps)
+    steps = [i for i, s in enumerate(cp.backward_plan.steps) if s in kept]
+    return (f"when the inputs need no gradient (a first layer's features, a mini-batch's "
+            f"input rows), steps {steps} run ({len(steps)} of {len(cp.backward_plan.steps)}) "
+            f"and the forward keeps {len(part.saved_values)} of {len(cp.saved_values)} "
+            f"values for them")
 
 
 def launch_counts(layer, graph: Graph, dtype=torch.float32, features=None) -> str:
