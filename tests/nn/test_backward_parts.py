@@ -71,3 +71,32 @@ def test_pruned_plan_is_closed_and_ordered():
     assert set(plan.outputs) <= made and set(plan.leaves) <= set(full.plan.leaves)
     with pytest.raises(ValueError, match="every output must be one of the plan's"):
         plan.pruned(full.plan.outputs)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("name", ("rgcn", "rgat", "hgt"))
+def test_frozen_layer_computes_only_the_feature_gradient(name, backend):
+    """Parameters that need no gradient (a frozen layer) leave out the weight gradients'
+    steps; the features' gradient is what the whole backward gives."""
+    def feature_grads(freeze):
+        layer, args = make_case(name, backend=backend)
+        for p in layer.parameters():
+            p.requires_grad_(not freeze)
+        feats = {k: v.detach().clone().requires_grad_() for k, v in _features(args).items()}
+        call = (feats if isinstance(args[0], dict) else feats["x"],) + tuple(args[1:])
+        parts, real = [], execute._backward_part
+        execute._backward_part = lambda c, l, n: parts.append(real(c, l, n)) or parts[-1]
+        try:
+            out = layer(*call)
+        finally:
+            execute._backward_part = real
+        flat = torch.cat([o.flatten() for o in out.values()]) if isinstance(out, dict) \
+            else out.flatten()
+        (flat * torch.linspace(-1, 1, flat.numel(), device=flat.device)).sum().backward()
+        return {k: v.grad for k, v in feats.items()}, parts[0]
+    whole, full = feature_grads(False)
+    frozen, part = feature_grads(True)
+    assert len(part.plan.steps) < len(full.plan.steps)
+    for k in whole:
+        assert frozen[k] is not None
+        torch.testing.assert_close(frozen[k], whole[k], rtol=1e-5, atol=1e-6, msg=k)
