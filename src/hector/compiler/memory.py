@@ -159,9 +159,9 @@ def simulate(entry, stats: Optional[GraphStats] = None,
     bwd = entry.backward_plan
     names.update((s.output, f"bwd[{i}] {s.name}") for i, s in enumerate(bwd.steps))
     # The saved values only the backward holds (not inputs, not outputs) may be overwritten.
-    over = {entry.saved_leaves[i] for i in entry.backward_part().overwritable
-            if entry.saved_values[i].op != Op.INPUT
-            and entry.saved_values[i] not in fwd.outputs}
+    part = entry.backward_part()
+    over = {part.saved_leaves[i] for i in part.overwritable
+            if part.saved_values[i].op != Op.INPUT and part.saved_values[i] not in fwd.outputs}
     return points + replay(bwd, bwd.last_uses, kept, size, "backward", over), names
 
 
