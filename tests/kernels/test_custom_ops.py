@@ -120,8 +120,10 @@ def test_a_callers_spec_without_plan_gets_one_launch_handle():
     v, a = torch.randn(3, 2, 4, device=dev), torch.randn(3, 2, device=dev)
     spec = AttentionSpec.of(v, a_src=a)
     first = edge_attention(g, v, a_src=a, spec=spec, backend="triton")
-    before = len(attention_ops._LAUNCHES)
+    # (the table is weak: earlier tests' entries may go at any collection, so the check is
+    # that no entry is added, not that the count stays)
+    before = set(attention_ops._LAUNCHES.keys())
     for _ in range(3):
         again = edge_attention(g, v, a_src=a, spec=spec, backend="triton")
-    assert len(attention_ops._LAUNCHES) == before
+    assert set(attention_ops._LAUNCHES.keys()) <= before
     torch.testing.assert_close(again, first)
