@@ -84,7 +84,7 @@ def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
              then: Optional[Plan] = None) -> Dict[Value, torch.Tensor]:
     """The plan's values by IR value that survive it: each value in ``releases[i]``
     (default ``plan.last_uses``; a forward that records for its backward keeps the saved
-    values: ``CompiledPlan.forward_releases``) is dropped after step ``i``.  ``consume``:
+    values: ``BackwardPart.forward_releases``) is dropped after step ``i``.  ``consume``:
     ``leaves`` is emptied, so a leaf the plan drops is freed then (the backward's saved
     values), not when the caller's dict goes.  ``overwritable``: leaves only this run holds
     (saved forward intermediates): a step reading one for the last time, whose storage no

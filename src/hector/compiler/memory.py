@@ -3,12 +3,12 @@
 A replay of the forward and backward plans the way :mod:`hector.compiler.execute` runs them:
 each step's output is allocated when it runs, each value dropped after its last reader
 (``Plan.last_uses``; a forward that records for its backward keeps the values the backward
-reads, ``forward_releases``); the forward's inputs and the backward's output gradients are
-held throughout.  A value costs ``rows x heads x features x itemsize`` (a sliced weight one
-slice per relation or node type); kernel scratch and allocator rounding are not counted.  So
-a plan's peak, and the values that make it, can be read on any machine for any graph size
-(``explain`` prints it; ``scripts/memory_peak.py`` sets it beside the CUDA allocator's
-replay), and :mod:`hector.compiler.schedule` orders steps by the same replay.
+reads, ``BackwardPart.forward_releases``); the forward's inputs and the backward's output
+gradients are held throughout.  A value costs ``rows x heads x features x itemsize`` (a
+sliced weight one slice per relation or node type); kernel scratch and allocator rounding
+are not counted.  So a plan's peak, and the values that make it, can be read on any machine
+for any graph size (``explain`` prints it; ``scripts/memory_peak.py`` sets it beside the
+CUDA allocator's replay), and :mod:`hector.compiler.schedule` orders steps by the same replay.
 """
 from __future__ import annotations
 
@@ -145,21 +145,22 @@ def simulate(entry, stats: Optional[GraphStats] = None,
             names[s.extra] = f"fwd[{i}] {s.name} (log-sum-exp)"
     held = {v: size(v) for v in fwd.leaves if v.op == Op.INPUT}
     names.update((v, f"input {v.attr('name')}") for v in held)
-    points = replay(fwd, entry.forward_releases, held, size, "forward")
     if entry.backward_plan is None:
-        return points, names
+        return replay(fwd, fwd.last_uses, held, size, "forward"), names
+    # A training step whose inputs all need gradients: the whole backward's part.
+    part = entry.backward_part()
+    points = replay(fwd, part.forward_releases, held, size, "forward")
     kept = {v: b for v, b in held.items() if v.op == Op.INPUT}
-    for saved, leaf in zip(entry.saved_values, entry.saved_leaves):
+    for saved, leaf in zip(part.saved_values, part.saved_leaves):
         # A saved input is the input's own tensor: counted once, as the input.
         kept[leaf] = 0 if saved.op == Op.INPUT else held.get(saved, size(saved))
         names[leaf] = "saved " + names.get(saved, f"{saved.op} {saved.kind}")
     for g in entry.grad_leaves:
         kept[g] = size(g)
         names[g] = "output gradient"
-    bwd = entry.backward_plan
+    bwd = part.plan
     names.update((s.output, f"bwd[{i}] {s.name}") for i, s in enumerate(bwd.steps))
     # The saved values only the backward holds (not inputs, not outputs) may be overwritten.
-    part = entry.backward_part()
     over = {part.saved_leaves[i] for i in part.overwritable
             if part.saved_values[i].op != Op.INPUT and part.saved_values[i] not in fwd.outputs}
     return points + replay(bwd, bwd.last_uses, kept, size, "backward", over), names

@@ -104,10 +104,6 @@ class BackwardStage:
     grad_leaves: Tuple[Value, ...]           # ``grad_output`` leaves, one per forward output
     grad_targets: Tuple[Value, ...]          # forward leaf whose gradient each output is
     log: Tuple[PassRecord, ...]
-    #: the forward plan's ``releases`` keeping ``saved_values`` (what the forward drops
-    #: when it records for this backward)
-    forward_releases: Tuple[Tuple[Value, ...], ...]
-
     #: :meth:`part` per gradient subset (a few: which of a layer's inputs need gradients)
     parts: Dict[Tuple[Value, ...], "BackwardPart"] = field(
         default_factory=dict, repr=False, compare=False)
@@ -144,6 +140,8 @@ class BackwardPart:
     targets: Tuple[Value, ...]               # forward leaf whose gradient each output is
     saved_values: Tuple[Value, ...]          # forward-plan values kept for this plan
     saved_leaves: Tuple[Value, ...]          # their ``saved`` leaves in it
+    #: the forward plan's ``releases`` keeping ``saved_values`` (what the forward drops
+    #: when it records for this part)
     forward_releases: Tuple[Tuple[Value, ...], ...]
 
     @functools.cached_property
@@ -185,8 +183,6 @@ class CompiledPlan:
     saved_leaves = property(lambda self: self.backward.saved_leaves if self.backward else ())
     grad_leaves = property(lambda self: self.backward.grad_leaves if self.backward else ())
     grad_targets = property(lambda self: self.backward.grad_targets if self.backward else ())
-    forward_releases = property(lambda self: self.backward.forward_releases if self.backward
-                                else self.forward_plan.last_uses)
 
     def backward_part(self, targets: Optional[Tuple[Value, ...]] = None) -> "BackwardPart":
         """The backward stage's part for the gradients of ``targets`` (None: all)."""
@@ -278,8 +274,7 @@ def _backward_stage(stage: ForwardStage, stats: GraphStats) -> BackwardStage:
     b_out = _run("backward/fuse", fusion.run, b_out, stats, opts["fuse"], log)
     plan = schedule.for_memory(lower(b_out, stage.dtype))
     return BackwardStage(_questions(log), plan, bwd.saved_values,
-                         bwd.saved_leaves, bwd.grad_leaves, bwd.targets, tuple(log),
-                         stage.forward_plan.releases(bwd.saved_values))
+                         bwd.saved_leaves, bwd.grad_leaves, bwd.targets, tuple(log))
 
 
 def _autodiff_input(stage: ForwardStage):
