@@ -12,6 +12,7 @@ import torch
 
 from . import floor, suites, targets
 from ..checks import check_device_option
+from ..nn._warm import warm_graphs
 from .paper import ATTENTION_PROFILES, ATTENTION_REAL, HETERO_PROFILES, SUITES, suite
 from .timing import CPU_MAX_S, MIN_RUNS, NOISE_IQR, ROUNDS, interleaved, timed
 
@@ -272,21 +273,22 @@ def captured(infer, step, module, xg):
     """(replay of ``infer``, replay of ``step``): each recorded once in a CUDA graph after a
     warm-up on a side stream (plans, autotuning, caches); gradients land in the training
     graph's memory and each replay overwrites them."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            infer()
-            step()
-    torch.cuda.current_stream().wait_stream(side)
     graphs = []
-    for fn in (infer, step):
-        module.zero_grad(set_to_none=True)
-        xg.grad = None
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        graphs.append(g)
+    with warm_graphs(False):     # (this graph records the layer's kernels themselves)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                infer()
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        for fn in (infer, step):
+            module.zero_grad(set_to_none=True)
+            xg.grad = None
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            graphs.append(g)
     return graphs[0].replay, graphs[1].replay
 
 

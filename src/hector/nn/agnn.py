@@ -11,6 +11,7 @@ from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
 from ._common import (as_one_graph, check_backend, check_input, check_strategy, load_from_pyg,
                       resolve_graph, take_rows)
+from ._warm import graphed
 
 
 class AGNNConv(nn.Module):
@@ -44,6 +45,7 @@ class AGNNConv(nn.Module):
         if self.requires_grad:
             self.beta.data.fill_(1)
 
+    @graphed
     def forward(self, x, edge_index):
         x, edge_index, _, rows, loops = as_one_graph(x, edge_index,
                                                      add_self_loops=self.add_self_loops)

@@ -12,6 +12,7 @@ from ..kernels.segment_mm.op import segment_mm
 from ._bias import linear_of
 from ._common import (as_one_graph, check_backend, check_input, check_strategy,
                       load_from_pyg, no_edge_features, resolve_graph, take_rows)
+from ._warm import graphed
 
 
 #: Several heads' scores come from the projection's epilogue only on graphs of at most this
@@ -93,6 +94,7 @@ class GATConv(nn.Module):
         concatenated: no broadcast pass over [N, H*C]); averaged heads add it after."""
         return self.bias is not None and self.concat
 
+    @graphed
     def forward(self, x, edge_index, edge_attr=None):
         no_edge_features(edge_attr, "GATConv")
         x, edge_index, _, rows, loops = as_one_graph(x, edge_index,

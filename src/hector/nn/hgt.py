@@ -13,6 +13,7 @@ from ..compiler.program import Program, node_type_bounds
 from ..graph import Graph
 from ..graph.cache import cached
 from ._common import check_input, load_from_pyg, stacked_rows
+from ._warm import graphed
 from .rgcn import compiler_options
 
 
@@ -194,6 +195,7 @@ class HGTConv(nn.Module):
         return tuple((t, ptr[i], ends[i]) for i, t in enumerate(self.node_types)
                      if t in self.dst_node_types)
 
+    @graphed
     def forward(self, x_dict: Dict[str, torch.Tensor], edge_index_dict) -> Dict[str, torch.Tensor]:
         if not isinstance(x_dict, dict):
             raise TypeError(f"x_dict must be a dict {{node type: features}}, got "

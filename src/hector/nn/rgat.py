@@ -11,6 +11,7 @@ from .. import checks as C
 from ..compiler import models
 from ..compiler.program import Program
 from ._common import as_one_graph, check_input, load_from_pyg, take_rows
+from ._warm import graphed
 from .rgcn import compiler_options, glorot_, relational_graph, unsupported
 
 
@@ -103,6 +104,7 @@ class RGATConv(nn.Module):
             out["bias"] = self.bias
         return out
 
+    @graphed
     def forward(self, x: torch.Tensor, edge_index, edge_type: Optional[torch.Tensor] = None,
                 edge_attr=None, size=None, return_attention_weights=None):
         if edge_attr is not None or size is not None or return_attention_weights is not None:

@@ -12,6 +12,7 @@ from ..compiler import models
 from ..compiler.program import Program
 from ..graph import Graph, graph_of
 from ._common import as_one_graph, check_input, load_from_pyg, take_rows
+from ._warm import graphed
 
 
 def glorot_(p: Optional[torch.Tensor]) -> None:
@@ -117,6 +118,7 @@ class RGCNConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    @graphed
     def forward(self, x: torch.Tensor, edge_index, edge_type: Optional[torch.Tensor] = None):
         x, edge_index, edge_type, rows, _ = as_one_graph(x, edge_index, edge_type,
                                                          num_relations=self.num_relations)

@@ -15,6 +15,7 @@ from ._common import (as_one_graph, check_backend, check_input, check_strategy,
                       load_from_pyg, no_edge_features, resolve_graph, take_rows)
 from ._reorder import (has_edges, messages, messages_added, query_key,
                        transformer_reorder)
+from ._warm import graphed
 
 
 class TransformerConv(nn.Module):
@@ -73,6 +74,7 @@ class TransformerConv(nn.Module):
             if lin is not None:
                 lin.reset_parameters()
 
+    @graphed
     def forward(self, x, edge_index, edge_attr=None):
         no_edge_features(edge_attr, "TransformerConv")
         x, edge_index, _, rows, _ = as_one_graph(x, edge_index)

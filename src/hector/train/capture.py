@@ -26,6 +26,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..nn._warm import warm_graphs
+
 WARMUP_STEPS = 3
 
 
@@ -82,15 +84,17 @@ def capture_graph(fn: Callable[[], object], warmup: int = WARMUP_STEPS,
     is that call's result, living in the graph's memory and overwritten by each replay."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    if reset is not None:
-        reset()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    # (the layers' own warm-call graphs are not made: this graph records their kernels)
+    with warm_graphs(False):
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        if reset is not None:
+            reset()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
     return graph, out
 
 

@@ -1,0 +1,401 @@
+"""Warm layer calls replayed as CUDA graphs.
+
+A hector layer called eagerly on CUDA spends most of a small graph's step on the host: every
+call re-enters Python for its checks, plans, dispatch and each kernel's launch set-up, for a
+fraction of a millisecond of GPU work.  Yet an eager training loop calls a layer on the same
+graph with inputs of the same shapes step after step.  Such a call is decided once: after
+:data:`CALLS_BEFORE_CAPTURE` identical eager calls, the layer's forward (and, when it records
+gradients, its backward) is captured in CUDA graphs, and every later call with the same
+signature copies its inputs into the graph's input buffers and replays it: a handful of host
+calls per direction, whatever the number of kernels.
+
+A call's *signature* is what the captured launches depend on: the layer's parameters (same
+tensors, same storage), its training flag, whether grad is enabled, and per argument: a float
+tensor's dtype, shape, strides and ``requires_grad`` (its values are copied in on every
+call), an integer tensor's identity and version (edge indices: the graph built from them is
+captured by address, so another edge_index is another signature), a ``hector.Graph``'s
+identity, any other value itself.
+
+What a replay guarantees, so that it is the same function as the eager call:
+
+* outputs and gradients are fresh tensors (copied out of the graph's memory), safe to keep;
+* a second forward replay of one signature while the first one's backward is still pending
+  (gradient accumulation over two forwards, a layer applied twice) runs eagerly instead, so
+  the pending backward still reads its own forward's values;
+* a backward runs once per forward, as eager hector's does (``retain_graph`` needs
+  ``hector.retain_saved()``, which turns replays off);
+* dropout draws a fresh mask on every replay (torch's CUDA generator is graph-safe);
+* a failed capture is reported once (a warning) and that signature runs eagerly from then on.
+
+Replays are off where they cannot or need not apply: on the CPU, while ``torch.compile``
+traces, inside a caller's own CUDA-graph capture (the caller captures hector's kernels
+directly), under a dispatch mode or functorch transform, in debug mode (``HECTOR_DEBUG=1``,
+whose checks read the device), inside :func:`warm_graphs(False) <warm_graphs>`, on graphs of
+more than :data:`MAX_EDGES` edges (their steps are GPU-bound already, and a captured step
+keeps its intermediates), and with ``HECTOR_WARM_GRAPHS=0``.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+import warnings
+import weakref
+from collections import OrderedDict
+from typing import Callable, Optional
+
+import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.nn.modules import module as _module
+
+from .. import checks as C
+from ..compiler.execute import _RETAIN
+from ..graph import Graph
+from ..kernels.eager import _PLAIN, _untraced
+
+#: Identical eager calls before a signature is captured (the first call plans and compiles;
+#: the second shows the loop repeats).
+CALLS_BEFORE_CAPTURE = 2
+#: Larger graphs run eagerly: their steps are GPU-bound, and a captured step holds its
+#: intermediates in the graph's memory for as long as the layer lives.
+MAX_EDGES = int(os.environ.get("HECTOR_WARM_GRAPH_MAX_EDGES", 1 << 21))
+#: Signatures remembered per layer (a mini-batch loop makes a new graph per batch: those
+#: counts are dropped oldest first, and a captured signature beyond this many is freed).
+MAX_SIGNATURES = 8
+
+_local = threading.local()
+_epoch = [0]      # bumped whenever any module registers a parameter, buffer or submodule
+
+
+def _bump(*_args):
+    _epoch[0] += 1
+
+
+for _register in (_module.register_module_parameter_registration_hook,
+                  _module.register_module_buffer_registration_hook,
+                  _module.register_module_module_registration_hook):
+    _register(_bump)
+
+
+@contextlib.contextmanager
+def warm_graphs(enabled: bool):
+    """Turn replays of warm layer calls on or off inside the block (this thread)."""
+    before = getattr(_local, "enabled", True)
+    _local.enabled = bool(enabled)
+    try:
+        yield
+    finally:
+        _local.enabled = before
+
+
+def enabled() -> bool:
+    return (getattr(_local, "enabled", True)
+            and os.environ.get("HECTOR_WARM_GRAPHS", "1") not in ("", "0"))
+
+
+def graphed(forward: Callable) -> Callable:
+    """Decorate a layer's ``forward``: warm calls replay CUDA graphs (module docstring)."""
+    @functools.wraps(forward)
+    def wrapper(module, *args, **kwargs):
+        return warm_call(module, forward, args, kwargs)
+    return wrapper
+
+
+# -- signatures ---------------------------------------------------------------------------
+class _Unfit(Exception):
+    """An argument no replay can stand for (a CPU tensor, an unknown object)."""
+
+
+def _flatten(obj, leaves: list, refs: list, edges: list):
+    """The signature of ``obj`` (a hashable tuple) while appending its float tensors to
+    ``leaves``, and the objects it names by identity to ``refs`` (checked on a hit)."""
+    if isinstance(obj, torch.Tensor):
+        if type(obj) not in _PLAIN or obj.device.type != "cuda":
+            raise _Unfit
+        if obj.is_floating_point():
+            leaves.append(obj)
+            return ("t", obj.dtype, obj.shape, obj.stride(), obj.requires_grad)
+        refs.append(obj)
+        edges.append(obj.numel() // 2)
+        return ("i", id(obj), obj._version)
+    if isinstance(obj, Graph):
+        if obj.device.type != "cuda":
+            raise _Unfit
+        refs.append(obj)
+        edges.append(obj.num_edges)
+        return ("g", id(obj))
+    if isinstance(obj, (tuple, list)):
+        return (type(obj), tuple(_flatten(o, leaves, refs, edges) for o in obj))
+    if isinstance(obj, dict):
+        return (dict, tuple((k, _flatten(v, leaves, refs, edges)) for k, v in obj.items()))
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise _Unfit
+
+
+def _rebuild(obj, it):
+    """``obj`` with its float tensors replaced, in ``_flatten``'s order, by ``next(it)``."""
+    if isinstance(obj, torch.Tensor):
+        return next(it) if obj.is_floating_point() else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_rebuild(o, it) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _rebuild(v, it) for k, v in obj.items()}
+    return obj
+
+
+def _outputs(out):
+    """(tensors, rebuild) of a layer's output: a tensor, or a dict / tuple of tensors."""
+    if isinstance(out, torch.Tensor):
+        return [out], lambda ts: ts[0]
+    if isinstance(out, dict) and all(isinstance(v, torch.Tensor) for v in out.values()):
+        keys = list(out)
+        return list(out.values()), lambda ts: dict(zip(keys, ts))
+    if isinstance(out, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in out):
+        kind = type(out)
+        return list(out), lambda ts: kind(ts)
+    raise _Unfit
+
+
+# -- one captured signature -----------------------------------------------------------------
+class _Captured:
+    """A layer call captured for one signature: the forward graph, and with gradients the
+    backward graph, sharing one memory pool."""
+
+    def __init__(self, module, forward, args, kwargs, leaves, refs, params):
+        self.refs = [weakref.ref(r) for r in refs]
+        self.params = params
+        self.ptrs = [p.data_ptr() for p in params]
+        self.grad = torch.is_grad_enabled()
+        self.inputs = [t.detach().clone() for t in leaves]
+        for s, t in zip(self.inputs, leaves):
+            s.requires_grad_(t.requires_grad)
+        self.wants = [s for s in self.inputs if s.requires_grad] + [
+            p for p in params if p.requires_grad] if self.grad else []
+        self.n_inputs = sum(s.requires_grad for s in self.inputs)
+        args, kwargs = _rebuild((args, kwargs), iter(self.inputs))
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):     # (per-stream lazy state: library handles)
+            self._backward(forward(module, *args, **kwargs))
+        torch.cuda.current_stream().wait_stream(side)
+        self.fwd = torch.cuda.CUDAGraph()
+        # (thread_local: another thread's work, a loader's prefetch, is not the capture's)
+        with torch.cuda.graph(self.fwd, pool=pool, capture_error_mode="thread_local"):
+            out = forward(module, *args, **kwargs)
+        self.outs, self.rebuild = _outputs(out)
+        self.bwd = None
+        self.pending: Optional[weakref.ref] = None
+        if self.wants:
+            self.is_diff = [o.requires_grad for o in self.outs]
+            self.diff = [o for o in self.outs if o.requires_grad]
+            self.gouts = [torch.empty_like(o) for o in self.diff]
+            self.bwd = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.bwd, pool=pool, capture_error_mode="thread_local"):
+                self.grads = list(torch.autograd.grad(self.diff, self.wants, self.gouts,
+                                                      allow_unused=True))
+                self._flat_params()
+
+    def _flat_params(self):
+        """The parameters' gradients also written into one buffer by the backward graph
+        (one dtype only), so a replay hands out fresh gradients with one copy, as views of
+        it, instead of one copy launch per parameter (HGT has one per relation)."""
+        self.flat_at = [i for i, g in enumerate(self.grads)
+                        if i >= self.n_inputs and g is not None]
+        self.flat = None
+        if len({self.grads[i].dtype for i in self.flat_at}) == 1:
+            self.flat_like = [self.grads[i] for i in self.flat_at]
+            self.flat = _flatten_dense_tensors(self.flat_like)
+
+    def fresh_grads(self) -> list:
+        """The last backward replay's gradients in new memory (the graph's own is
+        overwritten by the next replay)."""
+        out = [g.clone() if g is not None and (i < self.n_inputs or self.flat is None) else g
+               for i, g in enumerate(self.grads)]
+        if self.flat is not None:
+            for i, g in zip(self.flat_at,
+                            _unflatten_dense_tensors(self.flat.clone(), self.flat_like)):
+                out[i] = g
+        return out
+
+    def _backward(self, out):
+        if not self.wants:
+            return
+        outs, _ = _outputs(out)
+        diff = [o for o in outs if o.requires_grad]
+        torch.autograd.grad(diff, self.wants, [torch.ones_like(o) for o in diff],
+                            allow_unused=True)
+
+    def valid(self, refs) -> bool:
+        """The objects named by identity are still those, the parameters where they were."""
+        return (all(r() is o for r, o in zip(self.refs, refs))
+                and all(p.data_ptr() == q for p, q in zip(self.params, self.ptrs)))
+
+    def busy(self) -> bool:
+        """A forward replay's backward is still pending (its values are in the pool)."""
+        return self.pending is not None and self.pending() is not None
+
+    def run(self, leaves):
+        for s, t in zip(self.inputs, leaves):
+            s.copy_(t)
+        if self.bwd is None:
+            self.fwd.replay()
+            return self.rebuild([o.clone() for o in self.outs])
+        wanted = [t for t in leaves if t.requires_grad] + [p for p in self.params
+                                                           if p.requires_grad]
+        outs = _Replay.apply(self, *wanted)
+        return self.rebuild(list(outs))
+
+
+class _Token:
+    """Lives on one replay's autograd node: while it does, that replay's backward may run."""
+
+
+class _Replay(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, cap: _Captured, *wanted):
+        cap.fwd.replay()
+        ctx.cap, ctx.token = cap, _Token()
+        cap.pending = weakref.ref(ctx.token)
+        outs = tuple(o.clone() for o in cap.outs)
+        ctx.mark_non_differentiable(*[o for o, d in zip(outs, cap.is_diff) if not d])
+        return outs
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *gouts):
+        cap = ctx.cap
+        if ctx.token is None or cap.pending is None or cap.pending() is not ctx.token:
+            raise RuntimeError(
+                "a hector layer's backward ran twice through one forward (its replayed "
+                "forward's values were used by the first backward): run the forward inside "
+                "`with hector.retain_saved():` to back-propagate more than once")
+        for s, g in zip(cap.gouts, (g for g, d in zip(gouts, cap.is_diff) if d)):
+            s.copy_(g) if g is not None else s.zero_()
+        cap.bwd.replay()
+        cap.pending, ctx.token = None, None
+        return (None, *cap.fresh_grads())
+
+
+# -- the per-layer table ------------------------------------------------------------------
+class _Table:
+    """A layer's signatures: eager-call counts, captures, and those that failed."""
+
+    def __init__(self):
+        self.seen: "OrderedDict" = OrderedDict()
+        self.epoch = _epoch[0]
+        self.params: Optional[list] = None
+        self.stats = dict(eager=0, captured=0, replayed=0, failed=0)
+
+
+FAILED = object()
+
+
+def _table(module) -> _Table:
+    """The layer's table; started over when its parameters are other tensors than those its
+    captures read (looked at only after some module registered a parameter, buffer or
+    submodule: ``_epoch``)."""
+    table = module.__dict__.get("_hector_warm")
+    if table is None:
+        table = module.__dict__["_hector_warm"] = _Table()
+        table.params = list(module.parameters())
+    elif table.epoch != _epoch[0]:
+        params = list(module.parameters())
+        if len(params) != len(table.params) or any(
+                p is not q for p, q in zip(params, table.params)):
+            stats = table.stats
+            table = module.__dict__["_hector_warm"] = _Table()
+            table.params, table.stats = params, stats
+        table.epoch = _epoch[0]
+    return table
+
+
+def _settings(module) -> tuple:
+    """The layer's plain attributes (hyper-parameters such as ``dropout``, the training
+    flag): a capture is only valid for the values it was made with."""
+    return tuple((k, v) for k, v in module.__dict__.items()
+                 if v is None or isinstance(v, (bool, int, float, str)))
+
+
+def _precision() -> tuple:
+    """What decides how torch's own ops in a layer compute (a capture keeps its choice)."""
+    return (torch.backends.cuda.matmul.allow_tf32, torch.is_autocast_enabled("cuda"),
+            torch.get_autocast_dtype("cuda"))
+
+
+def _eligible() -> bool:
+    return (not torch.compiler.is_compiling() and enabled() and torch.cuda.is_available()
+            and not torch.cuda.is_current_stream_capturing() and _untraced()
+            and not C.debug_enabled() and not _retained())
+
+
+def _retained() -> bool:
+    return getattr(_RETAIN, "on", False)
+
+
+def warm_call(module, forward: Callable, args: tuple, kwargs: dict):
+    """``forward(module, *args, **kwargs)``, replayed from CUDA graphs once warm."""
+    if not _eligible():
+        return forward(module, *args, **kwargs)
+    leaves, refs, edges = [], [], []
+    try:
+        sig = _flatten((args, kwargs), leaves, refs, edges)
+    except _Unfit:
+        return forward(module, *args, **kwargs)
+    if sum(edges) > MAX_EDGES:
+        return forward(module, *args, **kwargs)
+    table = _table(module)
+    if len({t.untyped_storage().data_ptr() for t in leaves}) != len(leaves):
+        return forward(module, *args, **kwargs)   # (aliased inputs: copies would not be)
+    key = (sig, _settings(module), torch.is_grad_enabled(), _precision(),
+           tuple(p.requires_grad for p in table.params))
+    entry = table.seen.get(key)
+    if isinstance(entry, _Captured):
+        if entry.valid(refs):
+            if not entry.busy():
+                table.stats["replayed"] += 1
+                return entry.run(leaves)
+            table.stats["eager"] += 1
+            return forward(module, *args, **kwargs)
+        entry = None       # another object at a freed one's address, or moved parameters
+    if entry is FAILED:
+        table.stats["eager"] += 1
+        return forward(module, *args, **kwargs)
+    count = (entry or 0) + 1
+    if count <= CALLS_BEFORE_CAPTURE:
+        _remember(table, key, count)
+        table.stats["eager"] += 1
+        return forward(module, *args, **kwargs)
+    try:
+        cap = _Captured(module, forward, args, kwargs, leaves, refs, table.params)
+    except _Unfit:
+        _remember(table, key, FAILED)
+        return forward(module, *args, **kwargs)
+    except RuntimeError as exc:     # (a launch the capture refused: run this one eagerly)
+        torch.cuda.synchronize()
+        warnings.warn(f"hector: {type(module).__name__}'s warm calls could not be captured "
+                      f"in a CUDA graph and run eagerly ({str(exc)[:200]})", RuntimeWarning)
+        _remember(table, key, FAILED)
+        table.stats["failed"] += 1
+        return forward(module, *args, **kwargs)
+    _remember(table, key, cap)
+    table.stats["captured"] += 1
+    table.stats["replayed"] += 1
+    return cap.run(leaves)
+
+
+def _remember(table: _Table, key, value) -> None:
+    table.seen[key] = value
+    table.seen.move_to_end(key)
+    while len(table.seen) > MAX_SIGNATURES:
+        table.seen.popitem(last=False)
+
+
+def warm_stats(module) -> dict:
+    """Counts of a layer's calls since its parameters last changed: ``eager``, ``captured``,
+    ``replayed``, ``failed`` (tests and ``hector bench``)."""
+    table = module.__dict__.get("_hector_warm")
+    return dict(table.stats) if table is not None else dict(eager=0, captured=0, replayed=0,
+                                                            failed=0)

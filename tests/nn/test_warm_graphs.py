@@ -1,0 +1,203 @@
+"""Warm eager layer calls replayed from CUDA graphs (``hector.nn._warm``).
+
+On the CPU: the signature rules (which arguments a replay can stand for) and that nothing is
+captured there.  On CUDA (skipped without): every layer's warm calls replay, with outputs and
+every gradient equal to eager calls; a pending backward is never overwritten; a second
+backward through one forward raises; new parameters, graphs and settings are new signatures;
+an optimizer's in-place updates are read by the replays; and a caller's own capture and
+torch.compile after warm use still work."""
+import pytest
+import torch
+
+import hector
+from hector.nn import _warm
+from hector.nn._warm import warm_graphs, warm_stats
+from test_compile import LAYERS, assert_same, make_case
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+# -- CPU: signatures --------------------------------------------------------------------
+def test_cpu_calls_are_never_captured():
+    layer, args = make_case("gat")
+    for _ in range(_warm.CALLS_BEFORE_CAPTURE + 2):
+        layer(*args)
+    assert warm_stats(layer)["captured"] == 0
+    assert warm_stats(layer)["replayed"] == 0
+
+
+def test_a_cpu_tensor_or_an_unknown_object_is_no_signature():
+    with pytest.raises(_warm._Unfit):
+        _warm._flatten((torch.zeros(2),), [], [], [])
+    with pytest.raises(_warm._Unfit):
+        _warm._flatten((object(),), [], [], [])
+    # plain values are part of the signature as they are
+    assert _warm._flatten((1, "a", None, 2.5), [], [], []) == (tuple, (1, "a", None, 2.5))
+
+
+def test_warm_graphs_switch_nests_and_restores():
+    assert _warm.enabled()
+    with warm_graphs(False):
+        assert not _warm.enabled()
+        with warm_graphs(True):
+            assert _warm.enabled()
+        assert not _warm.enabled()
+    assert _warm.enabled()
+
+
+def test_settings_are_the_plain_attributes():
+    layer, _ = make_case("gat")
+    before = _warm._settings(layer)
+    layer.negative_slope = 0.3
+    assert _warm._settings(layer) != before
+    assert ("training", True) in before
+
+
+# -- CUDA: replays ----------------------------------------------------------------------
+def _case(name):
+    layer, args = make_case(name, backend="triton")
+    return layer.train(), args
+
+
+def _features(args):
+    return args[0] if isinstance(args[0], dict) else {"x": args[0]}
+
+
+def _call(layer, args, feats):
+    call = (feats if isinstance(args[0], dict) else feats["x"],) + tuple(args[1:])
+    return layer(*call)
+
+
+def _step(layer, args, seed=0):
+    """(output, gradients by name) of one forward and weighted-sum backward on fresh
+    feature tensors (``seed``), the layer's gradients cleared first."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    feats = {k: torch.randn(v.shape, generator=gen, device="cuda").requires_grad_()
+             for k, v in _features(args).items()}
+    layer.zero_grad(set_to_none=True)
+    out = _call(layer, args, feats)
+    flat = torch.cat([o.flatten() for o in out.values()]) if isinstance(out, dict) \
+        else out.flatten()
+    (flat * torch.linspace(-1, 1, flat.numel(), device="cuda")).sum().backward()
+    grads = {f"feature {k}": v.grad for k, v in feats.items()}
+    grads.update({n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None})
+    return flat.detach(), grads
+
+
+@cuda
+@pytest.mark.parametrize("name", LAYERS)
+def test_warm_training_steps_replay_and_equal_eager(name):
+    layer, args = _case(name)
+    with warm_graphs(False):
+        want = [_step(layer, args, seed) for seed in range(4)]
+    got = [_step(layer, args, seed) for seed in range(4)]
+    stats = warm_stats(layer)
+    assert stats["captured"] == 1 and stats["replayed"] == 4 - _warm.CALLS_BEFORE_CAPTURE
+    assert stats["failed"] == 0
+    for g, w in zip(got, want):
+        assert_same(g, w)
+
+
+@cuda
+@pytest.mark.parametrize("name", LAYERS)
+def test_warm_inference_replays_and_equals_eager(name):
+    layer, args = _case(name)
+    layer.eval()
+    with torch.no_grad():
+        with warm_graphs(False):
+            want = _call(layer, args, _features(args))
+        outs = [_call(layer, args, _features(args)) for _ in range(4)]
+    assert warm_stats(layer)["replayed"] == 4 - _warm.CALLS_BEFORE_CAPTURE
+    for out in outs:
+        assert_same(out, want)
+    assert outs[-1] is not outs[-2]          # fresh tensors, not the graph's own memory
+    if isinstance(outs[-1], torch.Tensor):
+        assert outs[-1].data_ptr() != outs[-2].data_ptr()
+
+
+@cuda
+def test_a_second_forward_before_the_backward_runs_eagerly():
+    layer, args = _case("gat")
+    for seed in range(3):
+        _step(layer, args, seed)                     # captured by now
+    feats = [{k: torch.randn_like(v).requires_grad_() for k, v in _features(args).items()}
+             for _ in range(2)]
+    with warm_graphs(False):
+        want = [torch.autograd.grad(_call(layer, args, f).square().sum(), f["x"])[0]
+                for f in feats]
+    before = warm_stats(layer)
+    outs = [_call(layer, args, f) for f in feats]    # the second may not overwrite the first
+    after = warm_stats(layer)
+    assert after["replayed"] == before["replayed"] + 1 and after["eager"] == before["eager"] + 1
+    got = [torch.autograd.grad(o.square().sum(), f["x"])[0] for o, f in zip(outs, feats)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+@cuda
+def test_a_second_backward_through_one_replay_raises():
+    layer, args = _case("gat")
+    for seed in range(3):
+        _step(layer, args, seed)
+    x = torch.randn_like(args[0]).requires_grad_()
+    out = layer(x, args[1]).sum()
+    out.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        out.backward()
+
+
+@cuda
+def test_optimizer_updates_are_read_and_new_parameters_recapture():
+    layer, args = _case("rgat")
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    for seed in range(4):                            # in-place updates between replays
+        _step(layer, args, seed)
+        opt.step()
+    with warm_graphs(False):
+        want = _step(layer, args, 9)
+    assert_same(_step(layer, args, 9), want)
+    assert warm_stats(layer)["captured"] == 1
+    name, p = next(iter(layer.named_parameters()))
+    *path, attr = name.split(".")
+    owner = layer
+    for part in path:
+        owner = getattr(owner, part)
+    setattr(owner, attr, torch.nn.Parameter(torch.randn_like(p)))   # another tensor
+    with warm_graphs(False):
+        want = _step(layer, args, 3)
+    for _ in range(3):
+        got = _step(layer, args, 3)
+    assert_same(got, want)
+    assert warm_stats(layer)["captured"] == 2
+
+
+@cuda
+def test_another_graph_or_setting_is_another_signature():
+    layer, args = _case("gat")
+    for seed in range(3):
+        _step(layer, args, seed)
+    other = hector.Graph(args[1].input_edge_index().flip(0), num_nodes=args[1].num_nodes)
+    with warm_graphs(False):
+        want = _step(layer, (args[0], other), 1)
+    assert_same(_step(layer, (args[0], other), 1), want)
+    layer.negative_slope = 0.5
+    with warm_graphs(False):
+        want = _step(layer, args, 2)
+    assert_same(_step(layer, args, 2), want)
+
+
+@cuda
+@pytest.mark.parametrize("name", LAYERS)
+def test_a_callers_capture_after_warm_use_matches_eager(name):
+    from test_cuda_graphs import captured_step
+    layer, args = _case(name)
+    for seed in range(4):
+        _step(layer, args, seed)                     # warm calls replayed
+    layer.zero_grad(set_to_none=True)
+    graph, flat, static = captured_step(layer, args)
+    with warm_graphs(False):
+        out = _call(layer, args, static)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(flat, torch.cat([o.flatten() for o in out.values()])
+                               if isinstance(out, dict) else out.flatten())
