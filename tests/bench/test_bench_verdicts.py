@@ -147,3 +147,29 @@ def test_plot_names_synthetic_graphs_and_labels_values(tmp_path):
     drawn = report.write_plot(res, tmp_path / "p.png")
     assert drawn == ["2.50x", "1.25x"]
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("device, judged", [("cuda:0", True), ("cpu", False), (None, True)])
+def test_gpu_targets_are_not_judged_on_a_cpu_run(device, judged):
+    """The targets are set for one H200: a CPU run (torch backend) gets no met / MISSED on
+    them, but a hector failure is still judged.  Hand-built rows (no device) are judged."""
+    rows = case_rows()
+    rows[1].update(inference_ms=1000.0, training_ms=1000.0, error="boom")   # slower, failed
+    res = {"rows": rows} if device is None else {"rows": rows, "meta": {"device": device}}
+    got = {t["target"]: targets.verdict(t) for t in targets.evaluate(res)}
+    speed = {v for k, v in got.items() if "speedup" in k}
+    assert speed == ({"MISSED"} if judged else {"not judged on CPU"})
+    assert got["attention: no hector OOM"] == "MISSED"
+    text = targets.table(targets.evaluate(res))
+    assert ("not judged on CPU" in text) != judged
+    # the verdict column stays aligned whatever its longest entry
+    assert len({line.index("attention") for line in text.splitlines()}) == 1
+
+
+def test_cpu_bench_prints_no_verdict_on_gpu_targets(capsys):
+    assert main(bench_args()) == 0
+    out = capsys.readouterr().out
+    listed = out[out.index("targets ("):].splitlines()[1:]
+    speedups = [line for line in listed if "speedup" in line]
+    assert speedups and all(line.startswith("not judged on CPU") for line in speedups), out
+    assert "MISSED" not in out and "on the CPU only 'no hector OOM' is judged" in out

@@ -72,7 +72,8 @@ def table(result: dict) -> str:
         out.append(f"note: {n}")
     if result.get("targets"):
         where = ("" if str(meta.get("device", "")).startswith("cuda")
-                 else "; they are set for one H200, so on the CPU they only inform")
+                 else "; they are set for one H200, so on the CPU only 'no hector OOM' "
+                      "is judged")
         out += ["", "targets (hector at its best, eager or captured, against the best PyG peer "
                     f"of each case{where}):",
                 targets.table(result["targets"])]

@@ -9,6 +9,10 @@ Cases where no PyG peer ran (OOM) leave the speedup geomean (there is nothing to
 count for "no OOM".  A target computed from a timing flagged noisy (see ``timing``) gets no
 verdict: ``met`` is None and ``noisy`` True; one with nothing to compute from (PyG not run)
 has ``met`` None too.
+The targets are set for one H200: a run on another device (``meta['device']`` not CUDA) gets
+no verdict on them (``met`` None, ``not_judged`` naming the device) -- on the CPU hector runs
+its torch backend, which the speedup, memory and floor targets were never set for.  Only
+"no hector OOM" is judged anywhere: a hector layer that fails is a failure on any device.
 """
 from __future__ import annotations
 
@@ -51,7 +55,9 @@ def noisy(row: Optional[dict], stage: str) -> bool:
 
 
 def verdict(t: dict) -> str:
-    """met / MISSED, or why there is none (noisy timings, nothing measured)."""
+    """met / MISSED, or why there is none (not a GPU run, noisy timings, nothing measured)."""
+    if t.get("not_judged"):
+        return f"not judged on {t['not_judged']}"
     if t.get("noisy"):
         return "noisy"
     return "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED")
@@ -113,7 +119,7 @@ def evaluate(result: dict) -> List[dict]:
                                    + (f"; noisy timings: {', '.join(shaky)}" if shaky else "")))
         ooms = [c["case"] for c in fam_cases if "oom" in c["hector"] or "error" in c["hector"]]
         out.append(dict(target=f"{fam}: no hector OOM", value=len(ooms), op="=",
-                        required=0,
+                        required=0, any_device=True,
                         met=not ooms, detail=", ".join(ooms) or f"{len(fam_cases)} cases"))
     out += _against_unoptimised(result["rows"])
     mem = [(c["case"], c["hector"]["peak_MiB"] / c["pyg_peak"]) for c in entries
@@ -135,7 +141,22 @@ def evaluate(result: dict) -> List[dict]:
                         met=None if shaky else worst[1] >= FLOOR_FRACTION,
                         detail=f"worst {worst[0]}; " + ", ".join(
                             f"{k} {v:.0%}" for k, v in floors)))
+    off_gpu = _off_gpu(result)
+    if off_gpu:
+        for t in out:
+            if not t.get("any_device"):
+                t.update(met=None, not_judged=off_gpu)
     return out
+
+
+def _off_gpu(result: dict) -> Optional[str]:
+    """The device a run not on CUDA ran on ("CPU"), else None.  A result without a device
+    (hand-built rows) is judged."""
+    device = str(result.get("meta", {}).get("device", "cuda"))
+    if device.startswith("cuda"):
+        return None
+    kind = device.split(":")[0]
+    return "CPU" if kind == "cpu" else kind
 
 
 def _against_unoptimised(rows: List[dict]) -> List[dict]:
@@ -169,9 +190,10 @@ def _against_unoptimised(rows: List[dict]) -> List[dict]:
 
 def table(targets: List[dict]) -> str:
     lines = []
+    width = max([6] + [len(verdict(t)) for t in targets])
     for t in targets:
         v = t["value"]
         val = "-" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
-        lines.append(f"{verdict(t):<6}  {t['target']}: {val} "
+        lines.append(f"{verdict(t):<{width}}  {t['target']}: {val} "
                      f"(required {t['op']} {t['required']}) - {t['detail']}")
     return "\n".join(lines)
