@@ -204,6 +204,13 @@ def _operand(t: torch.Tensor, v: Value, rows_kind: str, ix: GraphIndex) -> torch
     return per_slice if idx is None else take_rows(per_slice, idx)
 
 
+def _acc(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in its accumulation precision: fp32 at least (half-precision inputs accumulate
+    in fp32, as the kernels do), float64 kept (``.float()`` would round a float64 layer's
+    softmax and gradients to fp32)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def edge_softmax(s: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
     """Softmax of ``s [E, H, 1]`` over each destination's incoming edges (row max subtracted)."""
     return edge_softmax_torch(dst, num_nodes, s)
@@ -377,12 +384,13 @@ def slice_sums(dy: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
     if n > ONE_HOT_SLICES:
         return dy.new_zeros((n,) + tuple(dy.shape[1:])).index_add(0, idx, dy)
     flat = dy.flatten(1)            # (not reshape(rows, -1): ambiguous with no rows)
-    out = torch.zeros(n, flat.shape[1], dtype=torch.float32, device=dy.device)
+    work = torch.promote_types(dy.dtype, torch.float32)      # (float64 stays float64)
+    out = torch.zeros(n, flat.shape[1], dtype=work, device=dy.device)
     ids = torch.arange(n, device=dy.device)
     step = max(1, _ONE_HOT_ELEMENTS // max(n, 1))
     for lo in range(0, flat.shape[0], step):
-        hot = (idx[lo:lo + step, None] == ids).to(torch.float32)
-        out += hot.t() @ flat[lo:lo + step].float()
+        hot = (idx[lo:lo + step, None] == ids).to(work)
+        out += hot.t() @ flat[lo:lo + step].to(work)
     return out.to(dy.dtype).reshape((n,) + tuple(dy.shape[1:]))
 
 
@@ -439,9 +447,9 @@ def attention_score(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Te
 
 
 def _lse(t: torch.Tensor, dst: torch.Tensor, n: int) -> torch.Tensor:
-    """``[n, H]`` fp32 log-sum-exp of the scores ``t [E, H, 1]`` over each destination's
-    edges (0 for a node without incoming edges), as the attention kernels keep it."""
-    t = t[..., 0].float()
+    """``[n, H]`` log-sum-exp of the scores ``t [E, H, 1]`` over each destination's edges (0
+    for a node without incoming edges), in fp32 at least, as the attention kernels keep it."""
+    t = _acc(t[..., 0])
     idx = dst[:, None].expand_as(t)
     top = t.new_full((n, t.shape[1]), float("-inf")).scatter_reduce(0, idx, t.detach(), "amax")
     top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
@@ -457,7 +465,7 @@ def attention_torch_lse(v: Value, a: List[torch.Tensor], ix: GraphIndex):
     score = _activated(v, attention_score(v, a, ix))
     dst = ix.move(NODE, EDGE, "dst")
     lse = _lse(score, dst, ix.rows[NODE])
-    alpha = torch.exp(score.float() - lse[dst][..., None]).to(score.dtype)
+    alpha = torch.exp(_acc(score) - lse[dst][..., None]).to(score.dtype)
     roles = attention_roles(v, tuple(zip(v.args, a)))
     value, t = roles["v"]
     msg = alpha * edge_side(t, value, "src", ix)
@@ -486,13 +494,13 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
     roles = attention_roles(att, tuple(zip(att.args, role_t)))
     s = attention_score(att, role_t, ix)
     dst = ix.move(NODE, EDGE, "dst")
-    alpha = torch.exp(_activated(att, s).float() - lse[dst][..., None])
-    g_e = grad.index_select(0, dst).float()
+    alpha = torch.exp(_acc(_activated(att, s)) - lse[dst][..., None])
+    g_e = _acc(grad.index_select(0, dst))
     value, vt = roles["v"]
-    d_alpha = (g_e * edge_side(vt, value, "src", ix).float()).sum(-1, keepdim=True)
+    d_alpha = (g_e * _acc(edge_side(vt, value, "src", ix))).sum(-1, keepdim=True)
     if "bias" in roles:         # ``out`` includes the epilogue bias; delta is <g, attention>
         out = out - roles["bias"][1].reshape(out.shape[1:]).to(out.dtype)
-    delta = (grad.float() * out.float()).sum(-1, keepdim=True).index_select(0, dst)
+    delta = (_acc(grad) * _acc(out)).sum(-1, keepdim=True).index_select(0, dst)
     ds = alpha * (d_alpha - delta)
     slope = att.attr("slope")
     if slope is not None:
@@ -500,10 +508,10 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
     scale = att.attr("scale")
     per_edge = {"v": (alpha * g_e, "src"), "a_src": (ds, "src"), "a_dst": (ds, "dst")}
     if "q" in roles:
-        q_e = edge_side(roles["q"][1], roles["q"][0], "dst", ix).float()
-        k_e = edge_side(roles["k"][1], roles["k"][0], "src", ix).float()
+        q_e = _acc(edge_side(roles["q"][1], roles["q"][0], "dst", ix))
+        k_e = _acc(edge_side(roles["k"][1], roles["k"][0], "src", ix))
         if "p" in roles:
-            k_e = k_e * _operand(roles["p"][1], roles["p"][0], EDGE, ix).float()
+            k_e = k_e * _acc(_operand(roles["p"][1], roles["p"][0], EDGE, ix))
         per_edge.update(q=(scale * ds * k_e, "dst"), k=(scale * ds * q_e, "src"))
     grads = {}
     for role in b.attr("needs"):
