@@ -8,6 +8,8 @@ to fix before any kernel runs (DESIGN.md section 6).  Checks that need a pass ov
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
@@ -130,6 +132,28 @@ def check_device_option(value, option: str = "--device") -> torch.device:
             raise ValueError(f"{option} {value}: this machine has {torch.cuda.device_count()} "
                              "CUDA device(s)")
     return device
+
+
+def check_output_file(path, option: str, create_folders: bool = False) -> None:
+    """A file a command writes later (after its first case or epoch, or at the end): checked
+    before any work, so a long run does not fail at its first save, and in one ValueError
+    line naming the option.  Its folder must take a new file; with ``create_folders`` (the
+    writer makes missing folders) its nearest existing parent must."""
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{option} {path}: is a folder, not a file")
+    folder = target.parent
+    while create_folders and not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"{option} {path}: {folder} "
+                         f"{'is not a folder' if folder.exists() else 'does not exist'}")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ValueError(f"{option} {path}: cannot write in {folder} "
+                         f"({err.strerror or err})") from None
 
 
 def check_same_length(a: torch.Tensor, a_name: str, length: int, length_name: str) -> None:

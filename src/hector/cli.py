@@ -1,4 +1,13 @@
-"""The ``hector`` command line.  Each subcommand is a (configure, run) pair in ``COMMANDS``."""
+"""The ``hector`` command line.  Each subcommand is a (configure, run) pair in ``COMMANDS``.
+
+Exit status, the same for every command: 0 done; 2 a usage error -- options argparse
+refuses, or values and paths the command refuses (unknown names, missing dataset files, a
+file that is not a checkpoint, an output path that cannot be written), one ``error:`` line;
+1 a failure while running -- a download that failed or another operating-system error (one
+line), a hector layer that did not match PyG in ``bench``, or an unexpected error (with its
+traceback, which is what a bug report needs).  hector's own warnings print as one
+``warning:`` line on stderr.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +15,8 @@ import json
 import os
 import sys
 import time
+import warnings
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -126,19 +137,38 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return 2
     try:
-        return COMMANDS[args.command][2](args)
+        with warnings.catch_warnings():      # (restores showwarning when the command ends)
+            warnings.showwarning = _one_line_warnings(args.command, warnings.showwarning)
+            return COMMANDS[args.command][2](args)
     except BrokenPipeError:
         # Output piped into a reader that stopped early (`hector info ... | head`): not an error.
         sys.stdout = open(os.devnull, "w")
         return 0
-    except (ValueError, TypeError, FileNotFoundError) as err:
-        # Bad input is the user's to fix: one clear line, no traceback.
+    except (ValueError, TypeError, FileNotFoundError, PermissionError, IsADirectoryError,
+            NotADirectoryError) as err:
+        # Bad input (a value or a path given) is the user's to fix: one clear line, no traceback.
         print(f"hector {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except DownloadError as err:
-        # No network or a failing server: one line naming the URL and the --root way out.
+    except (DownloadError, OSError) as err:
+        # No network, a failing server, a full disk: the run failed, not its options.  One
+        # line (a download's names the URL and the --root way out).
         print(f"hector {args.command}: error: {err}", file=sys.stderr)
         return 1
+
+
+_PACKAGE = str(Path(__file__).resolve().parent) + os.sep
+
+
+def _one_line_warnings(command: str, fallback):
+    """``warnings.showwarning`` for a command: hector's own warnings as one ``hector COMMAND:
+    warning: ...`` line on stderr (not Python's file:line and source echo); others as
+    Python shows them."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        if str(Path(filename).resolve()).startswith(_PACKAGE):
+            print(f"hector {command}: warning: {message}", file=file or sys.stderr)
+        else:
+            fallback(message, category, filename, lineno, file, line)
+    return show
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ dataset each: output check, inference and training time, peak memory, speedups.
 from __future__ import annotations
 
 import argparse
+import sys
 
+from ..checks import check_output_file
 from . import report
 from .paper import SUITES
 from .runner import BenchConfig, failed, require, resolve, run_bench
@@ -95,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve(config_from_args(args))        # validate before any work
     if args.plot:
         require("matplotlib", "--plot")
+    for option in ("json", "markdown", "plot"):
+        if getattr(args, option):
+            check_output_file(getattr(args, option), f"--{option}")
     save = (lambda partial: report.write_json(partial, args.json)) if args.json else None
     result = run_bench(cfg, on_case=save)
     print(report.table(result), flush=True)
@@ -109,5 +114,5 @@ def main(argv=None) -> int:
     try:
         return run(args)
     except ValueError as err:
-        print(f"hector bench: error: {err}")
+        print(f"hector bench: error: {err}", file=sys.stderr)    # (as the hector CLI does)
         return 2

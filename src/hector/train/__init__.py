@@ -13,10 +13,10 @@ import argparse
 
 from .defaults import DEFAULTS, MODELS
 from .capture import capture_step
-from .loop import DTYPES, resolve_config, train
+from .loop import DTYPES, IgnoredRelationsWarning, resolve_config, train
 
 __all__ = ["configure", "run", "train", "train_processes", "capture_step", "DEFAULTS", "MODELS",
-           "resolve_config"]
+           "resolve_config", "IgnoredRelationsWarning"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -7,13 +7,14 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from .. import datasets
-from ..checks import check_device_option
+from ..checks import check_device_option, check_output_file
 from . import checkpoint, distributed, memory, minibatch
 from .capture import capture_graph, capture_step
 from .defaults import MODELS, defaults as model_defaults
@@ -24,6 +25,25 @@ DTYPES = ("fp32", "bf16")
 _NO_MINIBATCH_RESUME = ("--resume with mini-batches (--batch-size, --devices) is not supported "
                         "yet: the loader's generators are not checkpointed")
 _OVERRIDES = ("epochs", "lr", "weight_decay", "hidden", "heads", "dropout", "patience")
+#: Models built on homogeneous layers: one edge set, one node set.
+HOMOGENEOUS = ("gat", "agnn", "transformer")
+
+
+class IgnoredRelationsWarning(UserWarning):
+    """A homogeneous model (gat, agnn, transformer) trained on a graph with several relations
+    or node types: it treats every edge and every node alike."""
+
+
+def warn_if_relations_ignored(model: str, data) -> None:
+    """Say so when ``model`` cannot see the relations or node types ``data`` has: the run is
+    legitimate (a homogeneous baseline) but its accuracy is not that of a relational model."""
+    types = len(data.node_type_names or ())
+    if model not in HOMOGENEOUS or (data.num_relations <= 1 and types <= 1):
+        return
+    what = f"{data.num_relations} relations" + (f" and {types} node types" if types > 1 else "")
+    warnings.warn(f"--model {model} is a homogeneous layer: it ignores the {what} of "
+                  f"{data.name} and treats every edge alike (rgcn, rgat and hgt use them)",
+                  IgnoredRelationsWarning, stacklevel=2)
 
 
 def _check_positive(name: str, value, kind=int, allow_zero=False) -> None:
@@ -241,12 +261,16 @@ def _train(args, out=None) -> dict:
         raise ValueError(_NO_MINIBATCH_RESUME)
     # read and check the checkpoint before the (possibly slow) dataset load
     ck = checkpoint.load(resume, device, cfg) if resume else None
+    if getattr(args, "checkpoint", None) and ctx.main:   # (the first save is an epoch away)
+        check_output_file(args.checkpoint, "--checkpoint", create_folders=True)
     print(settings_line(cfg, getattr(args, "root", None)), file=out, flush=True)
     torch.manual_seed(cfg["seed"])
     if device.type == "cuda":
         torch.cuda.manual_seed_all(cfg["seed"])
 
     data = datasets.load(cfg["dataset"], root=getattr(args, "root", None)).to(device)
+    if ctx.main:
+        warn_if_relations_ignored(cfg["model"], data)
     if data.y is None or data.train_idx is None or data.test_idx is None or not data.num_classes:
         raise ValueError(f"--dataset {cfg['dataset']}: no node labels with train/test splits; "
                          "hector train does node classification only")
