@@ -4,6 +4,8 @@ import io
 import os
 import stat
 import tarfile
+import traceback
+import urllib.error
 import urllib.request
 import zipfile
 
@@ -42,7 +44,7 @@ def test_fetch_hash_mismatch_keeps_nothing(source, tmp_path):
     actual = download.sha256_of(source)
     with pytest.raises(ValueError, match=rf"data\.bin: expected {'0' * 64} .*got {actual}"):
         download.fetch(source.as_uri(), dest, "0" * 64)
-    assert not dest.exists() and not _leftovers(dest.parent)
+    assert not dest.exists() and not dest.parent.exists()   # nor the folder made for it
 
 
 def test_fetch_trust_on_first_use(source, tmp_path):
@@ -73,8 +75,47 @@ def test_interrupted_download_leaves_no_file(source, tmp_path, monkeypatch):
     with pytest.raises(download.DownloadError, match=r"example\.invalid/data\.bin \(connection "
                        r"dropped\).*--root PATH") as info:
         download.fetch("https://example.invalid/data.bin", dest)
-    assert isinstance(info.value.__cause__, ConnectionResetError)
-    assert not dest.exists() and not _leftovers(dest.parent)
+    # one error, not chained to the network's (its reason is kept on it)
+    assert info.value.__cause__ is None and isinstance(info.value.reason, ConnectionResetError)
+    assert not dest.exists() and not dest.parent.exists()   # the folder made for it is gone
+
+
+def _offline(monkeypatch):
+    def offline(url, *a, **k):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+
+
+@pytest.mark.parametrize("name, file", [("cora", "ind.cora.x"), ("aifb", "aifb.tgz")])
+def test_offline_load_is_one_error_and_leaves_no_folder(name, file, tmp_path, monkeypatch):
+    """No network, no root: one DownloadError naming the dataset, the URL and the way to a
+    local folder, with no network traceback chained before it; the cache folders the load
+    made (here $HECTOR_DATA itself too) are gone again."""
+    _offline(monkeypatch)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HECTOR_DATA", str(cache))
+    with pytest.raises(download.DownloadError) as info:
+        D.load(name)
+    err = info.value
+    text = str(err)
+    assert f"dataset {name!r}" in text and f"https://" in text and file in text
+    assert "--root PATH" in text and "root=PATH" in text and "Name or service not known" in text
+    assert err.__cause__ is None and err.__suppress_context__
+    shown = "".join(traceback.format_exception(err))
+    assert shown.count("Traceback") == 1 and "URLError" not in shown, shown
+    assert not cache.exists()
+
+
+def test_failed_download_keeps_folders_it_did_not_make(tmp_path, monkeypatch):
+    _offline(monkeypatch)
+    (tmp_path / "cora").mkdir()                       # there before: stays, even empty
+    monkeypatch.setenv("HECTOR_DATA", str(tmp_path))
+    with pytest.raises(download.DownloadError, match="dataset 'cora'"):
+        D.load("cora")
+    assert (tmp_path / "cora").is_dir() and not list((tmp_path / "cora").iterdir())
+    with pytest.raises(download.DownloadError):
+        download.fetch("https://example.invalid/x.bin", tmp_path / "a" / "b" / "x.bin")
+    assert not (tmp_path / "a").exists()
 
 
 # ---------------------------------------------------------------- extraction ---------------

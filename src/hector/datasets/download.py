@@ -16,6 +16,7 @@ Three guarantees, because dataset files come from third-party servers:
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
@@ -35,14 +36,39 @@ _CHUNK = 1 << 20
 
 class DownloadError(RuntimeError):
     """A dataset file could not be downloaded (no network, DNS failure, HTTP error, timeout).
-    The message names the URL and says how to read a local copy instead; the CLI prints it as
-    one line."""
+    The message names the dataset (when known), the URL and the reason, and says how to read
+    a local copy instead; the CLI prints it as one line.  It is raised without the network
+    error chained (``reason`` keeps it): the message already says all it says, and a chained
+    traceback buried that line under two screens of urllib internals."""
 
-    def __init__(self, url: str, reason: object):
-        self.url, self.reason = url, reason
-        super().__init__(f"download failed: could not fetch {url} ({reason}); to read a local "
-                         "copy instead, pass --root PATH (or root=PATH to "
+    def __init__(self, url: str, reason: object, dataset: Optional[str] = None):
+        self.url, self.reason, self.dataset = url, reason, dataset
+        what = f" for dataset {dataset!r}" if dataset else ""
+        super().__init__(f"download failed{what}: could not fetch {url} ({reason}); to read a "
+                         "local copy instead, pass --root PATH (or root=PATH to "
                          "hector.datasets.load) naming the folder that holds the dataset files")
+
+
+@contextlib.contextmanager
+def made_folder(path: Path):
+    """``mkdir -p path`` for the block; when the block fails, the folders this made that are
+    still empty are removed again (a failed download leaves no empty cache folder behind;
+    complete, verified files that did arrive stay, with their folders, for the next try)."""
+    made = []
+    p = path
+    while not p.exists() and p != p.parent:
+        made.append(p)        # deepest first
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:   # not empty: kept, and so are its parents
+                break
+        raise
 
 
 # What a failing server or network raises (URLError covers HTTPError and DNS failures); a
@@ -118,7 +144,12 @@ def fetch(url: str, dest_path: PathLike, sha256: Optional[str] = None,
     instead of hanging.  A network failure raises ``DownloadError`` naming ``url``.
     """
     dest = Path(dest_path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    with made_folder(dest.parent):
+        _fetch(url, dest, sha256, progress, timeout)
+    return dest
+
+
+def _fetch(url: str, dest: Path, sha256: Optional[str], progress: bool, timeout: float) -> None:
     expected, where = (sha256.lower(), "registry") if sha256 else (_read_sidecar(dest), "sidecar")
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
     tmp = Path(tmp_name)
@@ -141,13 +172,12 @@ def fetch(url: str, dest_path: PathLike, sha256: Optional[str] = None,
         os.replace(tmp, dest)
     except _NETWORK_ERRORS as e:
         tmp.unlink(missing_ok=True)
-        raise DownloadError(url, getattr(e, "reason", None) or e) from e
+        raise DownloadError(url, getattr(e, "reason", None) or e) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     if expected is None:
         _write_sidecar(dest, actual)
-    return dest
 
 
 def _progress_bar(total: Optional[int], desc: str, enabled: bool):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
-from .download import extract, fetch, require_file, verify
+from .download import DownloadError, extract, fetch, made_folder, require_file, verify
 
 
 @dataclass(frozen=True)
@@ -128,10 +128,19 @@ def ensure(key: str, progress: bool = True) -> Path:
     Present files are re-verified (known hash, or their trust-on-first-use sidecar); missing
     ones are downloaded.  Archives are extracted into a temporary folder first and moved into
     place only after their inner files passed, so an interrupted run never leaves a partial
-    file that a later run would trust.
+    file that a later run would trust.  A failed download raises one ``DownloadError`` naming
+    the dataset and removes the cache folders it made that stayed empty.
     """
     root = cache_dir(key)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        with made_folder(root):
+            _ensure_sources(key, root, progress)
+    except DownloadError as e:
+        raise DownloadError(e.url, e.reason, dataset=key) from None
+    return root
+
+
+def _ensure_sources(key: str, root: Path, progress: bool) -> None:
     for src in REGISTRY[key].sources:
         if src.inner is None:
             dest = root / src.file
@@ -151,7 +160,6 @@ def ensure(key: str, progress: bool = True) -> Path:
                 verify(path, src.inner[inner])
             continue
         _download_archive(root, src, progress)
-    return root
 
 
 def _download_archive(root: Path, src: Source, progress: bool) -> None:
