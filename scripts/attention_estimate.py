@@ -17,7 +17,7 @@ headroom.  A case's floor is the largest of three lower bounds (each generous, s
 are upper bounds): its bytes (:func:`hector.bench.floor.floor_bytes`, self loops added for
 the layers that add them, at the suite's measured copy bandwidth; L2 hits can beat it on
 graphs that fit in L2), its dense products' multiply-adds at ``--fp32-tflops`` (the best
-cuBLAS fp32 rate measured on the H200, session 31: 169343 x 128 x 512 in 0.598 ms), and
+cuBLAS fp32 rate measured on the H200: 169343 x 128 x 512 in 0.598 ms), and
 the fewest kernels a step needs at ``--kernel-us`` each in a CUDA graph.
 """
 import argparse

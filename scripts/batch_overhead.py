@@ -278,7 +278,7 @@ def epoch_prefetch(args, graph, x, seeds, fanouts, device):
 
 
 def common_arguments(p: argparse.ArgumentParser, batches: int) -> None:
-    """The arguments of the per-batch scripts (this one and ``host_path_ab.py``)."""
+    """The arguments of the per-batch measurements."""
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--profile", default="mag")
     p.add_argument("--scale", type=float, default=None)

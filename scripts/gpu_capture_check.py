@@ -1,4 +1,4 @@
-"""GPU check of issue 13 (torch.compile, CUDA graphs, captured training), one run on the GPU box:
+"""GPU check of launch-free steps (torch.compile, CUDA graphs, captured training), one run:
 
 1. the capture tests under pytest (CUDA graphs, captured training of every model, dropout under
    capture, device-side model selection, launch budgets, compile, custom ops);

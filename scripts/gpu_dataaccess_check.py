@@ -1,4 +1,4 @@
-"""Issue 12 on the GPU: data access inside the kernels (traversal_csr, edgewise, bf16 storage).
+"""Data access inside the kernels on the GPU (traversal_csr, edgewise, bf16 storage).
 
     python scripts/gpu_dataaccess_check.py [--skip-tests] [--graphs aifb,mag]
                                            [--models rgcn,rgat,hgt] [--dtypes fp32,bf16]
@@ -11,7 +11,7 @@
    (hector.bench.timing: CUDA events, median), peak memory of one step, and from
    torch.profiler the CUDA time of torch's index_select / index_add / index_copy / scatter /
    gather ops against the generated Triton kernels (traversal_csr, edgewise, edge_softmax,
-   segment_mm, attention).  Issue 12's RGAT/HGT figures: ``--graphs mag --models rgat,hgt
+   segment_mm, attention).  The RGAT/HGT training steps on mag: ``--graphs mag --models rgat,hgt
    --dtypes fp32``.
 
 Prints one table.  ``--device cpu`` is a dry run on a development machine (needs

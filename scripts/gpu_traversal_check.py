@@ -1,4 +1,4 @@
-"""Issues 12/13 on the GPU: the traversal kernels' row bins, and their custom ops.
+"""The traversal kernels' row bins and their custom ops, on the GPU.
 
     python scripts/gpu_traversal_check.py [--skip-tests] [--models rgat,hgt] [--scale 1.0]
                                           [--dim 64] [--dtype fp32] [--device cuda]

@@ -10,7 +10,7 @@ Records the CUDA caching allocator's history (``torch.cuda.memory._record_memory
 over one forward + backward after a warm-up step, replays the allocations and frees in
 order, and prints the peak (bytes allocated above the step's start) and the tensors alive at
 that moment, largest first, each with the innermost hector frames that allocated it.  This is
-how issue 12's memory target is diagnosed: which values of the compiled plan, or which
+how a training step's memory peak is diagnosed: which values of the compiled plan, or which
 kernel temporaries, make up a step's peak.
 """
 import argparse

@@ -7,7 +7,7 @@ markdown table cell per tree: an A/B that a fixed order cannot bias.
 Each round runs the command once per tree with ``PYTHONPATH`` set to the tree, the order
 reversed every round (old new, new old, old new, ...): a process that runs second finds
 caches (Triton's, the autotuner's) warmed by the first, which made one fixed-order epoch
-comparison favour whichever tree ran second by 13-23% (perf-notes "Session 28").  Every
+comparison favour whichever tree ran second by 13-23% (docs/perf-notes.md, "Mini-batches").  Every
 output is appended to ``--log``; then, for each markdown table row (keyed by its first
 cell) and each numeric column, the mean per tree over the rounds, and new / old.
 

@@ -15,7 +15,7 @@ fp32 and bf16) and a manifest; ``compile``
 runs each through ``triton.compile`` (every pass up to PTX and ptxas, no driver needed)
 for several row tiles and warp counts and prints OK or the first error line.  How Triton
 3.6's "'tt.load' op failed to verify that mask type matches ptr type" in the CSR walks was
-found and checked (docs/perf-notes.md, "Session 22").
+found and checked (docs/perf-notes.md, "Segment GEMM").
 """
 import importlib.util
 import itertools
