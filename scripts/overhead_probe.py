@@ -30,9 +30,11 @@ def sync():
         torch.cuda.synchronize()
 
 
-def _step(call, xg, train):
+def _step(call, xg, train, module):
     def step():
-        if train:
+        if train:          # (as a training loop does: hector bench's step too)
+            module.zero_grad(set_to_none=True)
+            xg.grad = None
             call(xg).sum().backward()
         else:
             with torch.no_grad():
@@ -63,17 +65,17 @@ def probe(layer_name, W, features, heads, calls=200, pyg=False, cprofile=None):
         call = suites.caller(layer_name, mod, W, is_pyg)
         for train in (False, True):
             xg = x.detach().clone().requires_grad_(train)
-            step = _step(call, xg, train)
+            step = _step(call, xg, train, mod)
             for _ in range(5):
                 step()
             sync()
-            # Host: the launching thread's CPU time over back-to-back calls (the queue does
+            # Host: the process's CPU time over back-to-back calls (autograd launches the backward from its device thread) (the queue does
             # not fill: these steps are host-bound); wall: the same loop up to the last
             # kernel's end.
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(calls):
                 step()
-            host = (time.thread_time() - c0) / calls * 1e3
+            host = (time.process_time() - c0) / calls * 1e3
             sync()
             wall = (time.perf_counter() - t0) / calls * 1e3
             n, kernel_ms = _kernels(step)

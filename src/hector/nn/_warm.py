@@ -174,6 +174,7 @@ class _Captured:
         self.wants = [s for s in self.inputs if s.requires_grad] + [
             p for p in params if p.requires_grad] if self.grad else []
         self.n_inputs = sum(s.requires_grad for s in self.inputs)
+        self.slots = [s.detach() for s in self.inputs]   # (written in place each call)
         args, kwargs = _rebuild((args, kwargs), iter(self.inputs))
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
@@ -197,6 +198,10 @@ class _Captured:
                 self.grads = list(torch.autograd.grad(self.diff, self.wants, self.gouts,
                                                       allow_unused=True))
                 self._flat_params()
+            del self.diff
+        # The outputs' memory only: their autograd graph (made on the capture's stream) would
+        # keep the parameters' gradient accumulators of that stream alive for every replay.
+        self.outs = [o.detach() for o in self.outs]
 
     def _flat_params(self):
         """The parameters' gradients also written into one buffer by the backward graph
@@ -238,7 +243,7 @@ class _Captured:
         return self.pending is not None and self.pending() is not None
 
     def run(self, leaves):
-        for s, t in zip(self.inputs, leaves):
+        for s, t in zip(self.slots, leaves):
             s.copy_(t)
         if self.bwd is None:
             self.fwd.replay()
