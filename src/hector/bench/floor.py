@@ -1,7 +1,7 @@
 """The memory floor of a layer's forward: the bytes it must move at least once, over the
 measured copy bandwidth of the device.
 
-Issue 5's definition: every gathered neighbour row once (one per edge) plus each node row
+The definition the performance targets use: every gathered neighbour row once (one per edge) plus each node row
 read once (the input features) and written once (the output).  What a neighbour row is
 depends on the layer: the projected source row (RGCN, RGAT, GAT), the raw input row (AGNN),
 or the key and value rows (HGT, Transformer).  Index reads and the weights are left out, so

@@ -113,15 +113,10 @@ def _bias_sums_with_wgrads(steps: List[Step]) -> List[Step]:
 #: Widest output whose rows a GEMM's epilogue multiplies by a second weight (its tile then
 #: spans the whole row: ``GemmSpec.extra_cols``).
 EXTRA_MAX_N = 128
-#: Most extra columns an epilogue forms (one row sum each).  H200, 12.9M gathered rows, 535
-#: segments, ms for the two GEMMs -> one with the extra product (``scripts/gemm_extra.py``;
-#: docs/perf-notes.md, "Session 24"): fp32 K = N = 64, E = 1 / 2 / 4: 4.22 -> 3.05, 4.53 ->
-#: 3.21, 4.55 -> 3.68; K = N = 128, E = 1 / 2 / 4 / 8: 12.9 -> 10.8, 13.6 -> 11.2, 13.6 ->
-#: 11.9, 13.6 -> 13.2; bf16 K = N = 128, E = 1 / 2 / 4 / 8: 3.13 -> 2.61, 3.20 -> 2.97, 3.23 -> 3.27, 3.28 -> 3.89.  Through
-#: RGAT 128x8 on wikikg2 (E = 8, fp32) inference went 20.5 -> 22.5 ms on the tuner's list of
-#: then (15.4 ms merged; 13.2 on the 4-warp tiles it has now).  The epilogue's row sums cost
-#: the same in any dtype; the score GEMM they replace is ~3x cheaper in bf16: so fp32 takes
-#: up to 8 columns, half types 2.
+#: Most extra columns an epilogue forms (one row sum each).  The row sums cost the same in any
+#: dtype, while the score GEMM they replace is about 3x cheaper in bf16 than in fp32: so fp32
+#: takes up to 8 columns, half types 2 (the H200 timings behind both caps: docs/perf-notes.md,
+#: "Segment GEMM", the extra product of 2026-11-25).
 EXTRA_MAX_COLS = {torch.float32: 8}
 EXTRA_MAX_COLS_HALF = 2
 

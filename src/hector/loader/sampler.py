@@ -32,10 +32,9 @@ _KEY_GROUPS = 2 ** 32           # group * 2^31 + key stays below 2^63
 #: per destination; a larger one sorts the candidates); 0 turns the path off.
 FLOYD_MAX_FANOUT = 64
 #: Floyd's algorithm is used where ``groups * k * (k + 20) < FLOYD_PAYS * candidates``: its
-#: table steps cost ~1-5 ns per element (``k^2 / 2`` comparisons and ~10 ops per pick), the
-#: sorting path ~100-200 ns per candidate (the sorts and the candidates' gathers).  From three
-#: CPU measurements, one thread (session 32): synthetic products, one fan-out, 4.7x faster;
-#: mag, one fan-out, 1.16x; mag, per-relation fan-outs (4x the groups, mostly empty), 0.5x.
+#: table steps (``k^2 / 2`` comparisons and ~10 ops per pick) cost far less per element than
+#: the sorting path per candidate, but it walks every group, empty ones too.  Calibrated on
+#: three CPU measurements, one thread (docs/perf-notes.md, "Sampling", 2026-12-04).
 FLOYD_PAYS = 150
 
 

@@ -26,8 +26,8 @@ weights): ``H F (F + C)`` multiply-adds per row instead of ``3 H C F``.  Per edg
 program gathers the whole ``F``-wide row and scores and aggregates over it: ``H F`` elements
 and ``2 H F`` multiply-adds instead of ``2 H C`` and ``2 H C``.  With one head both sides
 shrink exactly when ``F <= 2 C``; with the heads concatenated (``F = H C``) the edge side
-grows ``H / 2``-fold, and on the H200 (session 30, 64x4) the reordered layer ran 0.52-0.54x
-the written one's speed in inference and 0.16-0.36x in training.  :func:`transformer_reorder`
+grows ``H / 2``-fold, and on the H200 (64x4) the reordered layer ran at about half the
+written one's speed (docs/perf-notes.md, "Attention layers", 2026-11-28).  :func:`transformer_reorder`
 decides with the compiler's cost units (a moved element weighs ``MACS_PER_ELEMENT``
 multiply-adds) and declines where it does not pay or does not hold.
 """
@@ -46,11 +46,10 @@ WHAT = "key and value projections across the attention (q' = W_k^T q, aggregate 
 #: ``MACS_PER_ELEMENT``): the folded weights on every call (``W_k^T W_q``, ``W_k^T b_q``, the
 #: stacked weight and bias) and the backward's products of the weights, some ten launches
 #: more per training step than the layer as written, and the byte and multiply-add savings
-#: that the two counts above overstate on mid-size graphs.  Calibrated on the H200 (session
-#: 29, captured, 128x1, ``scripts/reorder_ab.py``): synthetic pubmed (89k edges) ran 3-6%
-#: slower reordered, amazon-computers (287k) even in inference and 5% slower in training,
-#: github-musae (578k) 5% faster, arxiv (1.2M) 8-12%, proteins (79M) 39-96%.  This price
-#: declines the first two and takes the others.
+#: that the two counts above overstate on mid-size graphs.  Calibrated on the H200 (captured,
+#: 128x1): graphs under ~300k edges ran slower reordered, github-musae (578k edges) and the
+#: larger ones faster; this price declines the first and takes the others (docs/perf-notes.md,
+#: "Attention layers", 2026-11-28).
 FIXED_MACS = 1_000_000_000
 
 
@@ -78,7 +77,7 @@ def transformer_reorder(in_channels: int, out_channels: int, heads: int, skip: i
         return Decision(NAME, WHAT, True, "reorder=True; " + cost)
     if heads > 1 and new < old:
         # Only averaged wide heads (C near F) get here.  Where several heads were timed
-        # (concatenated, 64x4, session 30) the model declines, as measured; this case has
+        # (concatenated, 64x4, on the H200) the model declines, as measured; this case has
         # not been timed, so "auto" does not take it on the model's word.
         return no(f"{cost}, but several heads are reordered only with reorder=True: the "
                   "shared-row case the model favours has not been timed on a GPU")
@@ -160,12 +159,12 @@ def messages(agg: torch.Tensor, weight: torch.Tensor, addend: Optional[torch.Ten
     bias on the rows where ``mask [n, 1]`` is 1, as a rank-1 product whose gradient is a
     GEMV; every row when ``mask`` is None).  Plain aten ops: an ``autograd.Function``
     doing the same (one saved copy of a stride-0 output gradient fewer) lost every
-    gradient under ``torch.compile`` on CUDA (session 29, inductor, both modes).
+    gradient under ``torch.compile`` on CUDA (inductor, both modes).
 
     The product is a plain ``mm`` and the addend is added after it, in place: cuBLAS's
     ``addmm`` first copies its addend into the output (a strided one elementwise, then
-    reads it back with beta = 1): 253 us against 164 + ~62 on synthetic arxiv's [169343,
-    128] rows (H200, session 31)."""
+    reads it back with beta = 1), slower than ``mm`` and the add on the H200
+    (docs/perf-notes.md, "Attention layers", 2026-11-28)."""
     return messages_added(agg @ weight.t(), addend, bias, mask)
 
 

@@ -16,12 +16,11 @@ from ._warm import graphed
 
 
 #: Several heads' scores come from the projection's epilogue only on graphs of at most this
-#: many rows.  Measured on the H200 (session 31, captured inference): one head gained on cora
-#: (2,708 rows, 16%) and synthetic arxiv (169,343, 12%), four heads of 16 gained on cora (10%)
-#: and lost on arxiv (9%; not profiled: the epilogue forms each of its 2H = 8 extra columns
-#: as a row reduction over the whole 64-wide row, three quarters of it the block matrix's
-#: zeros, which is presumably why).  Between the two sizes it is unmeasured; 16384 rows (a
-#: few waves of 64-row tiles, where launches still dominate) is a guess.
+#: many rows: on the H200 four heads of 16 gained on cora (2,708 rows) and lost on synthetic
+#: arxiv (169,343), presumably because each of the 2H extra columns is a row reduction over
+#: the whole row, mostly the block matrix's zeros (docs/perf-notes.md, "Attention layers",
+#: 2026-11-28).  Between the two sizes it is unmeasured; 16384 rows (a few waves of 64-row
+#: tiles, where launches still dominate) is a guess.
 EPILOGUE_SCORES_MAX_ROWS = 16384
 
 
@@ -134,7 +133,7 @@ class GATConv(nn.Module):
         reduction (on cora the score product cost more than the projection); several heads
         only on small graphs (:func:`scores_in_epilogue`).  Training keeps the two
         products: the segment GEMM's weight gradient is slower than cuBLAS's on these dense
-        shapes (``scripts/gemm_precision.py --dense``, session 31).  The gradient reaches
+        shapes (docs/perf-notes.md, "Segment GEMM", 2026-11-28).  The gradient reaches
         ``x`` through ``z`` as in PyG's layer (folding ``a`` into the projection instead,
         ``x (Theta^T a)``, moved the input gradient by 8e-4 relative to PyG's on
         github-musae with 4 heads; why so much was not traced)."""

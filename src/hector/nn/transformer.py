@@ -178,8 +178,8 @@ class TransformerConv(nn.Module):
         and v read in place by the attention kernels, which take their row strides).  Its
         backward is one concatenation of the four gradients (``split``'s) and one linear
         backward: three products where the four ``nn.Linear`` s took twelve, plus three
-        additions of their input gradients (session 28: the step's launches 6 / 17 -> 5 / 9
-        on the test graph).  The stacked weight is a concatenation of the parameters on
+        additions of their input gradients (the step's launches 6 / 17 -> 5 / 9 on the test
+        graph).  The stacked weight is a concatenation of the parameters on
         every call (weight-sized), so the parameters and their names stay PyG's."""
         lins = [self.lin_key, self.lin_value, self.lin_query] + (
             [self.lin_skip] if self.lin_skip is not None else [])

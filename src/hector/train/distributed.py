@@ -117,7 +117,7 @@ class RowSparseDDP(DDP):
         the host once, after the mask's all-reduce has made the ranks meet anyway.  (A
         variant without that read, padded to ``world x NeighborLoader.max_nodes`` rows, was
         measured slower on two H200s: on synthetic mag that bound is ~5x the rows two
-        batches touch, RGCN 7.82 s per epoch against 6.95 s exact; removed in session 27.)"""
+        batches touch; docs/perf-notes.md, "Several GPUs", 2026-11-28.)"""
         device = self._tables[0][0].device
         mask = torch.zeros(self._num_rows, dtype=torch.uint8, device=device)
         # (index_fill_, not ``mask[n_id] = 1``: that assignment synchronised on CUDA, seen by
@@ -168,7 +168,7 @@ def shutdown() -> None:
             # Python tensors of earlier all-reduces, so it needs the GIL) before the group
             # can be destroyed: ~ProcessGroupGloo joins that thread while the destroying
             # thread holds the GIL (a DDP reducer freed at exit), a deadlock seen twice in
-            # session 27's 2-process gloo tests on a loaded 2-core machine (py-spy: the main
+            # 2-process gloo tests on a loaded 2-core machine (py-spy: the main
             # thread in ~ProcessGroupGloo -> thread::join, the worker in
             # ~AsyncBarrierWork waiting for the GIL).  Sleeping releases the GIL.
             time.sleep(0.05)

@@ -14,12 +14,10 @@ from ..loader import NeighborLoader
 
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_FANOUT = (25, 20)
-#: Batches built ahead by the loader's thread by default (``--prefetch``): none.
-#: Measured on an H200: synthetic mag (batch 1024, fan-out 25,20; the loader alone,
-#: ``scripts/batch_overhead.py --epoch-prefetch 2``) 10-17% shorter epochs with 2, but
-#: ``hector train --model rgcn --dataset synthetic:aifb --batch-size 64`` 16x longer ones
-#: (67 ms -> 1061 ms per epoch): small batches are Python-bound on both threads, which then
-#: queue for the GIL.  So it stays opt-in.
+#: Batches built ahead by the loader's thread by default (``--prefetch``): none.  On an H200
+#: two made synthetic mag epochs shorter but small batches' epochs many times longer: those
+#: are Python-bound on both threads, which then queue for the GIL (docs/perf-notes.md,
+#: "Mini-batches", 2026-11-25).  So it stays opt-in.
 DEFAULT_PREFETCH = 0
 #: Fraction of the free memory full-graph training may plan to use.
 HEADROOM = 0.7

@@ -291,7 +291,8 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
         (``steps_triton.gemm``), and the summed rows are neither written nor saved.  Otherwise
         (rows stored once, which cannot be cut) only with ``HECTOR_CSR_PROLOGUE=1``: measured
         slower than the traversal kernel and a plain GEMM where a graph has long rows
-        (docs/perf-notes.md, "Session 19"); ``HECTOR_CSR_PROLOGUE=0``: never."""
+        (docs/perf-notes.md, "Segment GEMM", the CSR prologue); ``HECTOR_CSR_PROLOGUE=0``:
+        never."""
         mode = csr_mode()
         wgrad = _row_wgrad(gemm)
         if mode == "0" or not (mode == "1" or gemm in scattered or wgrad):

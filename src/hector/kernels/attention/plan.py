@@ -23,42 +23,37 @@ from .spec import MIN_CHUNK, AttentionSpec, Schedule, default_schedule
 #: Programs in flight per SM assumed by the strategy rule's fair share.
 PROGRAMS_PER_SM = 4
 #: One-warp edge-parallel programs resident per SM that the chunk size aims at: the chunks
-#: are latency-bound gathers, so they need many programs in flight.  Measured on the H200
-#: (GAT and Transformer attention, one and four heads, forward and both backward kernels):
-#: synthetic arxiv (1.17M edges) ran 1.4-1.7x faster with 128-edge chunks than with 1024 (the
-#: size the rule gave before, aiming at two programs x 4 per SM), github-musae (578K)
-#: 1.7-2.5x, amazon-computers (287K) 1.1-2.0x; mag's derived graph (21.1M) stays at MAX_CHUNK.
+#: are latency-bound gathers, so they need many programs in flight: on the H200 mid-size
+#: graphs ran faster with 128-edge chunks than with the 1024 of a rule aiming at two programs
+#: x 4 per SM, while mag's derived graph stays at MAX_CHUNK (docs/perf-notes.md, "Fused
+#: attention kernels", 2026-11-24).
 CHUNK_PROGRAMS_PER_SM = 48
 #: Programs a small graph's short chunks aim at (``spec.SMALL_CHUNK``): fewer than
 #: CHUNK_PROGRAMS_PER_SM, since each chunk pays a row search, partial writes and its share of
-#: the combine pass.  Measured on the H200 (session 30): 16 per SM puts cora's chunks at 16
-#: edges and synthetic pubmed's at 32, the fastest of 16-128 on both; amazon-computers and
-#: github-musae stay at MIN_CHUNK.
+#: the combine pass.  16 per SM gives cora and synthetic pubmed the chunks that ran fastest
+#: on the H200 (docs/perf-notes.md, "Fused attention kernels", 2026-11-28); amazon-computers
+#: and github-musae stay at MIN_CHUNK.
 SMALL_GRAPH_PROGRAMS_PER_SM = 16
 #: On a small graph (chunks shorter than MIN_CHUNK), node-parallel is as slow as its longest
 #: row's walk: more than this many edge tiles one after another, short chunks are faster.
-#: Measured on the H200 (session 30, captured, cora and synthetic pubmed, longest rows of 150
-#: to 168 edges): 128-wide rows (two edges per tile, 75-84 tiles) ran 5-38% faster
-#: edge-parallel in GAT, AGNN and Transformer, forward and training; 4 heads of 16 (four per
-#: tile, 38-42 tiles) within -3% to +4%, so they stay node-parallel.
+#: On the H200 rows of 75-84 tiles ran faster edge-parallel and rows of 38-42 tiles did not,
+#: so those stay node-parallel (docs/perf-notes.md, "Fused attention kernels", 2026-11-28).
 LONG_WALK_TILES = 48
 #: Below this in-degree no row is long enough to straggle, whatever the graph.
 MIN_STRAGGLER_DEGREE = 512
 #: A row straggles once it holds more than this fraction of a fair share of the edges.  A
 #: node-parallel program walks its row serially, one latency-bound edge tile (about 1 us on
-#: the H200) after another, while the other programs stream their rows at full bandwidth:
-#: measured on the H200 on HGT's derived graph of synthetic mag (21.1M edges, longest row
-#: 61,726 = 1.54 shares, four heads of 16, fp32), node-parallel took 46.0 ms for the forward
-#: and both backward traversals, edge-parallel 14.5 ms (the longest row alone is ~15K tiles).
-#: The reddit, products and proteins profiles (longest rows 0.05-0.1 shares) stay node-parallel.
+#: the H200) after another, while the other programs stream their rows at full bandwidth, so
+#: a row well below one share already decides the call's time (HGT's derived graph of
+#: synthetic mag: docs/perf-notes.md, "Compiled relational layers", 2026-11-23).  The reddit,
+#: products and proteins profiles (longest rows 0.05-0.1 shares) stay node-parallel.
 STRAGGLER_SHARE = 1 / 3
 #: Mean degree from which rows count as long (see ``choose_strategy``).
 LONG_ROW_MEAN_DEGREE = 256
 #: Rows this short on average, and more than SHORT_ROWS_PER_LANE per program in flight, go
-#: edge-parallel: one program per row then costs more to schedule than its edges take.
-#: Measured on the H200: the source side of compiled RGAT's derived graph on synthetic
-#: wikikg2 (12.9M compact rows, 1.25 edges each) took 8.8 ms node-parallel (see
-#: docs/perf-notes.md, "Session 15").
+#: edge-parallel: one program per row then costs more to schedule than its edges take
+#: (compiled RGAT's source side on synthetic wikikg2, 1.25 edges per row: docs/perf-notes.md,
+#: "Compiled relational layers", 2026-11-24).
 SHORT_ROW_MEAN_DEGREE = 2.0
 SHORT_ROWS_PER_LANE = 64
 

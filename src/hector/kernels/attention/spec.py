@@ -43,11 +43,9 @@ MIN_CHUNK = 128
 #: of its longest chunk (or, node-parallel, its longest row), one latency-bound edge tile
 #: after another.  Such a graph's chunks aim at fewer programs
 #: (``plan.SMALL_GRAPH_PROGRAMS_PER_SM``), never below this nor below four edge tiles.
-#: Measured on the H200 (session 30, captured, 128-wide rows, two edges per tile): cora
-#: (10.6K edges) ran fastest with 16-edge chunks (GAT inference 37.6 us, against 40.6 with
-#: 32, 47.9 with 64, 63.3 with 128 and 50.2 node-parallel), synthetic pubmed (88.6K) with
-#: 32 (GAT 72.1 us; AGNN 41.7 against 53.3 node-parallel); amazon-computers (287K) stays
-#: at MIN_CHUNK (90.7 us against 109 with 32-edge chunks).
+#: On the H200 (captured, 128-wide rows) cora ran fastest with 16-edge chunks and synthetic
+#: pubmed with 32, while amazon-computers stays at MIN_CHUNK (docs/perf-notes.md, "Fused
+#: attention kernels", 2026-11-28).
 SMALL_CHUNK = 16
 
 

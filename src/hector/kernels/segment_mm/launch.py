@@ -40,9 +40,8 @@ from .spec import PROLOGUES, GemmSchedule, GemmSpec, tune_configs
 
 #: Weight-gradient programs aimed for per SM: many short row runs keep enough row loads in
 #: flight (each waits on its index loads), at the price of more partial tiles summed with
-#: atomics.  H200, 12.9M rows, fp32: K = N = 64 gathered 3.48 ms at 4 per SM, 2.74 at 16,
-#: 2.57 at 64 (contiguous 3.38 -> 2.49); with a CSR prologue 12.2 -> 4.4 -> 4.2 ms
-#: (``docs/perf-notes.md``, "Session 22").
+#: atomics.  64 per SM was the fastest measured on the H200, gathered or not, with or without
+#: a CSR prologue (docs/perf-notes.md, "Segment GEMM", 2026-11-25).
 WGRAD_PROGRAMS_PER_SM = 64
 
 

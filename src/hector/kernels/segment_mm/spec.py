@@ -30,9 +30,8 @@ def fp32_dot() -> str:
     torch's ``torch.backends.cuda.matmul.allow_tf32`` on: "tf32", as torch's own matmuls.
     Otherwise ``HECTOR_FP32_DOT``: "ieee" when unset (the FMA units, as cuBLAS's fp32), or
     "tf32x3".  3xTF32 is not the default because it measured no faster on these skinny GEMMs
-    (K = N = 64 over 2-3M rows on an H200: 0.47 against 0.44 ms per node GEMM, 1.14 against
-    0.75 ms per weight gradient; HGT's training step 34.3 against 30.2 ms; RGAT's 15.3
-    against 16.8 ms; docs/perf-notes.md, section "Session 14"), with the same error."""
+    (K = N = 64 over 2-3M rows), with the same error (H200 timings: docs/perf-notes.md,
+    "Segment GEMM", 2026-11-24)."""
     if torch.backends.cuda.matmul.allow_tf32:
         return "tf32"
     mode = os.environ.get(FP32_DOT_ENV, "ieee")
@@ -367,9 +366,8 @@ GEMM_CONFIGS: Tuple[GemmSchedule, ...] = (
 
 #: More configs for a GEMM with an extra product (its output tile spans N, so the tiles above
 #: are widened to N, and their warps with them): fewer rows on 4 warps keep the row sums'
-#: registers.  H200, 12.9M gathered rows, K = N = 128, E = 8 (``scripts/gemm_extra.py``):
-#: fp32 15.4 ms at the best widened config, 13.1 on 32 x 128 x 32, 4 warps; bf16 5.3, 3.9
-#: on 64 x 128 x 32, 4 warps.
+#: registers, and were the fastest measured on the H200 (docs/perf-notes.md, "Segment GEMM",
+#: the extra product of 2026-11-25).
 _EXTRA_CONFIGS: Tuple[GemmSchedule, ...] = (
     GemmSchedule(block_m=32, block_n=128, block_k=32, num_warps=4, num_stages=3),
     GemmSchedule(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3),
