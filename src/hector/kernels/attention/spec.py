@@ -13,26 +13,22 @@ from ..sizes import next_pow2
 
 STRATEGIES = ("node", "edge")
 
-#: Heads share a program while one node's slice of them, BLOCK_H * BLOCK_D, stays this small.
-#: RGAT's 8 heads x 16 on wikikg2-like rows (H200, 17.2M edges, 12.9M source rows of ~1.3
-#: edges): all 8 heads in one program against 4, ms forward / destination-side / source-side
-#: backward: 3.70 / 2.86 / 8.10 (one edge per step) against 5.26 / 3.93 / 13.29 (four edges,
-#: the old budget of 64), since the per-edge index chain is then walked once per edge.
+#: Heads share a program while one node's slice of them, BLOCK_H * BLOCK_D, stays this small:
+#: the per-edge index chain is then walked once per edge, not once per group of heads (RGAT's
+#: 8 heads x 16 on the H200: docs/perf-notes.md, "Fused attention kernels", 2026-11-25).
 _ROW_BUDGET = 128
 #: Target elements of one gathered [BLOCK_E, BLOCK_H, BLOCK_D] tile, and elements per warp.
 #: These kernels are latency-bound gathers: on an H200 (1M random edges, mean degree 10, bf16)
 #: small tiles on one warp beat 2-8 warps by 2-3x, since more small programs stay resident to
 #: hide the gathers; 256-element tiles beat 512 for 3 of 4 head shapes tried.  So a row of
-#: 128 elements takes 2 edges per step, not 4 (the RGAT case above: 4.38 / 3.09 / 8.45 ms
-#: with 2, 4.09 / 5.17 / 14.90 with 4).
+#: 128 elements takes 2 edges per step, not 4 (faster for RGAT's 8 heads of 16 too).
 _EDGE_TILE = 256
 _WARP_TILE = 512
 
 
 #: Largest edge-parallel chunk.  The programs are latency-bound gathers on one warp, so many
-#: short chunks beat a few long ones: on HGT's derived graph of synthetic mag (H200, 21.1M
-#: edges) chunks of 512-1024 edges ran the forward and both backward traversals in 14.4-14.5 ms
-#: (fp32) and 12.2 ms (bf16); 8192 took 18.8 and 19.1 ms.
+#: short chunks beat a few long ones (on HGT's derived graph of synthetic mag, 512-1024 edges
+#: against 8192: docs/perf-notes.md, "Compiled relational layers", 2026-11-23).
 MAX_CHUNK = 1024
 #: Smallest edge-parallel chunk: below it the per-chunk row search, partial writes and combine
 #: pass outweigh the extra programs (64-edge chunks measured 5-35% slower than 128 on

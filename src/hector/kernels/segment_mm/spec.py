@@ -53,18 +53,13 @@ PROLOGUES = {
 }
 
 #: Widest output or reduction the kernels multiply without ``tl.dot`` (fp32 only; see
-#: :attr:`GemmSpec.narrow`).  Measured on the H200 (12.9M gathered rows, wikikg2's 535
-#: segments; ms, broadcast path against tl.dot with that side padded to 16): fp32 K = 128,
-#: N = 1 / 2 / 4 / 8: 2.33 / 3.47 / 5.66 / 9.35 against 8.54 / 2.90 / 2.92 / 2.92; K = 8,
-#: N = 128 (a dx): 11.8 against 3.57; dW of K = 128, N = 8: 11.2 against 2.2, N = 1: 2.6
-#: against 7.8; bf16 K = 128, N = 1 / 8: 1.79 / 8.30 against 0.84 / 0.97.  The broadcast
-#: product wins only where the padded tile would do 16x the multiply-adds on the FMA units.
+#: :attr:`GemmSpec.narrow`).  The broadcast product wins only where a tl.dot tile padded to
+#: 16 would do 16x the multiply-adds on the FMA units: one fp32 column (H200 timings:
+#: docs/perf-notes.md, "Segment GEMM", narrow products of 2026-11-25).
 NARROW = 1
-#: Elements of a narrow kernel's [BLOCK_M, BLOCK_K, BLOCK_N] product tile (registers).  On
-#: the H200 (12.9M gathered fp32 rows, K = 64): N = 1 ran 1.28 ms on 256x1x32 tiles with 8
-#: warps, 1.37 on 128x1x64 with 4 (its byte floor 0.78 ms; 4.4 ms through a 64x16 tl.dot
-#: tile); N = 4 2.84 on 256x4x8, 2.94 on 128x4x16.  Their dx (K = 1 / 4, N = 64): 0.83 /
-#: 2.75 ms on 128-row tiles with 4 warps, 1.0 / 4.5 on 256 with 8.
+#: Elements of a narrow kernel's [BLOCK_M, BLOCK_K, BLOCK_N] product tile (registers): tall
+#: tiles on 8 warps for a narrow output, 128 rows on 4 for a narrow reduction, the fastest
+#: measured on the H200 (docs/perf-notes.md, "Compiled relational layers", 2026-11-24).
 _NARROW_TILE = 8192
 
 
@@ -291,8 +286,8 @@ def default_schedule(spec: GemmSpec, interpreting: bool = False) -> GemmSchedule
     output width fits one tile up to 128 so each gathered row of ``x`` is read once, and 64
     rows per tile keep enough programs in flight.  fp32 with "ieee" runs on the FMA units
     (compute-bound, ~38 TFLOP/s like cuBLAS), where 64x64x32 tiles keep register pressure
-    down.  The weight gradient takes the whole 128x128 ``dW`` tile in half precision (0.24 ms
-    against 0.40 ms for 64x128) and 64x128 in fp32 (1.6 ms against 2.5 ms for 32x64).  Under
+    down.  The weight gradient takes the whole 128x128 ``dW`` tile in half precision and
+    64x128 in fp32, the fastest measured (docs/perf-notes.md, "Segment GEMM").  Under
     the interpreter the smallest tiles are fastest (numpy work grows with the padded tile)."""
     if spec.narrow:      # a narrow output: tall tiles on 8 warps; a narrow reduction: 128, 4
         tall = spec.N <= NARROW
@@ -313,9 +308,8 @@ def default_schedule(spec: GemmSpec, interpreting: bool = False) -> GemmSchedule
     num_warps = 8 if block_n * 64 >= 8192 else 4
     wk, wn = _side(spec.K, 64 if fma else 128), _side(spec.N, 128)
     # An FMA-bound dW tile of 64 x 64 or less: 4 warps over 32-row steps keep ~32 products
-    # per thread (8 warps: 16, and the FMA units wait on loads).  HGT's node-type weight
-    # gradients on mag (1.94M rows, K = N = 64, fp32): 0.535 -> 0.417 ms; its 64 x 128
-    # compact one stays on 8 warps (1.25 ms; 1.35 on 32-row steps).
+    # per thread (8 warps: 16, and the FMA units wait on loads); a 64 x 128 one stays on 8
+    # warps (HGT's on mag: docs/perf-notes.md, "Compiled relational layers", 2026-11-25).
     small = fma and wk * wn <= 4096
     return _csr_tiles(spec, GemmSchedule(
         block_m=64, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=3,
