@@ -3,7 +3,7 @@
 Without a GPU, Triton kernels run under Triton's interpreter: the flag must be set before
 triton is first imported, hence here, at collection start.
 
-Rendered kernels and autotuning results go to a temporary cache folder of this session, so
+Rendered kernels and autotuning results go to a temporary cache folder of this test run, so
 tests never write to ``~/.cache/hector`` nor read what another run left there.
 
 ``HECTOR_TEST_PROGRAM_ORDER=reversed`` (or ``shuffled``) runs every interpreted launch's
@@ -41,7 +41,7 @@ except ImportError:       # hypothesis is a test extra; its tests skip without i
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """A fresh ``HECTOR_CACHE_DIR`` under ``tmp_path`` and no in-process memo, before and
-    after (the session cache above is used again afterwards)."""
+    after (the run's cache above is used again afterwards)."""
     from hector.kernels import autotune, registry     # after TRITON_INTERPRET is set above
     monkeypatch.setenv("HECTOR_CACHE_DIR", str(tmp_path / "kernels"))
     registry.clear_memo()
@@ -53,7 +53,7 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True, scope="session")
 def _program_order():
-    """The session's interpreted launches in ``$HECTOR_TEST_PROGRAM_ORDER`` (see above)."""
+    """The test run's interpreted launches in ``$HECTOR_TEST_PROGRAM_ORDER`` (see above)."""
     order = os.environ.get("HECTOR_TEST_PROGRAM_ORDER", "grid")
     if order == "grid" or os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         yield

@@ -31,7 +31,7 @@ def program_order(order: str, seed: int = 0):
     at once; the interpreter's fixed order would hide a kernel that assumes which program
     comes last (an arrival counter, a partial another program wrote).  A kernel that is
     right in every order gives the same integers and, up to fp32 summation order, the same
-    floats.  ``$HECTOR_TEST_PROGRAM_ORDER`` runs the whole test session so (conftest)."""
+    floats.  ``$HECTOR_TEST_PROGRAM_ORDER`` runs the whole test run so (conftest)."""
     if order not in PROGRAM_ORDERS:
         raise ValueError(f"order must be one of {PROGRAM_ORDERS}, got {order!r}")
     from triton.runtime import interpreter

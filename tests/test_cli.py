@@ -104,7 +104,7 @@ def test_device_errors_are_one_line(device, capsys, monkeypatch):
     ["explain", "rgat", "--dataset", "aifb"],
 ])
 def test_no_network_without_root_is_one_line(argv, tmp_path, monkeypatch, capsys):
-    """Issue 15 item 9: without --root and without network, one short line that names the URL
+    """Without --root and without network: one short line that names the URL
     and --root, and a non-zero exit; no traceback."""
     import urllib.error
     import urllib.request

@@ -1,5 +1,5 @@
 """hector bench: timing spread and noisy verdicts, CPU threads, optional dependencies named
-in one line, the plot's labels (issue 15, items 10, 12, 14)."""
+in one line, the plot's labels."""
 import argparse
 import sys
 
@@ -41,7 +41,7 @@ def test_steady_timing_stops_at_repeats_and_reports_spread(monkeypatch):
 
 
 def test_one_outlier_is_not_noise(monkeypatch):
-    # the issue's PyG RGCN: 25 ms runs with one 1 s run among them
+    # a reported PyG RGCN timing: 25 ms runs with one 1 s run among them
     s, _ = timed_with(monkeypatch, [10.5, 1000.0, 25.0, 25.2, 24.8, 25.1, 24.9, 25.0], budget=5)
     assert not s["noisy"] and s["max_ms"] == 1000.0 and s["ms"] == pytest.approx(25.0, abs=0.3)
 

@@ -1,4 +1,4 @@
-"""Loaders for the common public layouts (issue 15, item 8): named knowledge graphs and any
+"""Loaders for the common public layouts: named knowledge graphs and any
 folder of triples, gnn-benchmark npz variants, geom-gcn edge lists, OGB's node-property CSVs.
 Every fixture is a tiny folder written here; nothing is downloaded."""
 import gzip

@@ -1,4 +1,4 @@
-"""Crafted dataset files (issue 15, item 1): sparse matrices whose structure lies must be
+"""Crafted dataset files: sparse matrices whose structure lies must be
 refused with a ValueError naming the file, before any buffer is touched.  The crash case runs in
 a subprocess, so an out-of-bounds write shows up as a failed test rather than a dead pytest."""
 import io
@@ -71,7 +71,7 @@ def test_planetoid_refuses_lying_sparse_matrix(tmp_path, case):
 
 
 def test_planetoid_out_of_bounds_write_in_subprocess(tmp_path):
-    """The issue's 496-byte file: column 50,000,000 in a (2, 2) matrix.  Before the fix the
+    """A reported 496-byte file: column 50,000,000 in a (2, 2) matrix.  Before the fix the
     child died with SIGSEGV (exit -11); now it must print the ValueError and exit 0."""
     folder = _write_planetoid(tmp_path / "c", name="citeseer")
     m = sp.csr_matrix(np.eye(2, dtype=np.float32))

@@ -1,4 +1,4 @@
-"""The Graph cache behind layers called with a raw edge_index (issue 15, item 2): edits that do
+"""The Graph cache behind layers called with a raw edge_index: edits that do
 not bump a tensor's version counter must not return the Graph of the old edges."""
 import numpy as np
 import pytest

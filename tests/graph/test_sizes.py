@@ -1,4 +1,4 @@
-"""Graph sizes (issue 15, item 6): an impossible build is refused up front with a clear error,
+"""Graph sizes: an impossible build is refused up front with a clear error,
 and ids past the int32 range switch the whole graph to int64 indices."""
 import time
 

@@ -1,4 +1,4 @@
-"""Data access in the compiled relational layers on the Triton backend (issue 12).
+"""Data access in the compiled relational layers on the Triton backend.
 
 * every traversal step that lowers to the ``traversal_csr`` kernel agrees with the torch
   backend (output and every gradient), fp32 and bf16 storage;

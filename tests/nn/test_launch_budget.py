@@ -1,7 +1,7 @@
 """Launch budgets: kernels launched per forward and per backward of one training step of each
 layer on the Triton backend (``hector.compiler.launches``: every Triton launch, inside the
 ``hector::`` custom ops too, and every aten op that launches a kernel).  The budgets are the
-counts on the tiny test graph when they were pinned (issue 13): a change that adds launches
+counts on the tiny test graph when they were pinned: a change that adds launches
 fails here and must either fold them away or raise the budget on purpose."""
 import pytest
 import torch
@@ -24,38 +24,38 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")    # interpret
 #: forward 5 -> 2, backward 7 -> 6 here (the test's features need no gradient).  GAT's
 #: output bias is added by the attention kernels' epilogue: forward 8 -> 7; its gradient is
 #: a GEMV (new_ones, mv) instead of a column sum: backward 19 -> 20.  HGT's per-type
-#: parameters are stacked once per family, then sliced (session 14): backward 107 -> 93 here
+#: parameters are stacked once per family, then sliced (2026-11-24): backward 107 -> 93 here
 #: (three node types; the saving grows with the types: bgs has 27), budget 150 -> 110.
-#: One-head RGAT's source score is the message GEMM's extra product (session 24): forward
+#: One-head RGAT's source score is the message GEMM's extra product (2026-11-25): forward
 #: 6 -> 5 (two segment GEMMs, the attention, the two weight-sized score vectors W_r a).
-#: Session 27: ``promote_types`` is no longer counted (a dtype question: on a GPU it never
+#: 2026-11-28: ``promote_types`` is no longer counted (a dtype question: on a GPU it never
 #: was), the backward is counted from no gradients, as in a training step (before, each
 #: parameter's gradient was an ``add_`` into the previous step's: HGT 21 of its 85), and
-#: every budget was re-pinned to its count, which earlier sessions had lowered under the old
+#: every budget was re-pinned to its count, which earlier changes had lowered under the old
 #: budgets (backward: GAT 20 -> 16, AGNN 6 -> 5, Transformer 25 -> 17, RGCN 15 -> 8, RGAT
 #: 40 -> 24, one-head RGAT 23 -> 19, HGT 110 -> 70; forward: RGAT 13 -> 7, HGT 45 -> 34).
 #: Then HGT's fused K|V weight became one product of the concatenated type weights and the
 #: head-stacked relation weights (``siblings.fused_weight``): 34 / 70 -> 27 / 57; and the
 #: int64 node types a step reads are widened once per graph, not per read: 26 / 54.
-#: Session 28: Transformer's four projections are one product of the stacked weights (two
+#: Then Transformer's four projections are one product of the stacked weights (two
 #: weight-sized concatenations, one addmm, q's copy out of the joint output), its backward
 #: one concatenation of the four gradients and one linear backward: 6 / 17 -> 6 / 9.  The
 #: attention kernels then took q and the score terms with any row stride (q a column slice
 #: of that product, GAT's a_src and a_dst column slices of its [N, 2H] score product: no
 #: copies): Transformer forward 6 -> 5, GAT 7 -> 5, RGAT 7 / 24 -> 6 / 23.
-#: Session 29: one-head Transformer with its key and value projections moved across the
+#: Then one-head Transformer with its key and value projections moved across the
 #: attention (``reorder=True``, ``nn._reorder``; "auto" declines on graphs this small): the
 #: folded weights (mm, mv), the value projection after the aggregation and, with rows
 #: without edges (this graph has two), its bias through the has-edges mask: 8 / 16.  With two
 #: heads reading x's rows as a shared key (``transformer_2h``) W_v is a batched product per
 #: head, whose [H, n, C] output is laid out as [n, H*C] by one copy: 10 / 17.
-#: Session 30: Transformer's skip is added by the attention's store (a row-wise addend read
+#: Then Transformer's skip is added by the attention's store (a row-wise addend read
 #: in place from the joint projection): forward 5 -> 4.
-#: Session 31: the reordered value product is a plain mm and the skip an ``add_`` after it
+#: Then the reordered value product is a plain mm and the skip an ``add_`` after it
 #: (cuBLAS's addmm copied its strided addend into the output first: a kernel this count did
-#: not see, and 253 us against 164 + 62 on synthetic arxiv): transformer_1h forward 8 -> 9
-#: ops, the same GPU kernels.
-#: Session 33: a compiled layer's backward runs only the gradients asked for (the test's
+#: not see, and slower; docs/perf-notes.md): transformer_1h forward 8 -> 9 ops, the same GPU
+#: kernels.
+#: 2026-12-05: a compiled layer's backward runs only the gradients asked for (the test's
 #: features need none; ``BackwardStage.part``): RGCN backward 8 -> 6, RGAT 23 -> 17, one-head
 #: RGAT 19 -> 15, HGT 54 -> 49.
 BUDGET = {"gat": (5, 16), "agnn": (2, 5), "transformer": (4, 9), "transformer_1h": (9, 16),

@@ -1,6 +1,6 @@
 """Bad sizes and bad inputs to the six layers: a ValueError/TypeError naming the argument,
-raised before any kernel runs (issue 15, item 4); and TransformerConv.from_pyg on PyG's
-root_weight=False (item 3)."""
+raised before any kernel runs; and TransformerConv.from_pyg on PyG's
+root_weight=False."""
 import re
 
 import pytest

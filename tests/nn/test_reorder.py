@@ -35,7 +35,7 @@ def test_cost_model_reorders_large_graphs_with_narrow_inputs():
 def test_cost_model_declines_where_it_does_not_pay_or_hold():
     small = decide(nodes=2_708, edges=10_556)             # cora-sized: launches dominate
     assert not small.applied and "cost" in small.reason
-    # the H200's calibration points (session 29): pubmed and amazon-computers ran slower or
+    # the H200's calibration points (2026-11-28): pubmed and amazon-computers ran slower or
     # even reordered, github-musae faster
     assert not decide(nodes=19_717, edges=88_648).applied
     assert not decide(nodes=13_752, edges=287_209).applied
@@ -44,7 +44,7 @@ def test_cost_model_declines_where_it_does_not_pay_or_hold():
     assert not wide.applied and "F=602 > 2C=256" in wide.reason
     # the suite's 64x4 (F = 64, four heads of 16): each head gathers the 64-wide row, twice
     # the elements of the written k and v rows; measured 0.52-0.54x inference, 0.16-0.36x
-    # training on the H200 (session 30): declined on every graph, taken only when asked
+    # training on the H200 (2026-11-28): declined on every graph, taken only when asked
     for nodes, edges in ((169_343, 1_166_243), (132_534, 79_122_504), (232_965, 114_615_892)):
         declined = decide(f=64, c=16, heads=4, skip=64, nodes=nodes, edges=edges)
         assert not declined.applied and "reorder=True" not in declined.reason

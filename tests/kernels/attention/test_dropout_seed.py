@@ -1,4 +1,4 @@
-"""Attention dropout with its seed on the device (issue 13): the default seed is drawn by
+"""Attention dropout with its seed on the device: the default seed is drawn by
 torch's generator for the features' device (no host read, so a captured CUDA graph redraws it
 on every replay), the kernels read it from memory, and the mask it gives is the torch
 reference's.  Tiny graphs: the Triton kernels run under the interpreter on the CPU."""

@@ -577,7 +577,7 @@ def test_strategy_rule():
 
 
 def test_small_graphs_get_short_chunks_and_long_walks_go_edge_parallel():
-    """Session 30's rule (measured on the H200): on a graph too small to give every resident
+    """The small-graph rule (measured on the H200): on a graph too small to give every resident
     program a MIN_CHUNK chunk, chunks aim at fewer programs, down to SMALL_CHUNK edges; and a
     row walked in more than LONG_WALK_TILES edge tiles sends the traversal edge-parallel."""
     from hector.graph.structures import DegreeStats
