@@ -2,7 +2,7 @@
 with hector's captured times replaced by later ``scripts/tree_ab.py`` runs of a newer tree
 (an estimate mixing runs: PyG is not re-timed).
 
-    python scripts/attention_estimate.py [--suite docs/data/bench-session29-attention-suite-h200.json]
+    python scripts/attention_estimate.py [--suite docs/data/bench-2026-11-28-ab17b67-attention-suite-h200.json]
         [--tree new] [--ceiling [--fp32-tflops 37] [--kernel-us 2]] [LOG ...]
 
 Each LOG is a ``tree_ab.py --log`` file of ``hector bench --suite attention`` runs; the rows
@@ -127,7 +127,7 @@ def print_ceilings(cases: dict, suite: dict, tflops: float, kernel_us: float) ->
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("logs", nargs="*")
-    p.add_argument("--suite", default="docs/data/bench-session29-attention-suite-h200.json")
+    p.add_argument("--suite", default="docs/data/bench-2026-11-28-ab17b67-attention-suite-h200.json")
     p.add_argument("--tree", default="new")
     p.add_argument("--ceiling", action="store_true",
                    help="also each case's inference floor and the speedup it caps")
