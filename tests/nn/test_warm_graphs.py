@@ -201,3 +201,21 @@ def test_a_callers_capture_after_warm_use_matches_eager(name):
     torch.cuda.synchronize()
     torch.testing.assert_close(flat, torch.cat([o.flatten() for o in out.values()])
                                if isinstance(out, dict) else out.flatten())
+
+
+@cuda
+def test_an_unchanged_input_is_not_copied_again_but_a_changed_one_is():
+    layer, args = _case("transformer")
+    layer.eval()
+    x = args[0].clone()
+    with torch.no_grad():
+        for _ in range(4):
+            layer(x, args[1])
+        cap = next(v for v in layer.__dict__["_hector_warm"].seen.values()
+                   if isinstance(v, _warm._Captured))
+        assert cap.sources[0][0]() is x
+        x.mul_(-2.0)                                  # in place: a new version
+        got = layer(x, args[1])
+        with warm_graphs(False):
+            want = layer(x, args[1])
+    torch.testing.assert_close(got, want)

@@ -12,7 +12,7 @@ import torch
 
 from . import floor, suites, targets
 from ..checks import check_device_option
-from ..nn._warm import warm_graphs
+from ..nn._warm import enabled as warm_enabled, warm_graphs
 from .paper import ATTENTION_PROFILES, ATTENTION_REAL, HETERO_PROFILES, SUITES, suite
 from .timing import CPU_MAX_S, MIN_RUNS, NOISE_IQR, ROUNDS, interleaved, timed
 
@@ -392,6 +392,10 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                      f"within {NOISE_IQR:.0%} of the median, at most about {CPU_MAX_S:g} s per "
                      "measurement; 'noisy' when it stayed wider); peak memory is measured on "
                      "CUDA only ('-')")
+    if cuda and warm_enabled():
+        notes.append("hector: eager calls as a training loop makes them; warm calls replay "
+                     "CUDA graphs the layer captured itself (hector.warm_graphs(False) or "
+                     "HECTOR_WARM_GRAPHS=0 turns that off)")
     if any(c.layer in suites.RELATIONAL for c in cases):
         notes.append(f"{' and '.join(PAIRED)}: timed together in {ROUNDS} alternating rounds, "
                      "their runs pooled (the ratio of the two is a target)")

@@ -175,6 +175,7 @@ class _Captured:
             p for p in params if p.requires_grad] if self.grad else []
         self.n_inputs = sum(s.requires_grad for s in self.inputs)
         self.slots = [s.detach() for s in self.inputs]   # (written in place each call)
+        self.sources: list = [None] * len(self.inputs)    # (what each slot last copied)
         args, kwargs = _rebuild((args, kwargs), iter(self.inputs))
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
@@ -243,8 +244,12 @@ class _Captured:
         return self.pending is not None and self.pending() is not None
 
     def run(self, leaves):
-        for s, t in zip(self.slots, leaves):
-            s.copy_(t)
+        for i, t in enumerate(leaves):
+            # (a first layer's input is the same unchanged tensor every step: no copy)
+            last = self.sources[i]
+            if last is None or last[0]() is not t or last[1] != t._version:
+                self.slots[i].copy_(t)
+                self.sources[i] = (weakref.ref(t), t._version)
         if self.bwd is None:
             self.fwd.replay()
             return self.rebuild([o.clone() for o in self.outs])
