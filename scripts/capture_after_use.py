@@ -1,0 +1,102 @@
+"""Can a user capture a hector layer's training step in a plain ``torch.cuda.graph`` after
+eager and ``torch.compile`` calls of it in the same process, and how does
+``torch.compile(mode="reduce-overhead")`` compare with that manual capture?  (CUDA)
+
+    python scripts/capture_after_use.py [--layers gat,rgat,hgt] [--datasets synthetic:cora,synthetic:aifb]
+
+Per layer: eager steps (warm calls replayed), then ``torch.compile(layer)`` steps, then a
+manual capture of one forward + backward (replayed and checked against an eager step), then
+``torch.compile(layer, mode="reduce-overhead")``; prints ms per step of the manual replay and
+of the reduce-overhead steps, and any failure with its message.  Run with
+``TORCH_LOGS=perf_hints`` to see why cudagraph trees skip a graph.
+"""
+import argparse
+import time
+import traceback
+
+import torch
+
+from hector.bench import suites
+
+
+def per_step(fn, n=100):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e3
+
+
+def check(layer_name, W, features=64):
+    ref = suites.pyg_layer(layer_name, W, features, 1)
+    ours = suites.hector_layer(layer_name, ref, "triton").to(W.device)
+    x = W.x(features).detach().clone().requires_grad_()
+    row = {}
+
+    def step_with(call):
+        def step():
+            ours.zero_grad(set_to_none=True)
+            x.grad = None
+            call(x).sum().backward()
+        return step
+    eager = step_with(suites.caller(layer_name, ours, W, False))
+    for _ in range(4):
+        eager()
+    try:
+        compiled = step_with(suites.caller(layer_name, torch.compile(ours), W, False))
+        for _ in range(3):
+            compiled()
+    except Exception as exc:           # noqa: BLE001 (reported, not fatal)
+        row["compile"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):     # (as a user would: warm calls replay here)
+            for _ in range(3):
+                eager()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            eager()
+        graph.replay()
+        torch.cuda.synchronize()
+        got = x.grad.clone()
+        eager()
+        torch.testing.assert_close(got, x.grad, rtol=1e-4, atol=1e-5)
+        row["manual capture ms"] = per_step(graph.replay)
+    except Exception as exc:           # noqa: BLE001
+        row["manual capture"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        traceback.print_exc()
+    try:
+        ro = step_with(suites.caller(layer_name, torch.compile(ours, mode="reduce-overhead"),
+                                     W, False))
+        row["compile RO ms"] = per_step(ro)
+    except Exception as exc:           # noqa: BLE001
+        row["compile RO"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    row["eager ms"] = per_step(eager)
+    return row
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", default="gat,rgat,hgt")
+    p.add_argument("--datasets", default="synthetic:cora,synthetic:aifb")
+    a = p.parse_args()
+    dev = torch.device("cuda")
+    rows = []
+    for ds in a.datasets.split(","):
+        W = suites.Workload(ds, dev)
+        for layer in a.layers.split(","):
+            if (layer in suites.RELATIONAL) != (W.graph.num_relations > 1):
+                continue
+            rows.append((layer, ds, check(layer, W)))
+    for layer, ds, row in rows:
+        print(layer, ds, "  ".join(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}"
+                                   for k, v in row.items()))
+
+
+if __name__ == "__main__":
+    main()
