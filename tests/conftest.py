@@ -9,6 +9,9 @@ tests never write to ``~/.cache/hector`` nor read what another run left there.
 ``HECTOR_TEST_PROGRAM_ORDER=reversed`` (or ``shuffled``) runs every interpreted launch's
 programs in that order instead of grid order (``helpers.program_order``): a sweep for
 kernels that assume which program runs last, as a GPU would expose.
+
+The test functions listed in ``slow-tests.txt`` are marked ``slow``: ``pytest -m "not slow"``
+is the fast subset (a few minutes on a 2-core CPU, against 15-17 for the whole suite).
 """
 import atexit
 import os
@@ -61,3 +64,23 @@ def _program_order():
     from helpers import program_order
     with program_order(order):
         yield
+
+
+# -- the `slow` marker ----------------------------------------------------------------------
+#: Node ids (without parameters) of the test functions listed in slow-tests.txt: each is
+#: marked `slow` at collection, every parametrization of it, so `pytest -m "not slow"` leaves
+#: them out.  A test may also carry ``@pytest.mark.slow`` itself.
+SLOW_TESTS_FILE = os.path.join(os.path.dirname(__file__), "slow-tests.txt")
+
+
+def slow_tests() -> frozenset:
+    with open(SLOW_TESTS_FILE, encoding="utf-8") as f:
+        return frozenset(entry for entry in (line.split("#", 1)[0].strip() for line in f)
+                         if entry)
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = slow_tests()
+    for item in items:
+        if item.nodeid.split("[", 1)[0] in slow:
+            item.add_marker(pytest.mark.slow)
