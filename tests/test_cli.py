@@ -119,3 +119,16 @@ def test_no_network_without_root_is_one_line(argv, tmp_path, monkeypatch, capsys
     assert len(err.splitlines()) == 1 and len(err) < 500, err
     assert "download failed" in err and "https://" in err and "--root" in err
     assert "Name or service not known" in err
+
+
+@pytest.mark.parametrize("model,name", [("gat", "GATConv"), ("agnn", "AGNNConv"),
+                                        ("transformer", "TransformerConv")])
+def test_explain_attention_models(model, name, capsys):
+    """``hector explain`` covers the attention layers: their fused op, schedule and why."""
+    rc = main(["explain", model, "--dataset", "synthetic:cora", "--in-dim", "16",
+                   "--out-dim", "8", "--heads", "2", "--no-launches"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"== hector.explain: {name}" in out
+    assert "fused op: hector.kernels.attention.op.edge_attention" in out
+    assert "(CSR by destination):" in out and "why:" in out

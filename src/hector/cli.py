@@ -106,6 +106,15 @@ def format_info(s: dict) -> str:
     return "\n".join(lines)
 
 
+def _attention_layer(model: str, in_dim: int, out_dim: int, heads: int) -> torch.nn.Module:
+    """``hector explain``'s attention layer (AGNN keeps its input width: no projection)."""
+    from . import nn
+    if model == "agnn":
+        return nn.AGNNConv()
+    cls = nn.GATConv if model == "gat" else nn.TransformerConv
+    return cls(in_dim, out_dim, heads=heads)
+
+
 COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
     "train": ("train a model end to end (entity or node classification) and report test "
               "accuracy", train.configure, train.run),
@@ -113,7 +122,8 @@ COMMANDS: Dict[str, Tuple[str, Callable, Callable]] = {
               bench.configure, bench.run),
     "info": ("print a dataset's statistics", _configure_info, _run_info),
     "explain": ("show a model's IR before and after each pass, the decisions, the plan and "
-                "the kernels", explain_command.configure, explain_command.run),
+                "the kernels", explain_command.configure,
+                lambda args: explain_command.run(args, _attention_layer)),
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-from typing import Callable, List, Union
+from typing import Callable, List, Optional, Union
 
 import torch
 
@@ -48,6 +48,9 @@ _EDGEWISE_KERNEL = ("hector.kernels.edgewise.op (generated edgewise Triton kerne
                     "backend: the same statements as torch ops)")
 
 MODELS = ("rgcn", "rgat", "hgt")
+#: Explained from their ``hector.nn`` layer (built by the command line, which may import
+#: ``nn``): the fused attention's spec, strategy and kernels.
+ATTENTION_MODELS = ("gat", "agnn", "transformer")
 
 
 def _program(module_or_fn, **dims):
@@ -308,7 +311,9 @@ def _step_kernels(step, graph, kernels: _Kernels) -> List[str]:
 
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Arguments of ``hector explain MODEL --dataset D``."""
-    parser.add_argument("model", choices=MODELS, help="relational layer to compile")
+    parser.add_argument("model", choices=MODELS + ATTENTION_MODELS,
+                        help="layer to explain: a relational layer's compilation, or an "
+                             "attention layer's fused kernels and schedule")
     parser.add_argument("--dataset", required=True,
                         help="dataset name (hector.datasets.load), e.g. aifb or synthetic:aifb")
     parser.add_argument("--root", default=None, help="local folder with the dataset files")
@@ -323,9 +328,20 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def run(args) -> int:
+def run(args, attention_layer: Optional[Callable] = None) -> int:
+    """``attention_layer(model, in_dim, out_dim, heads)``: the ``hector.nn`` layer of an
+    attention model (the command line passes it: ``nn`` sits above the compiler)."""
     ds = datasets.load(args.dataset, root=args.root)
     graph = ds.graph
+    if args.model in ATTENTION_MODELS:
+        if attention_layer is None:
+            raise ValueError(f"hector explain {args.model}: no attention layer builder given")
+        layer = attention_layer(args.model, args.in_dim, args.out_dim, args.heads)
+        # (on one node set: an attention layer reads no relations or node types)
+        homo = Graph(graph.input_edge_index(), num_nodes=graph.num_nodes)
+        print(explain(layer, homo, launches=not args.no_launches and not args.forward_only,
+                      features=args.in_dim))
+        return 0
     opts = {k: not getattr(args, f"no_{k}") for k in ("reorder", "compact", "fuse")}
     dims = dict(in_dim=args.in_dim, out_dim=args.out_dim, num_relations=graph.num_relations,
                 num_node_types=graph.num_node_types)
