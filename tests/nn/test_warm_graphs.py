@@ -219,3 +219,11 @@ def test_an_unchanged_input_is_not_copied_again_but_a_changed_one_is():
         with warm_graphs(False):
             want = layer(x, args[1])
     torch.testing.assert_close(got, want)
+
+
+def test_saved_tensor_hooks_turn_replays_off():
+    """Checkpointing and save_on_cpu decide where saved values live: no replay under them."""
+    assert not _warm._saved_hooks()
+    with torch.autograd.graph.save_on_cpu():
+        assert _warm._saved_hooks()
+    assert not _warm._saved_hooks()

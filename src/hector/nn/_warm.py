@@ -29,8 +29,10 @@ What a replay guarantees, so that it is the same function as the eager call:
 
 Replays are off where they cannot or need not apply: on the CPU, while ``torch.compile``
 traces, inside a caller's own CUDA-graph capture (the caller captures hector's kernels
-directly), under a dispatch mode or functorch transform, in debug mode (``HECTOR_DEBUG=1``,
-whose checks read the device), inside :func:`warm_graphs(False) <warm_graphs>`, on graphs of
+directly), under a dispatch mode or functorch transform, under saved-tensor hooks
+(activation checkpointing, ``torch.autograd.graph.save_on_cpu``), in debug mode
+(``HECTOR_DEBUG=1``, whose checks read the device), inside
+:func:`warm_graphs(False) <warm_graphs>`, on graphs of
 more than :data:`MAX_EDGES` edges (their steps are GPU-bound already, and a captured step
 keeps its intermediates), and with ``HECTOR_WARM_GRAPHS=0``.
 """
@@ -338,7 +340,21 @@ def _precision() -> tuple:
 def _eligible() -> bool:
     return (not torch.compiler.is_compiling() and enabled() and torch.cuda.is_available()
             and not torch.cuda.is_current_stream_capturing() and _untraced()
-            and not C.debug_enabled() and not _retained())
+            and not C.debug_enabled() and not _retained() and not _saved_hooks())
+
+
+_TOP_HOOKS = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
+def _saved_hooks() -> bool:
+    """Saved-tensor hooks are active (activation checkpointing, ``save_on_cpu``): they
+    decide where a forward's saved values live, which a replay keeps in its graph's memory."""
+    if _TOP_HOOKS is None:
+        return False
+    try:
+        return _TOP_HOOKS(False) is not None
+    except TypeError:          # (an older signature without ignore_is_tracing)
+        return _TOP_HOOKS() is not None
 
 
 def _retained() -> bool:
