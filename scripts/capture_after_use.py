@@ -2,7 +2,8 @@
 eager and ``torch.compile`` calls of it in the same process, and how does
 ``torch.compile(mode="reduce-overhead")`` compare with that manual capture?  (CUDA)
 
-    python scripts/capture_after_use.py [--layers gat,rgat,hgt] [--datasets synthetic:cora,synthetic:aifb]
+    python scripts/capture_after_use.py [--layers gat,rgat,hgt] \
+        [--datasets synthetic:cora,synthetic:aifb]
 
 Per layer: eager steps (warm calls replayed), then ``torch.compile(layer)`` steps, then a
 manual capture of one forward + backward (replayed and checked against an eager step), then

@@ -69,9 +69,9 @@ def probe(layer_name, W, features, heads, calls=200, pyg=False, cprofile=None):
             for _ in range(5):
                 step()
             sync()
-            # Host: the process's CPU time over back-to-back calls (autograd launches the backward from its device thread) (the queue does
-            # not fill: these steps are host-bound); wall: the same loop up to the last
-            # kernel's end.
+            # Host: the process's CPU time over back-to-back calls (autograd launches the
+            # backward from its device thread; the queue does not fill: these steps are
+            # host-bound); wall: the same loop up to the last kernel's end.
             t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(calls):
                 step()
