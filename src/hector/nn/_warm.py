@@ -119,7 +119,7 @@ def _flatten(obj, leaves: list, refs: list, edges: list):
             leaves.append(obj)
             return ("t", obj.dtype, obj.shape, obj.stride(), obj.requires_grad)
         refs.append(obj)
-        edges.append(obj.numel() // 2)
+        edges.append(obj.shape[1] if obj.dim() == 2 else 0)    # ([2, E]: an edge_index)
         return ("i", id(obj), obj._version)
     if isinstance(obj, Graph):
         if obj.device.type != "cuda":
