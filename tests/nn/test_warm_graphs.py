@@ -227,3 +227,15 @@ def test_saved_tensor_hooks_turn_replays_off():
     with torch.autograd.graph.save_on_cpu():
         assert _warm._saved_hooks()
     assert not _warm._saved_hooks()
+
+
+def test_a_layers_table_survives_other_modules_but_not_its_own_new_parameters():
+    layer, _ = make_case("gat")
+    table = _warm._table(layer)
+    table.seen["key"] = 1
+    torch.nn.Linear(2, 2)                      # another module registers parameters
+    assert _warm._table(layer) is table and table.seen["key"] == 1
+    layer.att_src = torch.nn.Parameter(torch.zeros_like(layer.att_src))   # its own: new table
+    fresh = _warm._table(layer)
+    assert fresh is not table and not fresh.seen
+    assert any(p is layer.att_src for p in fresh.params)
