@@ -239,3 +239,30 @@ def test_a_layers_table_survives_other_modules_but_not_its_own_new_parameters():
     fresh = _warm._table(layer)
     assert fresh is not table and not fresh.seen
     assert any(p is layer.att_src for p in fresh.params)
+
+
+@cuda
+@pytest.mark.parametrize("name", LAYERS)
+def test_a_warm_step_runs_no_hector_code_but_the_replay_and_reads_nothing(name):
+    """Counted: once warm, a training step enters no hector function outside the replay
+    machinery (no planning, no checks, no launch set-up) and reads nothing back to the host."""
+    import sys
+    from helpers import HECTOR_SRC, host_reads
+    layer, args = _case(name)
+    for seed in range(4):
+        _step(layer, args, seed)
+    entered = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(HECTOR_SRC):
+            entered.add(frame.f_code.co_filename)
+    with host_reads() as reads:
+        sys.setprofile(profile)
+        try:
+            _step(layer, args, 5)
+        finally:
+            sys.setprofile(None)
+    assert warm_stats(layer)["replayed"] == 3
+    assert {f.replace(HECTOR_SRC, "") for f in entered} <= {"/nn/_warm.py", "/checks.py",
+                                                           "/kernels/eager.py"}
+    assert not reads
