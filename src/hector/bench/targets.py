@@ -1,4 +1,5 @@
-"""Issue 5's performance targets, evaluated on a finished ``hector bench`` result.
+"""hector's performance targets (the papers' settings on one H200), evaluated on a finished
+``hector bench`` result.
 
 Every ratio is hector at its best against PyG at its best in the same case: for time, the
 faster of hector eager and hector captured in CUDA graphs, against the fastest of PyG eager,
@@ -31,8 +32,8 @@ LARGEST = ("synthetic:mag", "synthetic:wikikg2", "synthetic:reddit", "synthetic:
 PYG = ("PyG eager", "PyG compile", "PyG compile RO")
 HECTOR = ("hector", "hector captured")
 REPLAYED = ("PyG compile RO", "hector captured")     # CUDA graph replays: no peak of their own
-#: issue 12: the optimised plan at most this much slower than the unoptimised one (eager
-#: against eager, timed in interleaved rounds by the runner)
+#: The optimised plan at most this much slower than the unoptimised one (eager against
+#: eager, timed in interleaved rounds by the runner): the compiler's passes must not cost.
 UNOPT_RATIO = 1.05
 
 
