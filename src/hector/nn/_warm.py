@@ -421,7 +421,7 @@ def _remember(table: _Table, key, value) -> None:
 
 def warm_stats(module) -> dict:
     """Counts of a layer's calls since its parameters last changed: ``eager``, ``captured``,
-    ``replayed``, ``failed`` (tests and ``hector bench``)."""
+    ``replayed``, ``failed`` (for tests and diagnostics)."""
     table = module.__dict__.get("_hector_warm")
     return dict(table.stats) if table is not None else dict(eager=0, captured=0, replayed=0,
                                                             failed=0)
