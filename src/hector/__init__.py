@@ -3,7 +3,7 @@ from .compiler.execute import retain_saved
 from .compiler.explain import explain
 from .compiler.program import Program, compile
 from .graph import Graph
-from .nn._warm import warm_graphs
+from .compiler.warm import warm_graphs
 
 from ._version import __version__
 __all__ = ["Graph", "compile", "Program", "explain", "retain_saved", "warm_graphs",

@@ -1,4 +1,4 @@
-"""Warm eager layer calls replayed from CUDA graphs (``hector.nn._warm``).
+"""Warm eager layer calls replayed from CUDA graphs (``hector.compiler.warm``).
 
 On the CPU: the signature rules (which arguments a replay can stand for) and that nothing is
 captured there.  On CUDA (skipped without): every layer's warm calls replay, with outputs and
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import hector
-from hector.nn import _warm
-from hector.nn._warm import warm_graphs, warm_stats
+from hector.compiler import warm as _warm
+from hector.compiler.warm import warm_graphs, warm_stats
 from test_compile import LAYERS, assert_same, make_case
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -263,6 +263,35 @@ def test_a_warm_step_runs_no_hector_code_but_the_replay_and_reads_nothing(name):
         finally:
             sys.setprofile(None)
     assert warm_stats(layer)["replayed"] == 3
-    assert {f.replace(HECTOR_SRC, "") for f in entered} <= {"/nn/_warm.py", "/checks.py",
+    assert {f.replace(HECTOR_SRC, "") for f in entered} <= {"/compiler/warm.py", "/checks.py",
                                                            "/kernels/eager.py"}
     assert not reads
+
+
+def _mean_of_neighbours(m, in_dim, out_dim):
+    x = m.node_input("x", in_dim)
+    W = m.weight("weight", (in_dim, out_dim), per="relation")
+    return m.aggregate(m.linear(m.src(x), W), "mean", per_relation=True)
+
+
+@cuda
+def test_a_compiled_dsl_module_replays_too():
+    """``hector.compile`` modules go through the same warm calls as hector.nn's layers."""
+    from helpers import random_relational
+    ei, et = random_relational()
+    graph = hector.Graph(ei, et, num_nodes=24, num_relations=4).to("cuda")
+    layer = hector.compile(_mean_of_neighbours, in_dim=16, out_dim=8, num_relations=4).cuda()
+
+    def step(seed):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        x = torch.randn(24, 16, generator=gen, device="cuda").requires_grad_()
+        layer.zero_grad(set_to_none=True)
+        out = layer(graph, x=x)
+        (out * torch.linspace(-1, 1, out.numel(), device="cuda").view_as(out)).sum().backward()
+        return out.detach(), {"x": x.grad, "weight": layer.weight.grad.clone()}
+    with warm_graphs(False):
+        want = [step(s) for s in range(4)]
+    got = [step(s) for s in range(4)]
+    assert warm_stats(layer)["replayed"] == 4 - _warm.CALLS_BEFORE_CAPTURE
+    for g, w in zip(got, want):
+        assert_same(g, w)

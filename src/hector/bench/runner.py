@@ -12,7 +12,7 @@ import torch
 
 from . import floor, suites, targets
 from ..checks import check_device_option
-from ..nn._warm import enabled as warm_enabled, warm_graphs
+from ..compiler.warm import enabled as warm_enabled, warm_graphs
 from .paper import ATTENTION_PROFILES, ATTENTION_REAL, HETERO_PROFILES, SUITES, suite
 from .timing import CPU_MAX_S, MIN_RUNS, NOISE_IQR, ROUNDS, interleaved, timed
 

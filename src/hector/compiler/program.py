@@ -37,6 +37,7 @@ from .passes.common import GraphStats
 from .pipeline import (CompiledPlan, ForwardStage, check_same_plan, compile_backward,
                        compile_forward)
 from .steps_torch import GraphIndex
+from .warm import graphed
 
 AUTODIFF = ("ir", "torch")
 PLAN_CACHE_SIZE = 64
@@ -257,6 +258,7 @@ class CompiledModule(nn.Module):
                 bound = math.sqrt(6.0 / fan)
                 nn.init.uniform_(p, -bound, bound)
 
+    @graphed        # (warm calls on CUDA replay CUDA graphs, as hector.nn's layers do)
     def forward(self, graph, **inputs):
         weights = {n: getattr(self, n) for n in self.program.traced.weights}
         outs = self.program(graph, inputs, weights)

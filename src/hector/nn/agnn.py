@@ -11,7 +11,7 @@ from ..kernels.attention.op import edge_attention
 from ..kernels.attention.spec import AttentionSpec
 from ._common import (as_one_graph, check_backend, check_input, check_strategy, load_from_pyg,
                       resolve_graph, take_rows)
-from ._warm import graphed
+from ..compiler.warm import graphed
 
 
 class AGNNConv(nn.Module):

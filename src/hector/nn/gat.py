@@ -12,7 +12,7 @@ from ..kernels.segment_mm.op import segment_mm
 from ._bias import linear_of
 from ._common import (as_one_graph, check_backend, check_input, check_strategy,
                       load_from_pyg, no_edge_features, resolve_graph, take_rows)
-from ._warm import graphed
+from ..compiler.warm import graphed
 
 
 #: Several heads' scores come from the projection's epilogue only on graphs of at most this

@@ -13,7 +13,7 @@ from ..compiler.program import Program, node_type_bounds
 from ..graph import Graph
 from ..graph.cache import cached
 from ._common import check_input, load_from_pyg, stacked_rows
-from ._warm import graphed
+from ..compiler.warm import graphed
 from .rgcn import compiler_options
 
 

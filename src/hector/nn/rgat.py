@@ -11,7 +11,7 @@ from .. import checks as C
 from ..compiler import models
 from ..compiler.program import Program
 from ._common import as_one_graph, check_input, load_from_pyg, take_rows
-from ._warm import graphed
+from ..compiler.warm import graphed
 from .rgcn import compiler_options, glorot_, relational_graph, unsupported
 
 

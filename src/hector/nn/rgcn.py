@@ -12,7 +12,7 @@ from ..compiler import models
 from ..compiler.program import Program
 from ..graph import Graph, graph_of
 from ._common import as_one_graph, check_input, load_from_pyg, take_rows
-from ._warm import graphed
+from ..compiler.warm import graphed
 
 
 def glorot_(p: Optional[torch.Tensor]) -> None:

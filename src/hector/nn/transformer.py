@@ -15,7 +15,7 @@ from ._common import (as_one_graph, check_backend, check_input, check_strategy,
                       load_from_pyg, no_edge_features, resolve_graph, take_rows)
 from ._reorder import (has_edges, messages, messages_added, query_key,
                        transformer_reorder)
-from ._warm import graphed
+from ..compiler.warm import graphed
 
 
 class TransformerConv(nn.Module):

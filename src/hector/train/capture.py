@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..nn._warm import warm_graphs
+from ..compiler.warm import warm_graphs
 
 WARMUP_STEPS = 3
 

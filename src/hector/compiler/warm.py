@@ -52,9 +52,9 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.modules import module as _module
 
 from .. import checks as C
-from ..compiler.execute import _RETAIN
 from ..graph import Graph
 from ..kernels.eager import _PLAIN, _untraced
+from .execute import _RETAIN
 
 #: Identical eager calls before a signature is captured (the first call plans and compiles;
 #: the second shows the loop repeats).
@@ -179,6 +179,10 @@ class _Captured:
         self.slots = [s.detach() for s in self.inputs]   # (written in place each call)
         self.sources: list = [None] * len(self.inputs)    # (what each slot last copied)
         args, kwargs = _rebuild((args, kwargs), iter(self.inputs))
+        with warm_graphs(False):    # (a warm layer inside this one records its kernels here)
+            self._capture(module, forward, args, kwargs)
+
+    def _capture(self, module, forward, args, kwargs):
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
