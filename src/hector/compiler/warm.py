@@ -169,13 +169,16 @@ class _Captured:
         self.refs = [weakref.ref(r) for r in refs]
         self.params = params
         self.ptrs = [p.data_ptr() for p in params]
-        self.grad = torch.is_grad_enabled()
         self.inputs = [t.detach().clone() for t in leaves]
         for s, t in zip(self.inputs, leaves):
             s.requires_grad_(t.requires_grad)
-        self.wants = [s for s in self.inputs if s.requires_grad] + [
-            p for p in params if p.requires_grad] if self.grad else []
-        self.n_inputs = sum(s.requires_grad for s in self.inputs)
+        # What the backward differentiates, fixed by the signature (it holds every
+        # requires_grad flag): the inputs that need a gradient, then the parameters.
+        self.grad_inputs = [i for i, s in enumerate(self.inputs) if s.requires_grad]
+        self.grad_params = [p for p in params if p.requires_grad]
+        self.wants = ([self.inputs[i] for i in self.grad_inputs] + self.grad_params
+                      if torch.is_grad_enabled() else [])
+        self.n_inputs = len(self.grad_inputs)
         self.slots = [s.detach() for s in self.inputs]   # (written in place each call)
         self.sources: list = [None] * len(self.inputs)    # (what each slot last copied)
         args, kwargs = _rebuild((args, kwargs), iter(self.inputs))
@@ -259,9 +262,7 @@ class _Captured:
         if self.bwd is None:
             self.fwd.replay()
             return self.rebuild([o.clone() for o in self.outs])
-        wanted = [t for t in leaves if t.requires_grad] + [p for p in self.params
-                                                           if p.requires_grad]
-        outs = _Replay.apply(self, *wanted)
+        outs = _Replay.apply(self, *[leaves[i] for i in self.grad_inputs], *self.grad_params)
         return self.rebuild(list(outs))
 
 
@@ -299,11 +300,12 @@ class _Replay(torch.autograd.Function):
 class _Table:
     """A layer's signatures: eager-call counts, captures, and those that failed."""
 
-    def __init__(self):
+    def __init__(self, params: list, stats: Optional[dict] = None):
         self.seen: "OrderedDict" = OrderedDict()
         self.epoch = _epoch[0]
-        self.params: Optional[list] = None
-        self.stats = dict(eager=0, captured=0, replayed=0, failed=0)
+        self.params = params
+        self.stats = stats if stats is not None else dict(eager=0, captured=0, replayed=0,
+                                                          failed=0)
 
 
 FAILED = object()
@@ -315,15 +317,12 @@ def _table(module) -> _Table:
     submodule: ``_epoch``)."""
     table = module.__dict__.get("_hector_warm")
     if table is None:
-        table = module.__dict__["_hector_warm"] = _Table()
-        table.params = list(module.parameters())
+        table = module.__dict__["_hector_warm"] = _Table(list(module.parameters()))
     elif table.epoch != _epoch[0]:
         params = list(module.parameters())
         if len(params) != len(table.params) or any(
                 p is not q for p, q in zip(params, table.params)):
-            stats = table.stats
-            table = module.__dict__["_hector_warm"] = _Table()
-            table.params, table.stats = params, stats
+            table = module.__dict__["_hector_warm"] = _Table(params, table.stats)
         table.epoch = _epoch[0]
     return table
 
