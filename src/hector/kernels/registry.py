@@ -42,7 +42,8 @@ _HERE = Path(__file__).parent
 #: Where templates are looked up, in order: the shared macros, then each kernel family's own.
 TEMPLATE_DIRS = (_HERE / "templates", _HERE / "attention" / "templates",
                  _HERE / "segment_mm" / "templates", _HERE / "traversal" / "templates",
-                 _HERE / "edgewise" / "templates", _HERE / "stats" / "templates")
+                 _HERE / "edgewise" / "templates", _HERE / "stats" / "templates",
+                 _HERE / "sampling" / "templates")
 #: Shared macros every template may import; their text is part of every kernel's hash.
 MACROS = ("_macros.py.j2",)
 #: Default cache folder (``$HECTOR_CACHE_DIR`` overrides it).
@@ -115,6 +116,7 @@ KERNELS: Mapping[str, Entry] = MappingProxyType({
     "cosine_qk": Entry("cosine.py.j2", "cosine_qk_kernel", {}),
     "count_facts": Entry("count_facts.py.j2", "count_facts_kernel",
                          dict(from_ptr=_BOOL, kind=("bins", "degrees"))),
+    "floyd": Entry("floyd.py.j2", "floyd_kernel", {}),
     "cosine_qk_bwd": Entry("cosine.py.j2", "cosine_qk_bwd_kernel", {}),
     "traversal_csr": Entry("traversal_csr.py.j2", "traversal_csr_kernel", _TRAVERSAL),
     "traversal_csr_rows": Entry("traversal_csr.py.j2", "traversal_csr_rows_kernel",

@@ -13,6 +13,7 @@ from ..graph import Graph, build
 from ..graph.block import mark_block
 from .prefetch import prefetched
 from .sampler import SamplingIndex, relabel, sample_hop
+from .static import StaticSampler
 
 
 @dataclass
@@ -91,6 +92,11 @@ class NeighborLoader:
             graph's device and its default stream.  On an H200 ``prefetch=2`` made epochs of
             synthetic mag (fan-out 25,20, batch 1024) 10-17% shorter, but small Python-bound
             batches slower (both threads queue for the GIL): measure before turning it on.
+        static: sample into buffers of static capacities on the graph's device
+            (:mod:`hector.loader.static`): no host read while sampling, one per batch to cut
+            its blocks to size.  :meth:`static_batches` yields the uncut batches, which a
+            step captured once in a CUDA graph can replay on.  The batches have every
+            property of the others, from other random draws.
 
     Sampling runs on the graph's device; move the graph first (``graph.to('cuda')``).
     """
@@ -98,7 +104,7 @@ class NeighborLoader:
     def __init__(self, graph: Graph, num_neighbors: Sequence, input_nodes=None,
                  batch_size: int = 1, shuffle: bool = False, seed: Optional[int] = None,
                  drop_last: bool = False, num_parts: int = 1, part: int = 0,
-                 prefetch: int = 0):
+                 prefetch: int = 0, static: bool = False):
         if not isinstance(graph, Graph):
             raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
         if graph.num_node_types > 1 and not graph.node_types_contiguous:
@@ -128,6 +134,9 @@ class NeighborLoader:
         self.seed_type = self._only_seed_type()
         #: The most nodes a batch can hold (see ``_max_nodes``).
         self.max_nodes = self._max_nodes()
+        self.static = None
+        if static:
+            self.static = StaticSampler(self.index, self.fanouts, batch_size, self.generator)
 
     def _only_seed_type(self) -> Optional[int]:
         """The node type of every seed when they share one (read once, here), else None: a
@@ -224,6 +233,10 @@ class NeighborLoader:
         return self._batches()
 
     def _batches(self):
+        if self.static is not None:
+            for sb in self.static_batches():
+                yield sb.to_batch(self.graph, self.node_type_ptr, self.graph.node_type_names)
+            return
         seeds = self._part_seeds()
         for b in range(len(self)):
             chunk = seeds[b * self.batch_size:(b + 1) * self.batch_size]
@@ -233,6 +246,25 @@ class NeighborLoader:
                 continue
             chunk = chunk[torch.sort(self.index.node_type[chunk], stable=True).indices]
             yield self.sample(chunk)
+
+    def static_batches(self):
+        """The batches as :class:`~.static.StaticBatch` es (a loader made with ``static=True``):
+        seeds padded to ``batch_size`` with their count on the device, every buffer of a
+        static shape, nothing read back to the host."""
+        if self.static is None:
+            raise RuntimeError("static_batches needs a loader made with static=True")
+        seeds, size = self._part_seeds(), self.batch_size
+        count = torch.full((), size, dtype=torch.int64, device=seeds.device)
+        for b in range(len(self)):
+            chunk = seeds[b * size:(b + 1) * size]
+            n = chunk.numel()
+            if self.seed_type is None:
+                chunk = chunk[torch.sort(self.index.node_type[chunk], stable=True).indices]
+            if n < size:          # the last, short batch: padded, its count on the device
+                chunk = torch.cat([chunk, chunk.new_zeros(size - n)])
+                yield self.static.sample(chunk, torch.full_like(count, n))
+            else:
+                yield self.static.sample(chunk, count)
 
     def sample(self, seeds: torch.Tensor, seed_type_ptr: Optional[List[int]] = None) -> Batch:
         """The batch of these seeds (global ids, ordered by node type); ``seed_type_ptr``:

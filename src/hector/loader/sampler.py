@@ -25,6 +25,8 @@ from typing import Tuple, Union
 
 import torch
 
+from ..kernels.sampling.reference import floyd_table_torch
+
 
 _KEY_RANGE = 2 ** 31            # random keys in [0, 2^31)
 _KEY_GROUPS = 2 ** 32           # group * 2^31 + key stays below 2^63
@@ -141,27 +143,14 @@ def _floyd_pays(dst: torch.Tensor, low: int, high: int, groups: int, total: int)
 def _floyd_picks(starts: torch.Tensor, deg: torch.Tensor, k: torch.Tensor, width: int,
                  kept, generator: torch.Generator):
     """CSR positions and group numbers of ``min(deg[g], k[g])`` picks per group ``g`` (the
-    candidates ``starts[g] + [0, deg[g])``), by Floyd's algorithm (see the module's
-    docstring): a ``[groups, width]`` table (``width`` >= every ``k``), each row a uniform
-    ``k``-subset of its ``d`` candidates (all of them, in order, where ``d <= k``), sorted along
-    the row, then its valid entries laid out row after row by one scatter (``kept`` of them,
-    or counted here when None): the same output, in the same order, as the sorting path."""
+    candidates ``starts[g] + [0, deg[g])``) by Floyd's algorithm
+    (:func:`hector.kernels.sampling.floyd_table`), its valid entries laid
+    out row after row by one scatter (``kept`` of them, or counted here when None): the
+    same output, in the same order, as the sorting path."""
     n = deg.numel()
-    picks = torch.zeros(n, width, dtype=torch.int64)
-    for i in range(width):
-        # (only rows with d > k and i < k keep these picks; j >= 0 there)
-        j = deg - k + i
-        t = (torch.rand(n, generator=generator, dtype=torch.float64) * (j + 1)).long()
-        t = torch.minimum(t, j)           # (a product rounded up to j + 1)
-        taken = (picks[:, :i] == t[:, None]).any(dim=1)
-        picks[:, i] = torch.where(taken, j, t)
+    picks, valid = floyd_table_torch(deg, k, width, generator)
     lanes = torch.arange(width)
     counts = torch.minimum(deg, k)
-    valid = lanes[None, :] < counts[:, None]
-    # Rows with d > k sort their k picks (the lanes past k, unused, sort last as d);
-    # rows with d <= k take every candidate in order.
-    picks = torch.where(valid, picks, deg[:, None]).sort(dim=1).values
-    picks = torch.where((deg <= k)[:, None], lanes.expand(n, width), picks)
     if kept is None:
         kept = int(counts.sum())
     # Row g's valid picks go to [offset_g, offset_g + counts_g); invalid ones to a spare

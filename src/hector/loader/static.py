@@ -1,0 +1,273 @@
+"""Neighbour sampling with static capacities: a batch's blocks as device tensors whose shapes
+depend only on the batch size, the fan-outs and the graph, with the batch's actual sizes kept
+in device memory.  Nothing is read back to the host, so a CUDA graph captured once can replay
+the sampling of every batch (the loader's generator registered with the graph).
+
+The capacities are the worst case, derived once (:class:`Capacities`): a hop's destinations
+are at most the previous hop's nodes, each with at most ``width`` sampled edges (its fan-out,
+or the graph's largest in-degree where that is smaller), and its nodes at most those
+destinations plus one source per edge, never more than the graph's nodes.  Valid entries are
+a prefix of every buffer; what lies past it is padding that indexes node 0, so a gather by
+any entry stays in bounds.
+
+Per hop (around the seeds first, like ``NeighborLoader.num_neighbors``):
+
+1. every destination's picks by Floyd's algorithm (:func:`hector.kernels.sampling.floyd_table`: one
+   kernel on CUDA, keyed by a seed in device memory that each call advances; a
+   ``[destinations, width]`` table; per (destination, relation) group for per-relation
+   fan-outs), a uniform sample without replacement of ``min(degree, fan-out)`` incoming edges;
+2. the picks laid out as a CSR by destination (``ptr``, counts by a cumsum), in the same order
+   as :func:`.sampler.sample_hop`'s: by destination, then CSR position;
+3. the hop's nodes: the destinations first, then each new source once, sorted by (node type,
+   destination first, global id) so node types stay contiguous ranges and, within a type, the
+   destinations are the first nodes in their own order (the block layout of
+   :mod:`hector.graph.block`).  Duplicates are found through a table over the graph's nodes
+   (the first candidate naming a node wins), not ``torch.unique``, whose output size is a host
+   read.
+
+The uncaptured path turns a :class:`StaticBatch` into an ordinary :class:`~.neighbor.Batch`
+of ``Graph`` blocks with one host read (:meth:`StaticBatch.to_batch`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ..kernels.sampling import floyd_table
+from .sampler import SamplingIndex
+
+
+@dataclass(frozen=True)
+class Capacities:
+    """Buffer sizes of every hop, hop 0 around the seeds: ``dst[h]`` destinations, ``width[h]``
+    picks per destination, ``edges[h] = dst[h] * width[h]`` sampled edges and ``nodes[h]``
+    nodes (destinations included); ``dst[h + 1] == nodes[h]``."""
+    seeds: int
+    width: Tuple[int, ...]
+    dst: Tuple[int, ...]
+    edges: Tuple[int, ...]
+    nodes: Tuple[int, ...]
+
+    @staticmethod
+    def of(batch_size: int, fanouts: Sequence, num_nodes: int, max_degree: int) -> "Capacities":
+        """``fanouts``: per hop an int (-1: every edge) or a list of per-relation ints;
+        ``max_degree``: the graph's largest in-degree (bounds a fan-out of -1)."""
+        widths, dsts, edges, nodes = [], [], [], []
+        n = batch_size
+        for f in fanouts:
+            per = list(f) if isinstance(f, (list, tuple)) else [f]
+            w = min(max_degree, sum(max_degree if k < 0 else k for k in per))
+            widths.append(w)
+            dsts.append(n)
+            edges.append(n * w)
+            n = min(num_nodes, n + n * w)
+            nodes.append(n)
+        return Capacities(batch_size, tuple(widths), tuple(dsts), tuple(edges), tuple(nodes))
+
+
+@dataclass
+class StaticHop:
+    """One hop's block, every tensor of a static shape (see :class:`Capacities`).
+
+    Attributes:
+        ptr: ``[dst + 1]`` CSR by destination (destination ``p``'s edges are
+            ``ptr[p]:ptr[p + 1]``; ``ptr[-1]`` is the hop's edge count).
+        src: ``[edges]`` local (node-space) id of each edge's source.
+        rel: ``[edges]`` relation of each edge.
+        node_ids: ``[nodes]`` global id of each local node (the destinations among them).
+        num_nodes: 0-d tensor, the valid prefix of ``node_ids``.
+        num_dst: 0-d tensor, the valid destinations (a prefix of the destination slots).
+        dst_local: ``[dst]`` local id of each destination.
+        type_ptr: ``[T + 1]`` node-type pointers of the local nodes.
+    """
+    ptr: torch.Tensor
+    src: torch.Tensor
+    rel: torch.Tensor
+    node_ids: torch.Tensor
+    num_nodes: torch.Tensor
+    num_dst: torch.Tensor
+    dst_local: torch.Tensor
+    type_ptr: torch.Tensor
+
+
+@dataclass
+class StaticBatch:
+    """A batch of seeds (``seeds[:num_seeds]``) with its hops, hop 0 around the seeds."""
+    seeds: torch.Tensor
+    num_seeds: torch.Tensor
+    hops: List[StaticHop]
+
+    def sizes(self) -> List[Tuple[int, int, int]]:
+        """(destinations, edges, nodes) of every hop, in one host read."""
+        flat = torch.stack([v for h in self.hops for v in (h.num_dst, h.ptr[-1], h.num_nodes)])
+        vals = flat.tolist()
+        return [tuple(vals[3 * i:3 * i + 3]) for i in range(len(self.hops))]
+
+    def to_batch(self, graph, node_type_ptr, node_type_names):
+        """The same batch as ``Graph`` blocks (outermost first, like ``NeighborLoader``'s),
+        their arrays cut to the actual sizes: one host read."""
+        from .neighbor import Batch, block_graph
+        from ..graph.block import mark_block
+        sizes = self.sizes()
+        type_ptrs = torch.stack([h.type_ptr for h in self.hops]).tolist()
+        node_type = graph.node_type.long()
+        blocks, node_ids = [], []
+        n_seeds = sizes[0][0]
+        dst_type_ptr = None
+        for h, (hop, (n_dst, n_edges, n_nodes)) in enumerate(zip(self.hops, sizes)):
+            ids = hop.node_ids[:n_nodes]
+            counts = hop.ptr[1:n_dst + 1] - hop.ptr[:n_dst]
+            dst_pos = torch.repeat_interleave(torch.arange(n_dst, device=ids.device), counts,
+                                              output_size=n_edges)
+            dst_local = hop.dst_local[:n_dst]
+            block = block_graph(graph, torch.stack([hop.src[:n_edges], dst_local[dst_pos]]),
+                                hop.rel[:n_edges], node_type[ids])
+            if dst_type_ptr is None:     # the seeds' types: counted from the first hop's nodes
+                dst_type_ptr = _dst_type_ptr(node_type[self.seeds[:n_seeds]],
+                                             graph.num_node_types)
+            mark_block(block, n_dst, dst_local if graph.num_node_types > 1 else None,
+                       dst_type_ptr)
+            blocks.append(block)
+            node_ids.append(ids)
+            dst_type_ptr = type_ptrs[h]
+        return Batch(blocks[::-1], node_ids[::-1], self.seeds[:n_seeds], node_type_ptr,
+                     node_type_names)
+
+
+def _dst_type_ptr(types: torch.Tensor, num_types: int) -> List[int]:
+    counts = torch.zeros(num_types, dtype=torch.int64, device=types.device)
+    counts.index_add_(0, types, torch.ones_like(types))
+    return [0] + torch.cumsum(counts, 0).tolist()
+
+
+class StaticSampler:
+    """Samples batches of at most ``batch_size`` seeds into static-capacity buffers.
+
+    Args:
+        index: the graph's :class:`~.sampler.SamplingIndex` (on the device sampling runs on).
+        fanouts: per hop an int (-1: every edge) or an ``[R]`` int64 tensor of per-relation
+            fan-outs (as ``NeighborLoader`` parses them).
+        batch_size: the most seeds a batch holds.
+        generator: the random source (a ``torch.Generator`` on the index's device).
+    """
+
+    def __init__(self, index: SamplingIndex, fanouts: Sequence[Union[int, torch.Tensor]],
+                 batch_size: int, generator: torch.Generator):
+        self.index, self.generator = index, generator
+        self.num_nodes = index.node_type.numel()
+        self.num_types = int(index.node_type.max()) + 1 if self.num_nodes else 1
+        deg = index.ptr[1:] - index.ptr[:-1]
+        # Host reads here, once per loader: the capacities' bounds.
+        self.fanouts = [f.tolist() if isinstance(f, torch.Tensor) else int(f) for f in fanouts]
+        self.max_degree = int(deg.max()) if deg.numel() else 0
+        self.caps = Capacities.of(batch_size, self.fanouts, self.num_nodes, self.max_degree)
+        # Per-relation fan-outs find their (destination, relation) groups in the CSR's
+        # (row, relation) keys, made here (their size is known only on the host).
+        self._group_key = None
+        if any(isinstance(f, list) for f in self.fanouts):
+            rows = torch.repeat_interleave(torch.arange(self.num_nodes, device=deg.device), deg)
+            self._group_key = rows * index.num_relations + index.rel
+        # The kernel's random key, advanced in place by every draw (so a replayed CUDA graph
+        # draws anew); drawn from ``generator`` on its device, with no host read.
+        self.seed = torch.randint(0, 2 ** 62, (1,), generator=generator,
+                                  device=index.ptr.device)
+        self._fan_t = [torch.tensor(f, dtype=torch.int64, device=index.ptr.device)
+                       if isinstance(f, list) else None for f in self.fanouts]
+
+    def sample(self, seeds: torch.Tensor, num_seeds: Optional[torch.Tensor] = None) -> StaticBatch:
+        """``seeds``: ``[batch_size]`` global ids (ordered by node type), of which the first
+        ``num_seeds`` (a 0-d device tensor; ``None``: all) are valid."""
+        dev = self.index.ptr.device
+        if seeds.numel() != self.caps.seeds:
+            raise ValueError(f"seeds must hold batch_size={self.caps.seeds} ids (pad a short "
+                             f"batch and pass num_seeds), got {seeds.numel()}")
+        if num_seeds is None:
+            num_seeds = torch.tensor(seeds.numel(), device=dev)
+        dst, n_dst, hops = seeds.long(), num_seeds, []
+        for h, fan in enumerate(self.fanouts):
+            ptr, src_global, rel = self._picks(h, dst, n_dst, fan)
+            hop = self._relabel(h, dst, n_dst, ptr, src_global, rel)
+            hops.append(hop)
+            dst, n_dst = hop.node_ids, hop.num_nodes
+        return StaticBatch(seeds, num_seeds, hops)
+
+    # -- one hop ------------------------------------------------------------------------
+    def _picks(self, h: int, dst: torch.Tensor, n_dst: torch.Tensor, fan):
+        """CSR by destination of the hop's picks: (ptr, source global id, relation), the
+        arrays ``[edges]`` long, valid up to ``ptr[-1]``."""
+        ix, caps = self.index, self.caps
+        n, width, e_cap = caps.dst[h], caps.width[h], caps.edges[h]
+        dev = dst.device
+        valid_dst = torch.arange(n, device=dev) < n_dst
+        start = ix.ptr[dst]
+        deg = torch.where(valid_dst, ix.ptr[dst + 1] - start, 0)
+        if isinstance(fan, list):
+            starts, gdeg, k = self._groups(h, dst, start, deg)     # [n, R] each
+            r = len(fan)
+            w = max(min(self.max_degree, self.max_degree if f < 0 else f) for f in fan)
+            w = max(w, 1)
+            picks, valid = floyd_table(gdeg.reshape(-1), k.reshape(-1), w, self.generator,
+                                       self.seed)
+            pos = (starts.reshape(-1, 1) + picks).view(n, r * w)
+            valid = valid.view(n, r * w)
+        else:
+            k = self.max_degree if fan < 0 else fan
+            picks, valid = floyd_table(deg, torch.full_like(deg, k), max(width, 1),
+                                       self.generator, self.seed)
+            pos = start[:, None] + picks
+        counts = valid.sum(1)
+        ptr = torch.zeros(n + 1, dtype=torch.int64, device=dev)
+        torch.cumsum(counts, 0, out=ptr[1:])
+        # Valid picks keep their row order (lanes ascend; per relation: relation, then lane);
+        # the others go to a spare slot past the end, cut off after.
+        lane = torch.cumsum(valid.long(), 1) - 1
+        slot = torch.where(valid, ptr[:-1, None] + lane, e_cap).reshape(-1)
+        pos_c = torch.zeros(e_cap + 1, dtype=torch.int64, device=dev)
+        pos_c.scatter_(0, slot, torch.where(valid, pos, 0).reshape(-1))
+        pos_c = pos_c[:e_cap]
+        return ptr, ix.col[pos_c], ix.rel[pos_c]
+
+    def _groups(self, h: int, dst, start, deg):
+        """Per (destination, relation): first CSR position, candidates and fan-out.  A row's
+        edges are in relation order, so a group is a contiguous range found by a binary
+        search in the CSR's (row, relation) keys."""
+        ix, k = self.index, self._fan_t[h]
+        r = k.numel()
+        rr = torch.arange(r + 1, device=dst.device)
+        bounds = torch.searchsorted(self._group_key, dst[:, None] * r + rr[None, :])
+        bounds = torch.minimum(torch.maximum(bounds, start[:, None]), (start + deg)[:, None])
+        gdeg = bounds[:, 1:] - bounds[:, :-1]
+        k = torch.where(k < 0, self.max_degree, k).expand_as(gdeg)
+        return bounds[:, :-1], gdeg, k
+
+    def _relabel(self, h: int, dst, n_dst, ptr, src_global, rel) -> StaticHop:
+        caps, node_type = self.caps, self.index.node_type
+        n, e_cap, n_cap = caps.dst[h], caps.edges[h], caps.nodes[h]
+        dev = dst.device
+        big = self.num_nodes      # the table's spare entry, for invalid candidates
+        cand = torch.cat([dst, src_global])
+        c = cand.numel()
+        idx = torch.arange(c, device=dev)
+        valid = torch.cat([idx[:n] < n_dst, idx[n:] - n < ptr[-1]])
+        key_node = torch.where(valid, cand, big)
+        # First candidate naming each node (destinations come first, so they win).
+        first = torch.full((self.num_nodes + 1,), c, dtype=torch.int64, device=dev)
+        first.scatter_reduce_(0, key_node, idx, reduce="amin")
+        is_first = valid & (first[key_node] == idx)
+        span = n + self.num_nodes
+        order_key = torch.where(idx < n, idx, n + cand)
+        order_key = torch.where(is_first, node_type[cand] * span + order_key,
+                                self.num_types * span)
+        order = torch.sort(order_key).indices
+        rank = torch.empty_like(order)
+        rank[order] = idx
+        num_nodes = is_first.sum()
+        local = rank[first[key_node].clamp(max=c - 1)]      # invalid candidates: junk, masked
+        slots = torch.arange(n_cap, device=dev)
+        node_ids = torch.where(slots < num_nodes, cand[order[:n_cap]], 0)
+        types = torch.where(slots < num_nodes, node_type[node_ids], self.num_types)
+        type_ptr = torch.searchsorted(types, torch.arange(self.num_types + 1, device=dev))
+        return StaticHop(ptr, torch.where(idx[n:] - n < ptr[-1], local[n:], 0), rel, node_ids,
+                         num_nodes, n_dst, torch.where(idx[:n] < n_dst, local[:n], 0), type_ptr)
