@@ -5,7 +5,7 @@
                                      [--batch-size 1024] [--batches 10] [--threads N] [--pyg]
                                      [--count-syncs] [--stub-kernels] [--cpu-clock]
                                      [--cprofile N] [--torch-profile N] [--op-sites N]
-                                     [--epoch-prefetch K]
+                                     [--epoch-prefetch K] [--sampling]
 
 For each batch of ``NeighborLoader`` on a synthetic profile (features of width ``--hidden``
 drawn at random) and each model (two layers of hector's RGCNConv, RGATConv or HGTConv):
@@ -45,6 +45,11 @@ forward + backward on fresh blocks and of the same step repeated, to stderr.
 batches: sampling, block builds and forward + backward; the torch backend on the CPU) with
 ``NeighborLoader(prefetch=0)`` and ``prefetch=K``, alternating, three epochs each: what
 building the next batches in a background thread saves.
+
+``--sampling``: instead of the above, sampling alone, per batch: the loader's (``sample_hop`` +
+``relabel`` per hop, then the blocks' build), and into static-capacity buffers
+(``NeighborLoader(static=True)``: eager, its cut into ``Graph`` blocks, and replayed from one
+CUDA graph on CUDA), with each hop's capacities against the batches' actual sizes.
 
 ``--stub-kernels`` (CPU, under ``TRITON_INTERPRET=1``): the Triton backend's host path with
 every Triton kernel launch skipped (outputs are left unwritten, so values are meaningless):
@@ -277,6 +282,58 @@ def epoch_prefetch(args, graph, x, seeds, fanouts, device):
                   + f" | {1e3 * statistics.median(ts):.0f} |")
 
 
+def sampling(args, graph, seeds, fanouts, device):
+    """Per-batch sampling times, the loader's and into static buffers (see ``--sampling``)."""
+    kw = dict(input_nodes=seeds, batch_size=args.batch_size, shuffle=True, seed=0)
+    plain = NeighborLoader(graph, fanouts, **kw)
+    static = NeighborLoader(graph, fanouts, static=True, **kw)
+    cols = {"loader sample": [], "loader build": [], "static sample": [], "static cut": [],
+            "static replay": []}
+    sizes = []
+    replay = None
+    if device.type == "cuda":
+        seed_buf = torch.zeros(args.batch_size, dtype=torch.int64, device=device)
+        count = torch.tensor(args.batch_size, device=device)
+        static.static.sample(seed_buf, count)                     # warm-up, then capture
+        sync(device)
+        graph_ = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph_):
+            captured = static.static.sample(seed_buf, count)
+        replay = (graph_, seed_buf, captured)
+    for i, (batch, sb) in enumerate(zip(plain, static.static_batches())):
+        if i > args.batches:
+            break
+
+        def sample_only():
+            dst = batch.seed
+            for f in plain.fanouts:
+                src, _, _ = sample_hop(plain.index, dst, f, plain.generator)
+                dst = relabel(plain.index, dst, src)[0]
+        t, _ = clock(sample_only, device)
+        cols["loader sample"].append(t)
+        cols["loader build"].append(clock(lambda: [rebuild(b) for b in batch.blocks],
+                                          device)[0])
+        seeds_b = sb.seeds
+        cols["static sample"].append(clock(lambda: static.static.sample(seeds_b), device)[0])
+        cols["static cut"].append(clock(lambda: sb.to_batch(graph, static.node_type_ptr,
+                                                            graph.node_type_names), device)[0])
+        if replay is not None:
+            replay[1].copy_(seeds_b)
+            cols["static replay"].append(clock(replay[0].replay, device)[0])
+        sizes.append(sb.sizes())
+    caps = static.static.caps
+    print("| " + " | ".join(cols) + " |  (ms per batch, medians)")
+    print("|" + "---|" * len(cols))
+    print("| " + " | ".join(f"{1e3 * statistics.median(v[1:] or v):.2f}" if v else "-"
+                            for v in cols.values()) + " |")
+    for h in range(len(fanouts)):
+        edges = statistics.median(s[h][1] for s in sizes)
+        nodes = statistics.median(s[h][2] for s in sizes)
+        print(f"hop {h}: edges {edges:,.0f} of capacity {caps.edges[h]:,} "
+              f"({edges / max(caps.edges[h], 1):.0%}), nodes {nodes:,.0f} of "
+              f"{caps.nodes[h]:,} ({nodes / max(caps.nodes[h], 1):.0%})")
+
+
 def common_arguments(p: argparse.ArgumentParser, batches: int) -> None:
     """The arguments of the per-batch measurements."""
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -317,6 +374,9 @@ def main():
     p.add_argument("--cpu-clock", action="store_true",
                    help="CPU only: time by this process's CPU time, not wall time (steadier "
                         "on a machine shared with other jobs)")
+    p.add_argument("--sampling", action="store_true",
+                   help="time sampling alone: the loader's and into static-capacity buffers "
+                        "(eager, cut, replayed from a CUDA graph)")
     p.add_argument("--epoch-prefetch", type=int, default=0, metavar="K",
                    help="time whole epochs with NeighborLoader prefetch=0 and prefetch=K "
                         "(torch backend) instead")
@@ -340,6 +400,8 @@ def main():
           f"threads={torch.get_num_threads()}")
     if args.epoch_prefetch:
         return epoch_prefetch(args, graph, x, seeds, fanouts, device)
+    if args.sampling:
+        return sampling(args, graph, seeds, fanouts, device)
     loader = NeighborLoader(graph, fanouts, input_nodes=seeds, batch_size=args.batch_size,
                             shuffle=True, seed=0)
     pyg = None
