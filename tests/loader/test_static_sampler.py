@@ -54,6 +54,7 @@ def test_buffers_have_the_capacities_shapes():
     deg_max = int(torch.bincount(graph.dst.long()).max())
     assert caps == Capacities.of(16, [4, 3], 200, deg_max)
     assert caps.dst[1] == caps.nodes[0] and caps.edges == (16 * 4, caps.dst[1] * 3)
+    assert caps.sinks == caps.dst
     for sb in loader.static_batches():
         for h, hop in enumerate(sb.hops):
             assert hop.ptr.shape == (caps.dst[h] + 1,)
@@ -70,9 +71,12 @@ def test_buffers_have_the_capacities_shapes():
 def test_capacities_bound_a_fanout_by_the_largest_degree():
     caps = Capacities.of(10, [50, -1], num_nodes=1000, max_degree=6)
     assert caps.width == (6, 6)
-    assert caps.nodes == (70, 490)
+    assert caps.sinks == (10, 80)                  # one per destination
+    assert caps.nodes == (70 + 10, 560 + 80)
     assert Capacities.of(10, [[2, 3], 1], 30, 9).width == (5, 1)
-    assert Capacities.of(10, [4], 30, 9).nodes == (30,)       # never more than the graph
+    assert Capacities.of(10, [4], 30, 9).nodes == (30 + 10,)   # never more than the graph
+    assert Capacities.of(10, [4, 4], 30, 9).nodes == (40, 40 + 40)   # but its destinations
+    assert Capacities.of(10, [0], 30, 9).sinks == (0,)          # no edges, no sinks
 
 
 class _HostReads(TorchDispatchMode):

@@ -67,6 +67,8 @@ class Graph:
     num_dst_nodes: Optional[int] = None
     dst_index: Optional[torch.Tensor] = None
     dst_type_ptr: Optional[List[int]] = None
+    #: A capacity block's make-up (see :mod:`hector.graph.capacity`); None otherwise.
+    capacity = None
 
     def __init__(self, edge_index: torch.Tensor, edge_type: Optional[torch.Tensor] = None,
                  num_nodes: Optional[int] = None, num_relations: Optional[int] = None,

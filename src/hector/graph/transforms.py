@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from .capacity import with_loops
 from .graph import Graph
 
 
@@ -13,6 +14,9 @@ def with_self_loops(graph: Graph) -> Graph:
 
 
 def _self_loop_twin(graph: Graph) -> Graph:
+    twin = with_loops(graph)           # a capacity block's: its sizes stay capacities
+    if twin is not None:
+        return twin
     ei, et = graph.input_edge_index(), graph.input_edge_type()
     keep = ei[0] != ei[1]
     loops = torch.arange(graph.num_nodes, device=graph.device)

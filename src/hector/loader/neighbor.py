@@ -251,20 +251,26 @@ class NeighborLoader:
         """The batches as :class:`~.static.StaticBatch` es (a loader made with ``static=True``):
         seeds padded to ``batch_size`` with their count on the device, every buffer of a
         static shape, nothing read back to the host."""
+        for seeds, count in self.seed_batches():
+            yield self.static.sample(seeds, count)
+
+    def seed_batches(self):
+        """Each batch's seeds before sampling (a loader made with ``static=True``): ``(seeds,
+        count)``, the seeds ordered by node type and padded to ``batch_size``, their count a
+        0-d device tensor; what a captured step copies into its buffers."""
         if self.static is None:
-            raise RuntimeError("static_batches needs a loader made with static=True")
+            raise RuntimeError("static batches need a loader made with static=True")
         seeds, size = self._part_seeds(), self.batch_size
-        count = torch.full((), size, dtype=torch.int64, device=seeds.device)
+        full = torch.full((), size, dtype=torch.int64, device=seeds.device)
         for b in range(len(self)):
             chunk = seeds[b * size:(b + 1) * size]
             n = chunk.numel()
             if self.seed_type is None:
                 chunk = chunk[torch.sort(self.index.node_type[chunk], stable=True).indices]
             if n < size:          # the last, short batch: padded, its count on the device
-                chunk = torch.cat([chunk, chunk.new_zeros(size - n)])
-                yield self.static.sample(chunk, torch.full_like(count, n))
+                yield torch.cat([chunk, chunk.new_zeros(size - n)]), torch.full_like(full, n)
             else:
-                yield self.static.sample(chunk, count)
+                yield chunk, full
 
     def sample(self, seeds: torch.Tensor, seed_type_ptr: Optional[List[int]] = None) -> Batch:
         """The batch of these seeds (global ids, ordered by node type); ``seed_type_ptr``:

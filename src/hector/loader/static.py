@@ -43,18 +43,22 @@ from .sampler import SamplingIndex
 class Capacities:
     """Buffer sizes of every hop, hop 0 around the seeds: ``dst[h]`` destinations, ``width[h]``
     picks per destination, ``edges[h] = dst[h] * width[h]`` sampled edges and ``nodes[h]``
-    nodes (destinations included); ``dst[h + 1] == nodes[h]``."""
+    nodes: the sampled ones (destinations included) in the first ``nodes[h] - sinks[h]``
+    slots, then ``sinks[h]`` sink slots, never sampled, that a capacity block's padding edges
+    enter (:mod:`hector.graph.capacity`: ``width[h]`` each at most, so no row of the block is
+    longer than a sampled one).  ``dst[h + 1] == nodes[h]``."""
     seeds: int
     width: Tuple[int, ...]
     dst: Tuple[int, ...]
     edges: Tuple[int, ...]
     nodes: Tuple[int, ...]
+    sinks: Tuple[int, ...]
 
     @staticmethod
     def of(batch_size: int, fanouts: Sequence, num_nodes: int, max_degree: int) -> "Capacities":
         """``fanouts``: per hop an int (-1: every edge) or a list of per-relation ints;
         ``max_degree``: the graph's largest in-degree (bounds a fan-out of -1)."""
-        widths, dsts, edges, nodes = [], [], [], []
+        widths, dsts, edges, nodes, sinks = [], [], [], [], []
         n = batch_size
         for f in fanouts:
             per = list(f) if isinstance(f, (list, tuple)) else [f]
@@ -62,9 +66,12 @@ class Capacities:
             widths.append(w)
             dsts.append(n)
             edges.append(n * w)
-            n = min(num_nodes, n + n * w)
+            sinks.append(n if w else 0)           # ceil(edges / width)
+            # every destination slot is a node slot (the previous hop's sinks included)
+            n = max(n, min(num_nodes, n + n * w)) + sinks[-1]
             nodes.append(n)
-        return Capacities(batch_size, tuple(widths), tuple(dsts), tuple(edges), tuple(nodes))
+        return Capacities(batch_size, tuple(widths), tuple(dsts), tuple(edges), tuple(nodes),
+                          tuple(sinks))
 
 
 @dataclass
@@ -98,6 +105,28 @@ class StaticBatch:
     seeds: torch.Tensor
     num_seeds: torch.Tensor
     hops: List[StaticHop]
+    caps: Capacities
+
+    @property
+    def n_id(self) -> torch.Tensor:
+        """Global ids of the first layer's input rows (the outermost hop's nodes; padding
+        and sinks read node 0)."""
+        return self.hops[-1].node_ids
+
+    def capacity_blocks(self, graph) -> list:
+        """The hops as capacity blocks (:mod:`hector.graph.capacity`), outermost first like
+        ``Batch.blocks``, every size a capacity: no host read.  One node type and one
+        relation (``graph``, the sampled graph, gives the names)."""
+        from ..graph.capacity import capacity_block
+        if graph.num_node_types != 1 or graph.num_relations != 1:
+            raise NotImplementedError(
+                "capacity blocks hold one node type and one relation so far; a relational "
+                "layer's per-relation segments need device-side bounds in its kernels")
+        caps = self.caps
+        return [capacity_block(hop.ptr, hop.src, caps.nodes[h], caps.nodes[h] - caps.sinks[h],
+                               caps.width[h], False, graph.node_type_names,
+                               graph.relation_names)
+                for h, hop in reversed(list(enumerate(self.hops)))]
 
     def sizes(self) -> List[Tuple[int, int, int]]:
         """(destinations, edges, nodes) of every hop, in one host read."""
@@ -191,7 +220,7 @@ class StaticSampler:
             hop = self._relabel(h, dst, n_dst, ptr, src_global, rel)
             hops.append(hop)
             dst, n_dst = hop.node_ids, hop.num_nodes
-        return StaticBatch(seeds, num_seeds, hops)
+        return StaticBatch(seeds, num_seeds, hops, self.caps)
 
     # -- one hop ------------------------------------------------------------------------
     def _picks(self, h: int, dst: torch.Tensor, n_dst: torch.Tensor, fan):
@@ -244,7 +273,7 @@ class StaticSampler:
 
     def _relabel(self, h: int, dst, n_dst, ptr, src_global, rel) -> StaticHop:
         caps, node_type = self.caps, self.index.node_type
-        n, e_cap, n_cap = caps.dst[h], caps.edges[h], caps.nodes[h]
+        n, e_cap, n_cap = caps.dst[h], caps.edges[h], caps.nodes[h] - caps.sinks[h]
         dev = dst.device
         big = self.num_nodes      # the table's spare entry, for invalid candidates
         cand = torch.cat([dst, src_global])
@@ -265,8 +294,9 @@ class StaticSampler:
         rank[order] = idx
         num_nodes = is_first.sum()
         local = rank[first[key_node].clamp(max=c - 1)]      # invalid candidates: junk, masked
-        slots = torch.arange(n_cap, device=dev)
-        node_ids = torch.where(slots < num_nodes, cand[order[:n_cap]], 0)
+        node_ids = torch.where(torch.arange(n_cap, device=dev) < num_nodes, cand[order[:n_cap]], 0)
+        node_ids = torch.cat([node_ids, node_ids.new_zeros(caps.sinks[h])])    # the sinks
+        slots = torch.arange(caps.nodes[h], device=dev)
         types = torch.where(slots < num_nodes, node_type[node_ids], self.num_types)
         type_ptr = torch.searchsorted(types, torch.arange(self.num_types + 1, device=dev))
         return StaticHop(ptr, torch.where(idx[n:] - n < ptr[-1], local[n:], 0), rel, node_ids,

@@ -17,6 +17,7 @@ from .. import datasets
 from ..checks import check_device_option, check_output_file
 from . import checkpoint, distributed, memory, minibatch
 from .capture import capture_graph, capture_step
+from .captured import CapturedStep
 from .defaults import MODELS, defaults as model_defaults
 from .models import build
 from .selection import Selection, accuracy
@@ -240,6 +241,34 @@ def _capture_wanted(args, cfg, device, out) -> bool:
     return True
 
 
+#: Models whose mini-batch step can be captured (one CUDA graph replayed per batch): the
+#: attention layers, on graphs of one node type and one relation (capacity blocks; the
+#: relational layers' per-relation segments need device-side bounds, not built yet).
+CAPTURE_MINIBATCH_MODELS = ("gat", "agnn", "transformer")
+
+
+def _minibatch_capture_wanted(args, cfg, device, graph, world, out) -> bool:
+    """Capture the mini-batch step on CUDA unless ``--no-capture``; a note says why not
+    where it cannot be yet."""
+    if device.type != "cuda" or getattr(args, "no_capture", False):
+        return False
+    why = None
+    if world > 1:
+        why = f"--devices {world} (one process only so far)"
+    elif cfg["model"] not in CAPTURE_MINIBATCH_MODELS:
+        why = (f"model {cfg['model']} (mini-batch capture supports "
+               f"{', '.join(CAPTURE_MINIBATCH_MODELS)})")
+    elif graph.num_node_types != 1 or graph.num_relations != 1:
+        why = "a graph of several node types or relations"
+    elif cfg["dtype"] != "fp32":
+        why = f"--dtype {cfg['dtype']}"
+    if why:
+        print(f"note: mini-batch step not captured: {why}; --no-capture silences this",
+              file=out)
+        return False
+    return True
+
+
 def _train(args, out=None) -> dict:
     """Run one training as ``hector train`` does; print progress and the RESULT line to
     ``out`` (stdout); return the result as a dict."""
@@ -310,8 +339,11 @@ def _train(args, out=None) -> dict:
                   f"{','.join(map(str, cfg['fanout']))}) with sampled inference", file=out)
     if cfg["batch_size"] is None:
         cfg["batch_size"] = minibatch.DEFAULT_BATCH_SIZE if ctx.world > 1 else None
+    batch_capture = (cfg["batch_size"] is not None and _minibatch_capture_wanted(
+        args, cfg, device, data.graph, ctx.world, out))
     loader = (None if cfg["batch_size"] is None else
-              minibatch.make_loader(data.graph, train_idx, cfg, ctx.rank, ctx.world))
+              minibatch.make_loader(data.graph, train_idx, cfg, ctx.rank, ctx.world,
+                                    static=batch_capture))
     net = (distributed.wrap(model, device, unused_parameters=cfg["model"] == "rgat")
            if ctx.world > 1 else model)   # what trains
     if loader is None:
@@ -319,7 +351,8 @@ def _train(args, out=None) -> dict:
                                  model.graph_of(edge_index, edge_type, data.num_nodes)), None
     # CUDA-graph capture of the full-graph step (one process, no mini-batches).
     capture = loader is None and ctx.world == 1 and _capture_wanted(args, cfg, device, out)
-    opt = make_optimizer(model, cfg, device, capture)
+    opt = make_optimizer(model, cfg, device, capture or batch_capture)
+    batch_step = CapturedStep(net, opt, loader, x, y) if batch_capture else None
     eval_nodes = torch.cat([i for i in (train_idx, val_idx, test_idx) if i is not None])
 
     def predict():
@@ -376,8 +409,11 @@ def _train(args, out=None) -> dict:
             bclock = minibatch.BatchClock(device)
             with tqdm(total=len(loader), desc=f"epoch {epoch}", unit="batch", file=sys.stderr,
                       leave=False, disable=no_progress) as batch_bar:
-                loss = torch.tensor(minibatch.train_epoch(net, opt, loader, x, y, bclock,
-                                                          batch_bar), device=device)
+                loss = torch.tensor(
+                    minibatch.captured_epoch(batch_step, loader, bclock, batch_bar)
+                    if batch_step is not None else
+                    minibatch.train_epoch(net, opt, loader, x, y, bclock, batch_bar),
+                    device=device)
             splits[epoch] = bclock.seconds()   # train_epoch's loss read was the sync
         elif step is not None:
             loss = step()
@@ -431,7 +467,7 @@ def _train(args, out=None) -> dict:
                   step_time=_median(step_times),
                   # the evaluation forward, metrics and model selection
                   eval_time=_median(eval_times),
-                  captured=step is not None,
+                  captured=step is not None or batch_step is not None,
                   # mini-batch epochs: ms per batch of each phase (median over the epochs
                   # after the first, which compiles kernels)
                   batch_ms=_batch_ms(splits),

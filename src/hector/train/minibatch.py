@@ -58,13 +58,15 @@ def fits(need: int, device: torch.device):
     return (free is None or need <= HEADROOM * free), free
 
 
-def make_loader(graph, nodes, cfg: dict, rank: int = 0, world: int = 1) -> NeighborLoader:
+def make_loader(graph, nodes, cfg: dict, rank: int = 0, world: int = 1,
+                static: bool = False) -> NeighborLoader:
     """The training loader: shuffled each epoch (the same order on every rank), rank
     ``rank`` sampling its ``1 / world`` share of the seeds, every rank the same number of
-    batches (so the gradient all-reduces of DistributedDataParallel pair up)."""
+    batches (so the gradient all-reduces of DistributedDataParallel pair up); ``static``:
+    into static-capacity buffers, for a captured step."""
     return NeighborLoader(graph, cfg["fanout"], input_nodes=nodes, batch_size=cfg["batch_size"],
                           shuffle=True, seed=cfg["seed"], num_parts=world, part=rank,
-                          prefetch=cfg.get("prefetch", 0))
+                          prefetch=0 if static else cfg.get("prefetch", 0), static=static)
 
 
 class BatchClock:
@@ -157,6 +159,28 @@ def train_epoch(model, opt, loader, x, y, clock: Optional[BatchClock] = None,
         if progress is not None:
             progress.update(1)
     return total.item() / max(seen, 1)
+
+
+def captured_epoch(step, loader, clock: Optional[BatchClock] = None, progress=None) -> float:
+    """:func:`train_epoch` with a :class:`~hector.train.captured.CapturedStep`: per batch, its
+    seeds copied in and one graph replayed (sampling and gathers happen inside the step, so
+    the clock's ``sample`` and ``gather`` phases are only the seeds' slicing); mean loss,
+    read once after the last batch."""
+    total = torch.zeros((), dtype=torch.float64, device=step.seeds.device)
+    seen = torch.zeros((), dtype=torch.int64, device=step.seeds.device)
+    for seeds, count in loader.seed_batches():
+        if clock is not None:
+            clock.mark(new_batch=True)
+            clock.mark()
+            clock.mark()
+        loss = step.step(seeds, count)
+        if clock is not None:
+            clock.mark()
+        total += loss * count
+        seen += count
+        if progress is not None:
+            progress.update(1)
+    return (total / seen.clamp(min=1)).item()
 
 
 @torch.no_grad()

@@ -1,0 +1,179 @@
+"""Per-batch time of mini-batch training: hector's eager step, hector's captured step (one CUDA
+graph replayed per batch: sampling, blocks, gathers, forward, loss, backward, Adam), and PyG's
+layers on the same blocks; and the GPU time of the captured step's kernels.
+
+    python scripts/captured_minibatch.py [--profile products] [--scale 1.0]
+        [--models gat,agnn,transformer] [--batch-size 1024] [--fanout 25,20]
+        [--batches 30] [--no-pyg] [--device cuda]
+
+For each model (``hector train``'s two-layer network and defaults, dropout off so the runs
+compare; the same seeds and shuffled order for every row), ms per batch, medians over the
+batches after a warm-up:
+
+* eager: ``NeighborLoader`` batch (sampling and the blocks' build) + ``train_step``;
+* captured: ``CapturedStep`` per batch (seeds copied in, one replay);
+* pyg: PyG's namesake layers (``from_pyg`` takes their parameters) on the eager path's
+  blocks, forward + backward + Adam, sampling and build not counted;
+* gpu: the kernels' time of one captured replay (``torch.profiler``, device time summed);
+* captured / gpu: what the host and launch gaps add; pyg / captured: the speedup.
+
+Also the capacities against a batch's actual sizes (how much padding the replay carries).
+On the CPU (no capture) only the eager rows run, on a small scale.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from hector.datasets import synthetic
+from hector.loader import NeighborLoader
+from hector.train.captured import CapturedStep
+from hector.train.defaults import defaults
+from hector.train.minibatch import train_step
+from hector.train.models import build
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def per_batch(fn, batches, device, warmup=3):
+    """Median ms of ``fn(item)`` over ``batches`` after ``warmup`` items."""
+    times = []
+    for i, item in enumerate(batches):
+        sync(device)
+        t0 = time.perf_counter()
+        fn(item)
+        sync(device)
+        if i >= warmup:
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times) if times else float("nan")
+
+
+def throughput(fn, batches, device, warmup=3):
+    """ms per batch of back-to-back ``fn(item)`` calls (one sync at the end): what an epoch
+    sees when the host runs ahead of the GPU."""
+    items = list(batches)
+    for item in items[:warmup]:
+        fn(item)
+    sync(device)
+    t0 = time.perf_counter()
+    for item in items[warmup:]:
+        fn(item)
+    sync(device)
+    return 1e3 * (time.perf_counter() - t0) / max(len(items) - warmup, 1)
+
+
+def pyg_model(kind, net):
+    """PyG's two layers with the hector network's parameters (or None)."""
+    import torch_geometric.nn as pyg
+    if kind == "gat":
+        layers = [pyg.GATConv(net.conv1.in_channels, net.conv1.out_channels,
+                              heads=net.conv1.heads),
+                  pyg.GATConv(net.conv2.in_channels, net.conv2.out_channels,
+                              heads=net.conv2.heads, concat=False)]
+    elif kind == "transformer":
+        layers = [pyg.TransformerConv(net.conv1.in_channels, net.conv1.out_channels,
+                                      heads=net.conv1.heads),
+                  pyg.TransformerConv(net.conv2.in_channels, net.conv2.out_channels,
+                                      heads=net.conv2.heads, concat=False)]
+    else:
+        return None
+    return torch.nn.ModuleList(layers)
+
+
+def pyg_step(kind, layers, opt, x, y, batch):
+    opt.zero_grad(set_to_none=True)
+    h = x.index_select(0, batch.n_id)
+    for i, (conv, block) in enumerate(zip(layers, batch.blocks)):
+        h = conv(h, block.input_edge_index())[:block.num_dst_nodes]
+        if i == 0:
+            h = F.elu(h)
+    F.cross_entropy(h, y[batch.seed]).backward()
+    opt.step()
+
+
+def gpu_ms(step, items):
+    """Device time of the captured replays of ``items`` (mean per replay)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for s, c in items:
+            step.step(s, c)
+        torch.cuda.synchronize()
+    total = sum(e.self_device_time_total for e in prof.key_averages())
+    return total / 1e3 / len(items)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--profile", default="products")
+    p.add_argument("--scale", type=float, default=None)
+    p.add_argument("--models", default="gat,agnn,transformer")
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--fanout", default="25,20")
+    p.add_argument("--batches", type=int, default=30)
+    p.add_argument("--no-pyg", action="store_true")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.01)
+    data = synthetic.load(args.profile, device=device, scale=scale)
+    graph, x, y = data.graph, data.x.float(), data.y.long()
+    fanout = [int(f) for f in args.fanout.split(",")]
+    print(f"device={torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'} "
+          f"profile={args.profile} scale={scale} nodes={graph.num_nodes:,} "
+          f"edges={graph.num_edges:,} batch={args.batch_size} fanout={fanout}")
+    kw = dict(input_nodes=data.train_idx, batch_size=args.batch_size, shuffle=True, seed=0)
+    rows = []
+    for kind in args.models.split(","):
+        cfg = dict(defaults(kind, "synthetic:" + args.profile), dropout=0.0, num_bases=None)
+        torch.manual_seed(0)
+        net = build(kind, data, cfg, backend="auto").to(device)
+        opt = torch.optim.Adam(net.parameters(), lr=cfg["lr"], capturable=device.type == "cuda")
+        loader = NeighborLoader(graph, fanout, **kw)
+        batches = [b for _, b in zip(range(args.batches), loader)]
+
+        def eager(batch):
+            train_step(net, opt, batch, x.index_select(0, batch.n_id), y[batch.seed])
+        # eager includes sampling and the build: iterate the loader inside the timing
+        it = iter(loader)
+        t_eager = per_batch(lambda _: eager(next(it)), range(args.batches), device)
+        row = dict(model=kind, eager=t_eager)
+        if device.type == "cuda":
+            static = NeighborLoader(graph, fanout, static=True, **kw)
+            step = CapturedStep(net, opt, static, x, y)
+            seeds = [sc for _, sc in zip(range(args.batches), static.seed_batches())]
+            row["captured"] = per_batch(lambda sc: step.step(*sc), seeds, device)
+            row["captured_stream"] = throughput(lambda sc: step.step(*sc), seeds, device)
+            row["gpu"] = gpu_ms(step, seeds[:5])
+            sb = static.static.sample(*seeds[0])
+            caps, sizes = static.static.caps, sb.sizes()
+            row["fill"] = ", ".join(f"hop {h}: edges {e / caps.edges[h]:.0%} nodes "
+                                    f"{n / caps.nodes[h]:.0%}"
+                                    for h, (_, e, n) in enumerate(sizes))
+        layers = None if args.no_pyg else pyg_model(kind, net)
+        if layers is not None:
+            layers = layers.to(device)
+            popt = torch.optim.Adam(layers.parameters(), lr=cfg["lr"])
+            row["pyg"] = per_batch(lambda b: pyg_step(kind, layers, popt, x, y, b), batches,
+                                   device)
+        rows.append(row)
+        print(row, flush=True)
+    cols = ["eager", "captured", "captured_stream", "gpu", "pyg"]
+    print("| model | " + " | ".join(cols) + " | captured/gpu | pyg/captured | eager/captured "
+          "|  (ms per batch, medians)")
+    print("|---" * (len(cols) + 4) + "|")
+    for r in rows:
+        v = [r.get(c, float("nan")) for c in cols]
+        print(f"| {r['model']} | " + " | ".join(f"{t:.3f}" for t in v)
+              + f" | {v[1] / v[3]:.2f} | {v[4] / v[1]:.2f} | {v[0] / v[1]:.2f} |")
+    for r in rows:
+        if "fill" in r:
+            print(f"{r['model']}: capacities filled {r['fill']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Capacity blocks: a sampled mini-batch block as a ``Graph`` whose every host-visible size is a
+capacity, the same for every batch, built from device tensors with no host read.  A step
+captured once in a CUDA graph on such blocks replays for every batch.
+
+The sampler (:mod:`hector.loader.static`) gives a hop's picks as a CSR by destination over
+``num_dst`` destination rows, valid up to ``ptr[-1]``, in an ``[edges]`` buffer.  The block is
+the genuine graph over ``num_nodes`` nodes that holds them and pads the buffer with edges
+between *sink* nodes (the last ``num_nodes - first_sink`` slots, never sampled): sink ``s``
+takes padding edges ``[s * width, (s + 1) * width)`` as destination and source.  So
+
+* the edge count is the buffer's (plus one self loop per node in the twin with loops);
+* no row is longer than ``width`` (plus the loop) in either direction except a sampled
+  source's out-degree, so the node-parallel traversals never meet a padding row longer than
+  a sampled one;
+* a sink's rows only ever reach sinks: a layer's output on the destinations, which are never
+  sinks, is the block's without padding, and its gradients get nothing from the padding
+  (nothing downstream reads a sink's output).
+
+One node type and one relation: the per-relation segments and compact maps of a relational
+layer vary per batch (they need device-side bounds in their kernels, not built yet).
+
+The block's degree statistics are its bounds: in-degree at most ``width`` (``+ 1``), mean
+``edges / nodes``; a source's out-degree, unknown without a read, is summarised the same
+way, so a plan chooses node-parallel traversals (rows bounded by the fan-out).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import build
+from .graph import SUPER_NODE_DEGREE, Graph
+from .structures import CSR, DegreeStats
+
+
+@dataclass(frozen=True, eq=False)
+class Capacity:
+    """What a capacity block is made of (kept on it, to derive its twin with self loops)."""
+    ptr: torch.Tensor
+    src: torch.Tensor
+    num_nodes: int
+    first_sink: int
+    width: int
+    self_loops: bool
+
+
+def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_sink: int,
+                   width: int, self_loops: bool = False,
+                   node_type_names=None, relation_names=None) -> Graph:
+    """The block ``Graph`` (see the module's docstring) of a hop's picks: ``ptr`` ``[D + 1]``
+    by destination (destination ``p`` is node ``p``), ``src`` ``[edges]`` local source ids;
+    nodes ``[first_sink, num_nodes)`` are its sinks, enough for every padding edge at
+    ``width`` a sink.  ``self_loops``: PyG's ``remove_self_loops`` + ``add_self_loops``, every
+    node's loop last in its row."""
+    dev, num_dst, e_cap = ptr.device, ptr.numel() - 1, src.numel()
+    sinks = num_nodes - first_sink
+    if not 0 <= num_dst <= first_sink <= num_nodes:
+        raise ValueError(f"need 0 <= destinations ({num_dst}) <= first_sink ({first_sink}) "
+                         f"<= num_nodes ({num_nodes})")
+    if e_cap and sinks * max(width, 1) < e_cap:
+        raise ValueError(f"{sinks} sinks of width {width} cannot hold {e_cap} padding edges")
+    pos = torch.arange(e_cap, device=dev)
+    row = torch.searchsorted(ptr[1:], pos, right=True)        # num_dst past the valid edges
+    valid = pos < ptr[-1]
+    if self_loops:
+        valid &= src.long() != row
+    row = row.clamp(max=max(num_dst - 1, 0))
+    v = valid.long()
+    counts = torch.zeros(num_nodes, dtype=torch.int64, device=dev).index_add_(0, row, v)
+    kept = v.sum()
+    padding = e_cap - kept
+    w = max(width, 1)
+    sink = torch.arange(sinks, device=dev)
+    counts[first_sink:] += (padding - sink * w).clamp(min=0, max=w)
+    counts += int(self_loops)
+    gptr = build.counts_to_ptr(counts)
+    total = e_cap + (num_nodes if self_loops else 0)
+    # Where each entry goes: a kept pick at its row's start plus its rank among the row's
+    # kept picks; padding entry j in sink j // w; a loop last in its row.  Masked entries
+    # write a spare slot past the end.
+    before = torch.cumsum(v, 0) - v                       # kept picks before each position
+    rank = before - before[ptr[:-1].clamp(max=max(e_cap - 1, 0))][row] if e_cap else before
+    slot = torch.where(valid, gptr[row] + rank, total)
+    j = pos
+    pad_sink = first_sink + torch.div(j, w, rounding_mode="floor").clamp(max=max(sinks - 1, 0))
+    pad_slot = torch.where(j < padding, gptr[pad_sink] + j % w, total)
+    col = torch.empty(total + 1, dtype=torch.int64, device=dev)
+    col.scatter_(0, slot, src.long())
+    col.scatter_(0, pad_slot, pad_sink)
+    if self_loops:
+        nodes = torch.arange(num_nodes, device=dev)
+        col.scatter_(0, gptr[1:] - 1, nodes)
+    col = col[:total]
+    dst = torch.searchsorted(gptr[1:], torch.arange(total, device=dev), right=True)
+    return _graph(gptr, col, dst, num_nodes, num_dst, width + int(self_loops),
+                  Capacity(ptr, src, num_nodes, first_sink, width, self_loops),
+                  node_type_names, relation_names)
+
+
+def _graph(gptr, col, dst, num_nodes: int, num_dst: int, max_row: int, capacity: Capacity,
+           node_type_names, relation_names) -> Graph:
+    """A ``Graph`` over these arrays, every field set without a read (see ``Graph._build``
+    for what each one is)."""
+    dev, total = gptr.device, col.numel()
+    idx = build.index_dtype(num_nodes, total)
+    g = object.__new__(Graph)
+    g.num_nodes, g.num_relations, g.num_node_types, g.num_edges = num_nodes, 1, 1, total
+    g.device, g.index_dtype = dev, idx
+    g.node_type_names = list(node_type_names) if node_type_names is not None else None
+    g.relation_names = [tuple(r) for r in relation_names] if relation_names is not None else None
+    g.graph_ptr = None
+    eid = torch.arange(total, device=dev)
+    g.csr_in = CSR(gptr.to(idx), col.to(idx), eid.to(idx))
+    g._csr_out = None
+    g.src, g.dst = col.to(idx), dst.to(idx)
+    g.etype = torch.zeros(total, dtype=torch.int32, device=dev)
+    g.edge_perm = eid.to(idx)
+    g.node_type = torch.zeros(num_nodes, dtype=torch.int32, device=dev)
+    g.node_perm, g.node_types_contiguous = None, True
+    g.rel_ptr = build.host_constant((0, total), dev).to(idx)
+    g.node_type_ptr = build.host_constant((0, num_nodes), dev).to(idx)
+    g.host_ptr = {"edge": [0, total], "compact_src": None, "compact_dst": None,
+                  "node": [0, num_nodes]}
+    g.compact_src = g.compact_dst = None
+    mean = total / num_nodes if num_nodes else 0.0
+    stats = DegreeStats(max_row, mean, 0.0, 0, int(max_row >= SUPER_NODE_DEGREE),
+                        SUPER_NODE_DEGREE)
+    g.in_degree = g.out_degree = stats
+    g.num_dst_nodes, g.dst_index, g.dst_type_ptr = num_dst, None, [0, num_dst]
+    g.capacity = capacity
+    g._device_copies = {dev: g}
+    g._derived = {}
+    return g
+
+
+def with_loops(graph: Graph) -> Optional[Graph]:
+    """The twin with self loops of a capacity block (None for any other graph)."""
+    c = getattr(graph, "capacity", None)
+    if c is None:
+        return None
+    if c.self_loops:
+        return graph
+    return capacity_block(c.ptr, c.src, c.num_nodes, c.first_sink, c.width, True,
+                          graph.node_type_names, graph.relation_names)

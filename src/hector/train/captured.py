@@ -1,0 +1,129 @@
+"""A mini-batch training step captured once as one CUDA graph and replayed for every batch:
+sampling, the blocks, the feature and label gathers, forward, loss, backward and the
+optimizer step, with no host work per batch beyond copying the seeds in and launching the
+graph.
+
+What makes one graph serve every batch: the loader samples into static-capacity buffers
+(``NeighborLoader(static=True)``), the blocks are capacity blocks whose sizes are those
+capacities (:mod:`hector.graph.capacity`), and the loss is the mean over the batch's valid
+seeds, whose count lives in device memory.  A short last batch is padded; padding rows and
+the blocks' sink nodes reach no valid seed, so they change neither the loss nor a gradient.
+
+The first ``WARMUP`` batches run the same step eagerly (they compile and tune the kernels
+for the capacities' shapes and create the optimizer's state); the next is captured and
+replayed, and so is every later one.  The optimizer step is inside the graph when every
+parameter group is ``capturable`` (``torch.optim.Adam(..., capturable=True)``), else it runs
+eagerly after each replay.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+#: Eager steps before the capture (side-stream warm-up, as torch's CUDA-graph docs advise).
+WARMUP = 2
+
+
+def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
+                         count: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the first ``count`` rows (a 0-d device tensor)."""
+    mask = torch.arange(logits.shape[0], device=logits.device) < count
+    loss = F.cross_entropy(logits.float(), labels, reduction="none")
+    return torch.where(mask, loss, 0.0).sum() / count.clamp(min=1)
+
+
+class CapturedStep:
+    """``step(seeds, count)``: one optimizer step on the batch of ``seeds[:count]`` (as
+    ``NeighborLoader.seed_batches`` yields them), returning its loss as a 0-d device tensor.
+
+    Args:
+        model: called as ``model(x_b, blocks, n_id=n_id)``, returning one row of logits per
+            seed slot (``hector train``'s networks do).
+        optimizer: its step runs inside the graph when every group is capturable.
+        loader: a ``NeighborLoader(static=True)`` on a CUDA graph of one node type and one
+            relation.
+        x: node features (``None``: featureless, the model embeds ``n_id``); y: labels.
+        loss: ``loss(logits, labels, count)``, default :func:`masked_cross_entropy`.
+        capture: False runs every step eagerly (the same computation; the only choice on
+            the CPU, the default there).
+    """
+
+    def __init__(self, model, optimizer, loader, x: Optional[torch.Tensor], y: torch.Tensor,
+                 loss: Callable = masked_cross_entropy, capture: Optional[bool] = None):
+        if loader.static is None:
+            raise ValueError("loader must be a NeighborLoader(static=True)")
+        graph = loader.graph
+        self.capture = graph.device.type == "cuda" if capture is None else bool(capture)
+        if self.capture and graph.device.type != "cuda":
+            raise ValueError("capture=True needs the graph on a CUDA device")
+        if graph.num_node_types != 1 or graph.num_relations != 1:
+            raise NotImplementedError(
+                "captured mini-batch steps hold one node type and one relation so far")
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.x, self.y, self.loss_fn = x, y, loss
+        self.in_graph_optimizer = all(g.get("capturable", False)
+                                      for g in optimizer.param_groups)
+        dev = graph.device
+        self.seeds = torch.zeros(loader.batch_size, dtype=torch.int64, device=dev)
+        self.count = torch.zeros((), dtype=torch.int64, device=dev)
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.loss: Optional[torch.Tensor] = None
+        self.steps = 0
+        #: Eager steps and graph replays so far.
+        self.eager_steps = self.replays = 0
+
+    def _forward_backward(self) -> torch.Tensor:
+        sb = self.loader.static.sample(self.seeds, self.count)
+        blocks = sb.capacity_blocks(self.loader.graph)
+        n_id = sb.n_id
+        x_b = None if self.x is None else self.x.index_select(0, n_id)
+        logits = self.model(x_b, blocks, n_id=n_id)
+        loss = self.loss_fn(logits, self.y.index_select(0, self.seeds), self.count)
+        loss.backward()
+        # The captured blocks stay alive with the step: hector's ops name their graphs by
+        # handles that live as long as the graph does.
+        self._blocks = blocks
+        return loss.detach()
+
+    def _eager(self) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._forward_backward()
+        self.optimizer.step()
+        self.eager_steps += 1
+        return loss
+
+    def _capture(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        gen = self.loader.generator
+        if hasattr(g, "register_generator_state"):   # torch's path of the sampler, if taken
+            g.register_generator_state(gen)
+        with torch.cuda.graph(g):
+            self.loss = self._forward_backward()
+            if self.in_graph_optimizer:
+                self.optimizer.step()
+        self.graph = g
+
+    def step(self, seeds: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        self.seeds.copy_(seeds)
+        self.count.copy_(count)
+        self.steps += 1
+        if not self.capture:
+            return self._eager()
+        if self.steps <= WARMUP:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                loss = self._eager()
+            torch.cuda.current_stream().wait_stream(stream)
+            return loss
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        if not self.in_graph_optimizer:
+            self.optimizer.step()
+        self.replays += 1
+        return self.loss.clone()

@@ -1,0 +1,182 @@
+"""Capacity blocks and the captured mini-batch step.
+
+On the CPU: a layer on capacity blocks (every size a capacity, padding edges between sink
+nodes) gives the destination rows and every parameter gradient of the same layer on the same
+batch's ordinary blocks, for GAT (with and without self loops), AGNN and TransformerConv, on
+both backends; the step ``CapturedStep`` captures, run eagerly, trains exactly like the
+ordinary step; bad input is refused.  On CUDA: the step captured once and replayed gives the
+eager step's losses and parameters, batch after batch, the short last batch included."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hector import Graph
+from hector.loader import NeighborLoader
+from hector.nn import AGNNConv, GATConv, TransformerConv
+from hector.train.captured import CapturedStep, masked_cross_entropy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loader"))
+from test_neighbor_loader import hetero_graph  # noqa: E402
+
+
+def graph_with_loops(num_nodes=70, num_edges=500, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, num_nodes, (2, num_edges), generator=g)
+    ei[1, :20] = ei[0, :20]                          # some self loops to remove
+    return Graph(ei, num_nodes=num_nodes)
+
+
+class TwoLayers(torch.nn.Module):
+    """Two layers called like ``hector train``'s networks on blocks."""
+
+    def __init__(self, kind, backend, loops=True, f_in=6, classes=3):
+        super().__init__()
+        if kind == "gat":
+            self.c1 = GATConv(f_in, 4, heads=2, add_self_loops=loops, backend=backend)
+            self.c2 = GATConv(8, classes, heads=1, add_self_loops=loops, backend=backend)
+        elif kind == "transformer":
+            self.c1 = TransformerConv(f_in, 4, heads=2, backend=backend)
+            self.c2 = TransformerConv(8, classes, heads=1, backend=backend)
+        else:
+            self.lin = torch.nn.Linear(f_in, classes)
+            self.c1 = AGNNConv(backend=backend)
+            self.c2 = AGNNConv(backend=backend)
+        self.kind = kind
+
+    def forward(self, x, blocks, n_id=None):
+        if self.kind == "agnn":
+            x = self.lin(x)
+        return self.c2(torch.relu(self.c1(x, blocks[0])), blocks[1])
+
+
+def _grads(model):
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("kind,loops", [("gat", True), ("gat", False), ("agnn", True),
+                                        ("transformer", True)])
+def test_capacity_blocks_give_the_ordinary_blocks_results(kind, loops, backend):
+    torch.manual_seed(0)
+    graph = graph_with_loops()
+    x = torch.randn(graph.num_nodes, 6)
+    model = TwoLayers(kind, backend, loops)
+    loader = NeighborLoader(graph, [3, 2], batch_size=9, shuffle=True, seed=2, static=True)
+    batches = list(loader.static_batches())
+    for sb in (batches[0], batches[-1]):            # a full batch and the short last one
+        batch = sb.to_batch(graph, loader.node_type_ptr, None)
+        model.zero_grad()
+        ref = model(x[batch.n_id], batch.blocks)
+        ref.square().sum().backward()
+        want = _grads(model)
+        model.zero_grad()
+        blocks = sb.capacity_blocks(graph)     # (kept until the backward has run)
+        out = model(x[sb.n_id], blocks)
+        n = batch.batch_size
+        assert out.shape[0] == loader.batch_size
+        mask = (torch.arange(out.shape[0]) < n)[:, None]
+        torch.where(mask, out, 0.0).square().sum().backward()
+        torch.testing.assert_close(out[:n], ref, atol=1e-5, rtol=1e-4)
+        for got, w in zip(_grads(model), want):
+            torch.testing.assert_close(got, w, atol=1e-5, rtol=1e-4)
+
+
+def test_capacity_blocks_have_capacity_sizes_only():
+    graph = graph_with_loops()
+    loader = NeighborLoader(graph, [3, 2], batch_size=9, shuffle=True, seed=2, static=True)
+    caps = loader.static.caps
+    shapes = set()
+    for sb in loader.static_batches():
+        blocks = sb.capacity_blocks(graph)
+        shapes.add(tuple((b.num_nodes, b.num_edges, b.num_dst_nodes, b.in_degree.max)
+                         for b in blocks))
+        for b in blocks:                  # a genuine graph: rows cover every edge
+            assert int(b.csr_in.ptr[-1]) == b.num_edges
+            assert int(b.csr_in.degrees().max()) <= b.in_degree.max
+            assert torch.equal(b.csr_in.col.long(), b.src.long())
+    assert shapes == {((caps.nodes[1], caps.edges[1], caps.dst[1], caps.width[1]),
+                       (caps.nodes[0], caps.edges[0], caps.dst[0], caps.width[0]))}
+
+
+def _train(step_fn, model, opt, loader, x, y, ordinary):
+    losses = []
+    for seeds, count in loader.seed_batches():
+        if ordinary:
+            sb = loader.static.sample(seeds, count)
+            batch = sb.to_batch(loader.graph, loader.node_type_ptr, None)
+            opt.zero_grad()
+            logits = model(x[batch.n_id], batch.blocks)
+            loss = F.cross_entropy(logits, y[batch.seed])
+            loss.backward()
+            opt.step()
+        else:
+            loss = step_fn(seeds, count)
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def test_the_step_trains_like_the_ordinary_one():
+    graph = graph_with_loops()
+    x, y = torch.randn(graph.num_nodes, 6), torch.randint(0, 3, (graph.num_nodes,))
+    runs = []
+    for ordinary in (True, False):
+        torch.manual_seed(0)
+        model = TwoLayers("gat", "torch")
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        loader = NeighborLoader(graph, [3, 2], batch_size=16, shuffle=True, seed=5,
+                                static=True)
+        step = CapturedStep(model, opt, loader, x, y)
+        assert not step.capture                      # the CPU runs it eagerly
+        losses = _train(step.step, model, opt, loader, x, y, ordinary)
+        runs.append((losses, [p.detach().clone() for p in model.parameters()]))
+    torch.testing.assert_close(runs[0][0], runs[1][0], atol=1e-5, rtol=1e-5)
+    for a, b in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_masked_loss_is_the_mean_over_valid_rows():
+    logits, y = torch.randn(6, 4), torch.randint(0, 4, (6,))
+    got = masked_cross_entropy(logits, y, torch.tensor(4))
+    torch.testing.assert_close(got, F.cross_entropy(logits[:4], y[:4]))
+
+
+def test_bad_input_is_refused():
+    graph = graph_with_loops()
+    model = TwoLayers("gat", "torch")
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(graph.num_nodes, 6), torch.zeros(graph.num_nodes, dtype=torch.long)
+    with pytest.raises(ValueError, match="static=True"):
+        CapturedStep(model, opt, NeighborLoader(graph, [2], batch_size=4), x, y)
+    with pytest.raises(ValueError, match="CUDA"):
+        CapturedStep(model, opt, NeighborLoader(graph, [2], batch_size=4, static=True), x, y,
+                     capture=True)
+    hetero = hetero_graph()
+    with pytest.raises(NotImplementedError, match="one node type"):
+        CapturedStep(model, opt, NeighborLoader(hetero, [2], batch_size=4, static=True), x, y)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("kind", ["gat", "agnn", "transformer"])
+@pytest.mark.parametrize("capturable", [True, False])
+def test_captured_step_replays_the_eager_step(kind, capturable):
+    graph = graph_with_loops(num_nodes=400, num_edges=4000).to("cuda")
+    x = torch.randn(graph.num_nodes, 6, device="cuda")
+    y = torch.randint(0, 3, (graph.num_nodes,), device="cuda")
+    runs = []
+    for capture in (False, True):
+        torch.manual_seed(0)
+        model = TwoLayers(kind, "auto").cuda()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01, capturable=capturable)
+        loader = NeighborLoader(graph, [4, 3], batch_size=48, shuffle=True, seed=5,
+                                static=True)
+        step = CapturedStep(model, opt, loader, x, y, capture=capture)
+        losses = [float(step.step(s, c)) for s, c in loader.seed_batches()]
+        if capture:
+            assert step.replays == len(loader) - 2 and step.eager_steps == 2
+        runs.append((losses, [p.detach().clone() for p in model.parameters()]))
+    torch.testing.assert_close(runs[0][0], runs[1][0], atol=1e-4, rtol=1e-4)
+    for a, b in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
