@@ -222,49 +222,31 @@ def train(args, out=None) -> dict:
 #: Models whose full-graph training step can be captured: all of them (each takes the
 #: prebuilt Graph of ``Net.graph_of``; attention dropout draws its seed on the device).
 CAPTURE_MODELS = MODELS
-
-
-def _capture_wanted(args, cfg, device, out) -> bool:
-    """Capture the step on CUDA unless ``--no-capture``; models or settings that cannot be
-    captured yet train eagerly, with a note saying why."""
-    if device.type != "cuda" or getattr(args, "no_capture", False):
-        return False
-    why = None
-    if cfg["model"] not in CAPTURE_MODELS:
-        why = f"model {cfg['model']} (capture supports {', '.join(CAPTURE_MODELS)})"
-    elif cfg["dtype"] != "fp32":
-        why = f"--dtype {cfg['dtype']}"
-    if why:
-        print(f"note: training step not captured: {why}; --no-capture silences this",
-              file=out)
-        return False
-    return True
-
-
 #: Models whose mini-batch step can be captured (one CUDA graph replayed per batch): the
 #: attention layers, on graphs of one node type and one relation (capacity blocks; the
 #: relational layers' per-relation segments need device-side bounds, not built yet).
 CAPTURE_MINIBATCH_MODELS = ("gat", "agnn", "transformer")
 
 
-def _minibatch_capture_wanted(args, cfg, device, graph, world, out) -> bool:
-    """Capture the mini-batch step on CUDA unless ``--no-capture``; a note says why not
-    where it cannot be yet."""
+def _capture_wanted(args, cfg, device, out, graph=None, world: int = 1) -> bool:
+    """Capture the step on CUDA unless ``--no-capture``: the full-graph step, or with
+    ``graph`` (the sampled graph) the mini-batch step.  Models or settings that cannot be
+    captured yet train eagerly, with a note saying why."""
     if device.type != "cuda" or getattr(args, "no_capture", False):
         return False
+    what, models = ("training step", CAPTURE_MODELS) if graph is None else (
+        "mini-batch step", CAPTURE_MINIBATCH_MODELS)
     why = None
     if world > 1:
         why = f"--devices {world} (one process only so far)"
-    elif cfg["model"] not in CAPTURE_MINIBATCH_MODELS:
-        why = (f"model {cfg['model']} (mini-batch capture supports "
-               f"{', '.join(CAPTURE_MINIBATCH_MODELS)})")
-    elif graph.num_node_types != 1 or graph.num_relations != 1:
+    elif cfg["model"] not in models:
+        why = f"model {cfg['model']} (capture supports {', '.join(models)})"
+    elif graph is not None and (graph.num_node_types != 1 or graph.num_relations != 1):
         why = "a graph of several node types or relations"
     elif cfg["dtype"] != "fp32":
         why = f"--dtype {cfg['dtype']}"
     if why:
-        print(f"note: mini-batch step not captured: {why}; --no-capture silences this",
-              file=out)
+        print(f"note: {what} not captured: {why}; --no-capture silences this", file=out)
         return False
     return True
 
@@ -339,8 +321,8 @@ def _train(args, out=None) -> dict:
                   f"{','.join(map(str, cfg['fanout']))}) with sampled inference", file=out)
     if cfg["batch_size"] is None:
         cfg["batch_size"] = minibatch.DEFAULT_BATCH_SIZE if ctx.world > 1 else None
-    batch_capture = (cfg["batch_size"] is not None and _minibatch_capture_wanted(
-        args, cfg, device, data.graph, ctx.world, out))
+    batch_capture = (cfg["batch_size"] is not None and _capture_wanted(
+        args, cfg, device, out, data.graph, ctx.world))
     loader = (None if cfg["batch_size"] is None else
               minibatch.make_loader(data.graph, train_idx, cfg, ctx.rank, ctx.world,
                                     static=batch_capture))
