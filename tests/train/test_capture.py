@@ -62,6 +62,27 @@ def test_every_model_is_captured_on_cuda_in_fp32(model):
     assert "--dtype bf16" in out.getvalue()
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_minibatch_capture_choice(model):
+    """Mini-batches: the attention models on a graph of one node type and one relation are
+    captured on CUDA; the relational models, a relational graph and several processes are
+    not, with a note each."""
+    from hector.train.loop import CAPTURE_MINIBATCH_MODELS
+    from hector import Graph
+    p = _parser()
+    args = p.parse_args(["--model", model, "--dataset", "synthetic:cora", "--device", "cpu"])
+    cfg, cuda_dev = dict(model=model, dtype="fp32"), torch.device("cuda")
+    plain = Graph(torch.tensor([[0, 1], [1, 2]]))
+    relational = Graph(torch.tensor([[0, 1], [1, 2]]), edge_type=torch.tensor([0, 1]))
+    out = io.StringIO()
+    assert _capture_wanted(args, cfg, cuda_dev, out, plain) == (model in CAPTURE_MINIBATCH_MODELS)
+    assert (out.getvalue() == "") == (model in CAPTURE_MINIBATCH_MODELS)
+    assert not _capture_wanted(args, cfg, cuda_dev, out, relational)
+    assert not _capture_wanted(args, cfg, cuda_dev, out, plain, world=2)
+    assert "--devices 2" in out.getvalue()
+    assert not _capture_wanted(args, cfg, torch.device("cpu"), out, plain)
+
+
 @pytest.mark.parametrize("change, exc, match", [
     (dict(model="not a module"), TypeError, "model"),
     (dict(optimizer=object()), TypeError, "optimizer"),
