@@ -3,6 +3,7 @@ import argparse
 import json
 
 import pytest
+import torch
 
 from hector.bench import BenchConfig, configure, resolve, run, run_bench
 from hector.bench import report
@@ -174,3 +175,25 @@ def test_interleaved_alternates_the_order():
         out = timing.interleaved(fns, torch.device("cpu"), 1, rounds=3)
     assert calls == ["a", "b", "b", "a", "a", "b"]
     assert out["a"]["runs"] == 9 and out["a"]["ms"] == 1.0
+
+
+def test_tf32_switch_holds_for_the_run_and_is_restored(monkeypatch):
+    """--tf32 turns torch's TF32 matmul switch on for every peer while the cases run (hector's
+    fp32 GEMMs follow it) and puts the caller's setting back after; without it the run is
+    strict fp32 whatever the caller had set."""
+    from hector.bench import config_from_args, runner
+    seen = []
+    monkeypatch.setattr(runner, "_run_cases",
+                        lambda cfg, *a: seen.append(torch.backends.cuda.matmul.allow_tf32))
+    p = argparse.ArgumentParser()
+    configure(p)
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for flag, caller in ((["--tf32"], False), ([], True)):
+            torch.backends.cuda.matmul.allow_tf32 = caller
+            cfg = config_from_args(p.parse_args(["--layers", "gat", "--no-pyg", *flag]))
+            runner.run_bench(cfg)
+            assert torch.backends.cuda.matmul.allow_tf32 == caller
+        assert seen == [True, False]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before

@@ -70,6 +70,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="storage dtype of the features, parameters and messages of every peer "
                         "(hector accumulates in fp32); the check's tolerance follows it "
                         "(default fp32)")
+    p.add_argument("--tf32", action="store_true",
+                   help="run every peer's fp32 matrix products on TF32 tensor cores "
+                        "(torch.backends.cuda.matmul.allow_tf32; hector's GEMMs follow it)")
     p.add_argument("--no-grad-check", action="store_true",
                    help="check hector's output only, not its input gradient")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -88,7 +91,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        capture=False if getattr(args, "no_capture", False) else None,
                        check_grad=not getattr(args, "no_grad_check", False),
                        threads=getattr(args, "threads", None),
-                       dtype=getattr(args, "dtype", "fp32"))
+                       dtype=getattr(args, "dtype", "fp32"),
+                       tf32=getattr(args, "tf32", False))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -89,7 +89,8 @@ def _legend(meta: dict) -> str:
     threads = (f", {meta['threads']} torch CPU thread{'s' if meta['threads'] != 1 else ''} "
                f"(--threads; {meta.get('cpus')} CPUs)" if meta.get("threads") else "")
     return (f"device {meta['device']}" + (f" ({meta['gpu']})" if meta.get("gpu") else "")
-            + threads + f", hector backend {meta['backend']}, {meta.get('dtype', 'fp32')}; "
+            + threads + f", hector backend {meta['backend']}, {meta.get('dtype', 'fp32')}"
+            + (" with TF32 products" if meta.get("tf32") else "") + "; "
             "times: median [min, max] ms; speedup = PyG eager ms / peer ms; floor = "
             f"forward's memory floor at the measured copy bandwidth "
             f"({meta.get('copy_GBps', 0):.0f} GB/s) / inference ms; check: max |hector - PyG| / "

@@ -24,6 +24,8 @@ RTOL = 1e-4                        # relative max-abs error allowed against PyG 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: the check's tolerance in half precision (against PyG in fp32; fp32 runs use RTOL)
 HALF_RTOL = {"bf16": 3e-2, "fp16": 5e-3}
+#: the check's tolerance with --tf32 (10-bit mantissas in every peer's fp32 products)
+TF32_RTOL = 5e-3
 
 
 @dataclass
@@ -47,6 +49,7 @@ class BenchConfig:
     datasets: Optional[List[str]] = None  # with --suite: only these datasets (profile names)
     threads: Optional[int] = None      # torch CPU threads while timing; None: 1 on the CPU
     dtype: str = "fp32"                # storage dtype of every peer: fp32, bf16, fp16
+    tf32: bool = False                 # fp32 matmuls of every peer on TF32 tensor cores
 
 
 def require(module: str, what: str):
@@ -370,12 +373,17 @@ def run_bench(cfg: BenchConfig, log=None, on_case=None) -> dict:
     device = torch.device(cfg.device)
     pyg_version = None if cfg.no_pyg else require("torch_geometric", "PyG").__version__
     threads_before = torch.get_num_threads()
+    tf32_before = torch.backends.cuda.matmul.allow_tf32
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    # One switch for every peer: torch's matmuls (PyG, compiled or not) and hector's fp32
+    # GEMMs (which follow torch's switch: kernels.segment_mm.spec.fp32_dot).
+    torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
     try:
         return _run_cases(cfg, device, pyg_version, on_case)
     finally:
         torch.set_num_threads(threads_before)
+        torch.backends.cuda.matmul.allow_tf32 = tf32_before
 
 
 def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> dict:
@@ -404,10 +412,15 @@ def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> 
                      "on the CPU takes minutes)" if not cuda else "PyG compile skipped "
                      "(--no-compile)")
     bandwidth = floor.copy_bandwidth(device, floor.COPY_BYTES if cuda else 1 << 26)
-    dtype, rtol = DTYPES[cfg.dtype], HALF_RTOL.get(cfg.dtype, RTOL)
+    dtype = DTYPES[cfg.dtype]
+    rtol = HALF_RTOL.get(cfg.dtype, TF32_RTOL if cfg.tf32 and cuda else RTOL)
+    if cfg.tf32:
+        notes.append("--tf32: every peer's fp32 matrix products on TF32 tensor cores (torch's "
+                     "allow_tf32, which hector's fp32 GEMMs follow); outputs checked at "
+                     f"{rtol:g}" + ("" if cuda else "; no effect on the CPU"))
     meta = dict(device=str(device), backend=backend, repeats=cfg.repeats if not cuda else None,
                 torch=torch.__version__, torch_geometric=pyg_version,
-                rtol=rtol, dtype=cfg.dtype, suite=cfg.suite, copy_GBps=bandwidth / 1e9,
+                rtol=rtol, dtype=cfg.dtype, tf32=cfg.tf32 and cuda, suite=cfg.suite, copy_GBps=bandwidth / 1e9,
                 workloads={}, threads=torch.get_num_threads(), cpus=os.cpu_count())
     if cuda:
         meta["gpu"] = torch.cuda.get_device_name(device)
