@@ -180,3 +180,25 @@ def test_captured_step_replays_the_eager_step(kind, capturable):
     torch.testing.assert_close(runs[0][0], runs[1][0], atol=1e-4, rtol=1e-4)
     for a, b in zip(runs[0][1], runs[1][1]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+def test_captured_epoch_returns_the_seed_weighted_mean_loss():
+    from hector.train.minibatch import BatchClock, captured_epoch
+    graph = graph_with_loops()
+    x, y = torch.randn(graph.num_nodes, 6), torch.randint(0, 3, (graph.num_nodes,))
+    means = []
+    for run in range(2):
+        torch.manual_seed(0)
+        model = TwoLayers("gat", "torch")
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)     # the same model every batch
+        loader = NeighborLoader(graph, [3, 2], batch_size=16, shuffle=True, seed=5,
+                                static=True)
+        step = CapturedStep(model, opt, loader, x, y)
+        if run == 0:
+            clock = BatchClock(graph.device)
+            means.append(captured_epoch(step, loader, clock))
+            assert clock.seconds()["batches"] == len(loader)
+        else:
+            losses = [(float(step.step(s, c)), int(c)) for s, c in loader.seed_batches()]
+            means.append(sum(v * n for v, n in losses) / sum(n for _, n in losses))
+    assert abs(means[0] - means[1]) < 1e-6
