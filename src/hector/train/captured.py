@@ -13,7 +13,9 @@ The first ``WARMUP`` batches run the same step eagerly (they compile and tune th
 for the capacities' shapes and create the optimizer's state); the next is captured and
 replayed, and so is every later one.  The optimizer step is inside the graph when every
 parameter group is ``capturable`` (``torch.optim.Adam(..., capturable=True)``), else it runs
-eagerly after each replay.
+eagerly after each replay.  A captured optimizer step keeps the hyper-parameters it was
+captured with: a learning-rate schedule reaches it only through a tensor ``lr`` (torch.optim
+accepts one), not by assigning a new float to ``param_groups``.
 """
 from __future__ import annotations
 
