@@ -4,7 +4,8 @@ layers on the same blocks; and the GPU time of the captured step's kernels.
 
     python scripts/captured_minibatch.py [--profile products] [--scale 1.0]
         [--models gat,agnn,transformer] [--batch-size 1024] [--fanout 25,20]
-        [--batches 30] [--no-pyg] [--device cuda]
+        [--batches 30] [--no-pyg] [--device cuda] [--strategy auto|node|edge]
+        [--kernels N]
 
 For each model (``hector train``'s two-layer network and defaults, dropout off so the runs
 compare; the same seeds and shuffled order for every row), ms per batch, medians over the
@@ -17,11 +18,15 @@ batches after a warm-up:
 * gpu: the kernels' time of one captured replay (``torch.profiler``, device time summed);
 * captured / gpu: what the host and launch gaps add; pyg / captured: the speedup.
 
-Also the capacities against a batch's actual sizes (how much padding the replay carries).
+Also the capacities against a batch's actual sizes (how much padding the replay carries);
+``--kernels N``: the N kernels of a replay with the most device time (stderr);
+``--strategy``: every attention layer's node- or edge-parallel choice pinned (``auto``: the
+layers' rule on the blocks' statistics).
 On the CPU (no capture) only the eager rows run, on a small scale.
 """
 import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -96,14 +101,21 @@ def pyg_step(kind, layers, opt, x, y, batch):
     opt.step()
 
 
-def gpu_ms(step, items):
-    """Device time of the captured replays of ``items`` (mean per replay)."""
+def gpu_ms(step, items, top=0, label=""):
+    """Device time of the captured replays of ``items`` (mean per replay); with ``top`` the
+    kernels with the most of it, to stderr."""
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA], acc_events=True) as prof:
         for s, c in items:
             step.step(s, c)
         torch.cuda.synchronize()
-    total = sum(e.self_device_time_total for e in prof.key_averages())
+    events = prof.key_averages()
+    total = sum(e.self_device_time_total for e in events)
+    if top:
+        print(f"--- {label}: kernels of {len(items)} replays by device time", file=sys.stderr)
+        for e in sorted(events, key=lambda e: -e.self_device_time_total)[:top]:
+            print(f"  {e.self_device_time_total / 1e3 / len(items):8.3f} ms  {e.count:5d}x  "
+                  f"{e.key[:110]}", file=sys.stderr)
     return total / 1e3 / len(items)
 
 
@@ -117,6 +129,8 @@ def main():
     p.add_argument("--fanout", default="25,20")
     p.add_argument("--batches", type=int, default=30)
     p.add_argument("--no-pyg", action="store_true")
+    p.add_argument("--strategy", default="auto", choices=["auto", "node", "edge"])
+    p.add_argument("--kernels", type=int, default=0, metavar="N")
     args = p.parse_args()
     device = torch.device(args.device)
     scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.01)
@@ -132,6 +146,9 @@ def main():
         cfg = dict(defaults(kind, "synthetic:" + args.profile), dropout=0.0, num_bases=None)
         torch.manual_seed(0)
         net = build(kind, data, cfg, backend="auto").to(device)
+        for m in net.modules():
+            if hasattr(m, "strategy") and args.strategy != "auto":
+                m.strategy = args.strategy
         opt = torch.optim.Adam(net.parameters(), lr=cfg["lr"], capturable=device.type == "cuda")
         loader = NeighborLoader(graph, fanout, **kw)
         batches = [b for _, b in zip(range(args.batches), loader)]
@@ -148,7 +165,7 @@ def main():
             seeds = [sc for _, sc in zip(range(args.batches), static.seed_batches())]
             row["captured"] = per_batch(lambda sc: step.step(*sc), seeds, device)
             row["captured_stream"] = throughput(lambda sc: step.step(*sc), seeds, device)
-            row["gpu"] = gpu_ms(step, seeds[:5])
+            row["gpu"] = gpu_ms(step, seeds[:5], args.kernels, f"{kind} {args.strategy}")
             sb = static.static.sample(*seeds[0])
             caps, sizes = static.static.caps, sb.sizes()
             row["fill"] = ", ".join(f"hop {h}: edges {e / caps.edges[h]:.0%} nodes "

@@ -15,9 +15,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: after it.  A module belongs to the layer of its longest listed prefix.
 LAYERS: List[List[str]] = [
     ["hector._version", "hector.checks", "hector.device"],
-    # Kernel infrastructure and the index-building kernels, which a graph's build launches.
+    # Kernel infrastructure and the index-building kernels, which a graph's build and the
+    # sampler launch.
     ["hector.kernels.registry", "hector.kernels.eager", "hector.kernels.sizes",
-     "hector.kernels.stats"],
+     "hector.kernels.stats", "hector.kernels.sampling"],
     ["hector.graph"],
     ["hector.datasets", "hector.loader"],
     ["hector.kernels"],

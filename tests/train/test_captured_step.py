@@ -52,6 +52,10 @@ class TwoLayers(torch.nn.Module):
         return self.c2(torch.relu(self.c1(x, blocks[0])), blocks[1])
 
 
+#: Where the Triton backend runs: the GPU, else Triton's interpreter (set by conftest).
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _grads(model):
     return [p.grad.clone() for p in model.parameters()]
 
@@ -61,9 +65,10 @@ def _grads(model):
                                         ("transformer", True)])
 def test_capacity_blocks_give_the_ordinary_blocks_results(kind, loops, backend):
     torch.manual_seed(0)
-    graph = graph_with_loops()
-    x = torch.randn(graph.num_nodes, 6)
-    model = TwoLayers(kind, backend, loops)
+    device = TRITON_DEVICE if backend == "triton" else "cpu"
+    graph = graph_with_loops().to(device)
+    x = torch.randn(graph.num_nodes, 6, device=device)
+    model = TwoLayers(kind, backend, loops).to(device)
     loader = NeighborLoader(graph, [3, 2], batch_size=9, shuffle=True, seed=2, static=True)
     batches = list(loader.static_batches())
     for sb in (batches[0], batches[-1]):            # a full batch and the short last one
@@ -77,7 +82,7 @@ def test_capacity_blocks_give_the_ordinary_blocks_results(kind, loops, backend):
         out = model(x[sb.n_id], blocks)
         n = batch.batch_size
         assert out.shape[0] == loader.batch_size
-        mask = (torch.arange(out.shape[0]) < n)[:, None]
+        mask = (torch.arange(out.shape[0], device=device) < n)[:, None]
         torch.where(mask, out, 0.0).square().sum().backward()
         torch.testing.assert_close(out[:n], ref, atol=1e-5, rtol=1e-4)
         for got, w in zip(_grads(model), want):

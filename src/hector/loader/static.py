@@ -35,7 +35,9 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..graph.block import mark_block
 from ..kernels.sampling import floyd_table
+from .batch import Batch, block_graph
 from .sampler import SamplingIndex
 
 
@@ -137,8 +139,6 @@ class StaticBatch:
     def to_batch(self, graph, node_type_ptr, node_type_names):
         """The same batch as ``Graph`` blocks (outermost first, like ``NeighborLoader``'s),
         their arrays cut to the actual sizes: one host read."""
-        from .neighbor import Batch, block_graph
-        from ..graph.block import mark_block
         sizes = self.sizes()
         type_ptrs = torch.stack([h.type_ptr for h in self.hops]).tolist()
         node_type = graph.node_type.long()
