@@ -321,6 +321,17 @@ def sampling(args, graph, seeds, fanouts, device):
             replay[1].copy_(seeds_b)
             cols["static replay"].append(clock(replay[0].replay, device)[0])
         sizes.append(sb.sizes())
+    if replay is not None and args.kernels:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA], acc_events=True) as prof:
+            for _ in range(5):
+                replay[0].replay()
+            torch.cuda.synchronize()
+        print("--- static sampling: kernels of 5 replays by device time", file=sys.stderr)
+        for e in sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)[
+                :args.kernels]:
+            print(f"  {e.self_device_time_total / 5e3:8.3f} ms  {e.count:5d}x  {e.key[:100]}",
+                  file=sys.stderr)
     caps = static.static.caps
     print("| " + " | ".join(cols) + " |  (ms per batch, medians)")
     print("|" + "---|" * len(cols))
@@ -377,6 +388,9 @@ def main():
     p.add_argument("--sampling", action="store_true",
                    help="time sampling alone: the loader's and into static-capacity buffers "
                         "(eager, cut, replayed from a CUDA graph)")
+    p.add_argument("--kernels", type=int, default=0, metavar="N",
+                   help="with --sampling on CUDA: the N kernels of a static replay with the "
+                        "most device time (stderr)")
     p.add_argument("--epoch-prefetch", type=int, default=0, metavar="K",
                    help="time whole epochs with NeighborLoader prefetch=0 and prefetch=K "
                         "(torch backend) instead")
