@@ -21,7 +21,8 @@ layer vary per batch (they need device-side bounds in their kernels, not built y
 
 The block's degree statistics are its bounds: in-degree at most ``width`` (``+ 1``), mean
 ``edges / nodes``; a source's out-degree, unknown without a read, is summarised the same
-way, so a plan chooses node-parallel traversals (rows bounded by the fan-out).
+way.  The attention plans take node-parallel traversals on a capacity block whatever the
+statistics say (``kernels.attention.plan.make_plan``): its rows are bounded by the fan-out.
 """
 from __future__ import annotations
 

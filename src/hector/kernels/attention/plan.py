@@ -130,7 +130,13 @@ def make_plan(graph, spec: AttentionSpec, strategy: str = "auto",
         edge = default_schedule(spec, "edge", graph.num_edges, stats.mean,
                                 sms * CHUNK_PROGRAMS_PER_SM,
                                 small_graph_programs=sms * SMALL_GRAPH_PROGRAMS_PER_SM)
-        if strategy == "auto":
+        if strategy == "auto" and getattr(graph, "capacity", None) is not None:
+            # A capacity block's statistics are bounds, not counts (graph/capacity.py): its
+            # rows are at most the fan-out long, and most of its nodes are padding or
+            # sources without rows, which the short-rows rule would count as work.
+            chosen, reason = "node", ("node-parallel: a capacity block, rows bounded by the "
+                                      "fan-out")
+        elif strategy == "auto":
             chosen, reason = choose_strategy(stats, graph.num_edges, sms, spec.heads,
                                              tile=edge.block_e, chunk=edge.chunk)
         else:
