@@ -333,7 +333,8 @@ def _train(args, out=None) -> dict:
                                  model.graph_of(edge_index, edge_type, data.num_nodes)), None
     # CUDA-graph capture of the full-graph step (one process, no mini-batches).
     capture = loader is None and ctx.world == 1 and _capture_wanted(args, cfg, device, out)
-    opt = make_optimizer(model, cfg, device, capture or batch_capture)
+    opt = make_optimizer(model, cfg, device,
+                         capture or (batch_capture and device.type == "cuda"))
     batch_step = CapturedStep(net, opt, loader, x, y) if batch_capture else None
     eval_nodes = torch.cat([i for i in (train_idx, val_idx, test_idx) if i is not None])
 
