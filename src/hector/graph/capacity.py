@@ -69,8 +69,12 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
         valid &= src.long() != row
     row = row.clamp(max=max(num_dst - 1, 0))
     v = valid.long()
-    counts = torch.zeros(num_nodes, dtype=torch.int64, device=dev).index_add_(0, row, v)
-    kept = v.sum()
+    # Kept picks before each position (and in all, last), so a row's count is a difference
+    # at its bounds: no scatter, whose padding entries would all hit one row's counter.
+    kept_at = build.counts_to_ptr(v)
+    kept = kept_at[-1]
+    counts = torch.zeros(num_nodes, dtype=torch.int64, device=dev)
+    counts[:num_dst] = kept_at[ptr[1:]] - kept_at[ptr[:-1]]
     padding = e_cap - kept
     w = max(width, 1)
     sink = torch.arange(sinks, device=dev)
@@ -80,14 +84,14 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
     total = e_cap + (num_nodes if self_loops else 0)
     # Where each entry goes: a kept pick at its row's start plus its rank among the row's
     # kept picks; padding entry j in sink j // w; a loop last in its row.  Masked entries
-    # write a spare slot past the end.
-    before = torch.cumsum(v, 0) - v                       # kept picks before each position
-    rank = before - before[ptr[:-1].clamp(max=max(e_cap - 1, 0))][row] if e_cap else before
-    slot = torch.where(valid, gptr[row] + rank, total)
+    # write spare slots past the end, one each (stores to one shared slot serialise).
+    rank = kept_at[:-1] - kept_at[ptr[:-1]][row] if num_dst else kept_at[:-1]
+    spare = total + pos
+    slot = torch.where(valid, gptr[row] + rank, spare)
     j = pos
     pad_sink = first_sink + torch.div(j, w, rounding_mode="floor").clamp(max=max(sinks - 1, 0))
-    pad_slot = torch.where(j < padding, gptr[pad_sink] + j % w, total)
-    col = torch.empty(total + 1, dtype=torch.int64, device=dev)
+    pad_slot = torch.where(j < padding, gptr[pad_sink] + j % w, spare)
+    col = torch.empty(total + e_cap, dtype=torch.int64, device=dev)
     col.scatter_(0, slot, src.long())
     col.scatter_(0, pad_slot, pad_sink)
     if self_loops:

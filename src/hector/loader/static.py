@@ -250,10 +250,12 @@ class StaticSampler:
         ptr = torch.zeros(n + 1, dtype=torch.int64, device=dev)
         torch.cumsum(counts, 0, out=ptr[1:])
         # Valid picks keep their row order (lanes ascend; per relation: relation, then lane);
-        # the others go to a spare slot past the end, cut off after.
+        # the others go to spare slots past the end, one each (stores to one shared slot
+        # serialise), cut off after.
         lane = torch.cumsum(valid.long(), 1) - 1
-        slot = torch.where(valid, ptr[:-1, None] + lane, e_cap).reshape(-1)
-        pos_c = torch.zeros(e_cap + 1, dtype=torch.int64, device=dev)
+        spare = e_cap + torch.arange(valid.numel(), device=dev).view_as(valid)
+        slot = torch.where(valid, ptr[:-1, None] + lane, spare).reshape(-1)
+        pos_c = torch.zeros(e_cap + valid.numel(), dtype=torch.int64, device=dev)
         pos_c.scatter_(0, slot, torch.where(valid, pos, 0).reshape(-1))
         pos_c = pos_c[:e_cap]
         return ptr, ix.col[pos_c], ix.rel[pos_c]
@@ -275,14 +277,15 @@ class StaticSampler:
         caps, node_type = self.caps, self.index.node_type
         n, e_cap, n_cap = caps.dst[h], caps.edges[h], caps.nodes[h] - caps.sinks[h]
         dev = dst.device
-        big = self.num_nodes      # the table's spare entry, for invalid candidates
         cand = torch.cat([dst, src_global])
         c = cand.numel()
         idx = torch.arange(c, device=dev)
         valid = torch.cat([idx[:n] < n_dst, idx[n:] - n < ptr[-1]])
-        key_node = torch.where(valid, cand, big)
+        # Invalid candidates get a spare table entry each: on one shared entry their atomics
+        # serialised (0.33 ms a hop on mag, where 84% of the second hop's slots are padding).
+        key_node = torch.where(valid, cand, self.num_nodes + idx)
         # First candidate naming each node (destinations come first, so they win).
-        first = torch.full((self.num_nodes + 1,), c, dtype=torch.int64, device=dev)
+        first = torch.full((self.num_nodes + c,), c, dtype=torch.int64, device=dev)
         first.scatter_reduce_(0, key_node, idx, reduce="amin")
         is_first = valid & (first[key_node] == idx)
         span = n + self.num_nodes
@@ -293,7 +296,7 @@ class StaticSampler:
         rank = torch.empty_like(order)
         rank[order] = idx
         num_nodes = is_first.sum()
-        local = rank[first[key_node].clamp(max=c - 1)]      # invalid candidates: junk, masked
+        local = rank[first[key_node]]           # (an invalid candidate: itself, masked below)
         node_ids = torch.where(torch.arange(n_cap, device=dev) < num_nodes, cand[order[:n_cap]], 0)
         node_ids = torch.cat([node_ids, node_ids.new_zeros(caps.sinks[h])])    # the sinks
         slots = torch.arange(caps.nodes[h], device=dev)
