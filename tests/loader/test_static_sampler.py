@@ -140,6 +140,15 @@ def test_uniform_through_the_loader():
     assert float((counts - 1800).abs().max()) < 5 * (n * 0.3 * 0.7) ** 0.5
 
 
+def test_buffers_beyond_the_free_memory_are_refused(monkeypatch):
+    from hector.loader import static
+    monkeypatch.setattr(static, "available_bytes", lambda device: 1 << 20)
+    graph = random_graph(num_nodes=2000, num_edges=40000)
+    with pytest.raises(ValueError, match="static=True: batches of 512 .* GiB"):
+        NeighborLoader(graph, [-1, -1], batch_size=512, seed=0, static=True)
+    NeighborLoader(graph, [2], batch_size=4, seed=0, static=True)     # small: fine
+
+
 def test_bad_seed_buffer_is_refused():
     loader = NeighborLoader(random_graph(), [2], batch_size=5, seed=0, static=True)
     with pytest.raises(ValueError, match="batch_size=5"):

@@ -430,3 +430,17 @@ def test_hector_train_runs_the_captured_step_path(model, monkeypatch):
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert result["captured"] and result["batch_size"] == 64
     assert 0.0 <= result["test_acc"] <= 1.0
+
+
+def test_static_buffers_that_would_not_fit_fall_back_to_eager_batches(monkeypatch):
+    from hector.loader import static
+    from hector.train import loop
+    monkeypatch.setattr(loop, "_capture_wanted",
+                        lambda args, cfg, device, out, graph=None, world=1: graph is not None)
+    monkeypatch.setattr(static, "available_bytes", lambda device: 1024)
+    out = io.StringIO()
+    result = train(parse("--model", "gat", "--dataset", "synthetic:cora", "--epochs", "1",
+                         "--hidden", "4", "--heads", "1", "--batch-size", "64",
+                         "--fanout", "5,5"), out=out)
+    assert "note: mini-batch step not captured: static=True" in out.getvalue()
+    assert not result["captured"] and result["batch_size"] == 64

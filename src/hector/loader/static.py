@@ -36,6 +36,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from ..graph.block import mark_block
+from ..graph.build import available_bytes
 from ..kernels.sampling import floyd_table
 from .batch import Batch, block_graph
 from .sampler import SamplingIndex
@@ -74,6 +75,14 @@ class Capacities:
             nodes.append(n)
         return Capacities(batch_size, tuple(widths), tuple(dsts), tuple(edges), tuple(nodes),
                           tuple(sinks))
+
+    def sampling_bytes(self, num_nodes: int) -> int:
+        """About the most device memory one sampled batch holds at once: per hop, the picks
+        table and the edge buffers (~10 int64 per edge slot), the candidates' sort and the
+        nodes (~6 per candidate), and the duplicate table over the graph's nodes."""
+        return max((10 * e + 6 * (d + e) + num_nodes + d + e) * 8
+                   for d, e in zip(self.dst, self.edges)) + sum(
+            (3 * e + 3 * n) * 8 for e, n in zip(self.edges, self.nodes))
 
 
 @dataclass
@@ -192,6 +201,14 @@ class StaticSampler:
         self.fanouts = [f.tolist() if isinstance(f, torch.Tensor) else int(f) for f in fanouts]
         self.max_degree = int(deg.max()) if deg.numel() else 0
         self.caps = Capacities.of(batch_size, self.fanouts, self.num_nodes, self.max_degree)
+        need, free = self.caps.sampling_bytes(self.num_nodes), available_bytes(index.ptr.device)
+        if free is not None and need > free:
+            raise ValueError(
+                f"static=True: batches of {batch_size} with fan-outs {self.fanouts} need "
+                f"buffers for {self.caps.edges[-1]:,} sampled edges (the worst case: every "
+                f"fan-out met, the largest in-degree {self.max_degree:,} bounding -1), about "
+                f"{need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB free on "
+                f"{index.ptr.device}; use smaller fan-outs or batches, or static=False")
         # Per-relation fan-outs find their (destination, relation) groups in the CSR's
         # (row, relation) keys, made here (their size is known only on the host).
         self._group_key = None

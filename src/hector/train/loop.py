@@ -323,9 +323,17 @@ def _train(args, out=None) -> dict:
         cfg["batch_size"] = minibatch.DEFAULT_BATCH_SIZE if ctx.world > 1 else None
     batch_capture = (cfg["batch_size"] is not None and _capture_wanted(
         args, cfg, device, out, data.graph, ctx.world))
-    loader = (None if cfg["batch_size"] is None else
-              minibatch.make_loader(data.graph, train_idx, cfg, ctx.rank, ctx.world,
-                                    static=batch_capture))
+    loader = None
+    if cfg["batch_size"] is not None:
+        try:
+            loader = minibatch.make_loader(data.graph, train_idx, cfg, ctx.rank, ctx.world,
+                                           static=batch_capture)
+        except ValueError as err:       # static buffers that would not fit: eager batches
+            if not batch_capture:
+                raise
+            print(f"note: mini-batch step not captured: {err}", file=out)
+            batch_capture = False
+            loader = minibatch.make_loader(data.graph, train_idx, cfg, ctx.rank, ctx.world)
     net = (distributed.wrap(model, device, unused_parameters=cfg["model"] == "rgat")
            if ctx.world > 1 else model)   # what trains
     if loader is None:
