@@ -200,3 +200,17 @@ def test_sampling_replays_from_one_cuda_graph():
         check_batch(graph.to("cpu"), batch, fanouts)
         draws.append(batch.blocks[-1].input_edge_index().clone())
     assert len({tuple(d.reshape(-1).tolist()) for d in draws}) == 4
+
+
+def test_a_node_type_without_nodes_keeps_its_pointer():
+    g = torch.Generator().manual_seed(0)
+    counts = {"author": 20, "paper": 30, "none": 0}
+    edges = {("author", "writes", "paper"): torch.stack([torch.randint(0, 20, (80,), generator=g),
+                                                         torch.randint(0, 30, (80,), generator=g)]),
+             ("paper", "cites", "paper"): torch.randint(0, 30, (2, 60), generator=g)}
+    graph = Graph.from_hetero(edges, counts)
+    loader = NeighborLoader(graph, [3, 2], input_nodes="paper", batch_size=6, seed=0,
+                            static=True)
+    for batch in loader:
+        check_batch(graph, batch, [3, 2])
+        assert all(len(b.dst_type_ptr) == 4 for b in batch.blocks)

@@ -49,12 +49,14 @@ class SamplingIndex:
     rel: torch.Tensor
     node_type: torch.Tensor
     num_relations: int
+    num_node_types: int = 1
 
     @staticmethod
     def of(graph) -> "SamplingIndex":
         csr = graph.csr_in
         return SamplingIndex(csr.ptr.long(), csr.col.long(), graph.etype.long()[csr.eid.long()],
-                             graph.node_type.long(), graph.num_relations)
+                             graph.node_type.long(), graph.num_relations,
+                             graph.num_node_types)
 
 
 def sample_hop(index: SamplingIndex, dst: torch.Tensor, fanout: Union[int, torch.Tensor],

@@ -195,7 +195,7 @@ class StaticSampler:
                  batch_size: int, generator: torch.Generator):
         self.index, self.generator = index, generator
         self.num_nodes = index.node_type.numel()
-        self.num_types = int(index.node_type.max()) + 1 if self.num_nodes else 1
+        self.num_types = index.num_node_types
         deg = index.ptr[1:] - index.ptr[:-1]
         # Host reads here, once per loader: the capacities' bounds.
         self.fanouts = [f.tolist() if isinstance(f, torch.Tensor) else int(f) for f in fanouts]
