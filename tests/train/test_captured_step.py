@@ -158,6 +158,11 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="CUDA"):
         CapturedStep(model, opt, NeighborLoader(graph, [2], batch_size=4, static=True), x, y,
                      capture=True)
+    step = CapturedStep(model, opt, NeighborLoader(graph, [2], batch_size=4, static=True), x, y)
+    with pytest.raises(ValueError, match="seeds must be a \\[batch_size=4\\]"):
+        step.step(torch.arange(3), torch.tensor(3))
+    with pytest.raises(ValueError, match="count must be a 0-d"):
+        step.step(torch.arange(4), 4)
     hetero = hetero_graph()
     with pytest.raises(NotImplementedError, match="one node type"):
         CapturedStep(model, opt, NeighborLoader(hetero, [2], batch_size=4, static=True), x, y)

@@ -110,6 +110,12 @@ class CapturedStep:
         self.graph = g
 
     def step(self, seeds: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        if not isinstance(seeds, torch.Tensor) or seeds.shape != self.seeds.shape:
+            raise ValueError(f"seeds must be a [batch_size={self.seeds.numel()}] tensor (pad a "
+                             f"short batch; NeighborLoader.seed_batches does), got "
+                             f"{getattr(seeds, 'shape', type(seeds).__name__)}")
+        if not isinstance(count, torch.Tensor) or count.dim() != 0:
+            raise ValueError("count must be a 0-d tensor (the batch's real seeds)")
         self.seeds.copy_(seeds)
         self.count.copy_(count)
         self.steps += 1
