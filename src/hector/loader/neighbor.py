@@ -191,15 +191,21 @@ class NeighborLoader:
             for sb in self.static_batches():
                 yield sb.to_batch(self.graph, self.node_type_ptr, self.graph.node_type_names)
             return
-        seeds = self._part_seeds()
-        for b in range(len(self)):
-            chunk = seeds[b * self.batch_size:(b + 1) * self.batch_size]
-            if self.seed_type is not None:     # every seed of one type: ordered already
+        for chunk in self._seed_chunks():
+            if self.seed_type is not None:     # every seed of one type: its pointers known
                 t, n = self.seed_type, chunk.numel()
                 yield self.sample(chunk, [0] * (t + 1) + [n] * (self.graph.num_node_types - t))
-                continue
-            chunk = chunk[torch.sort(self.index.node_type[chunk], stable=True).indices]
-            yield self.sample(chunk)
+            else:
+                yield self.sample(chunk)
+
+    def _seed_chunks(self):
+        """Each batch's seeds (this part's, shuffled when asked), ordered by node type."""
+        seeds, size = self._part_seeds(), self.batch_size
+        for b in range(len(self)):
+            chunk = seeds[b * size:(b + 1) * size]
+            if self.seed_type is None:          # (one type: ordered already)
+                chunk = chunk[torch.sort(self.index.node_type[chunk], stable=True).indices]
+            yield chunk
 
     def static_batches(self):
         """The batches as :class:`~.static.StaticBatch` es (a loader made with ``static=True``):
@@ -214,13 +220,10 @@ class NeighborLoader:
         0-d device tensor; what a captured step copies into its buffers."""
         if self.static is None:
             raise RuntimeError("static batches need a loader made with static=True")
-        seeds, size = self._part_seeds(), self.batch_size
-        full = torch.full((), size, dtype=torch.int64, device=seeds.device)
-        for b in range(len(self)):
-            chunk = seeds[b * size:(b + 1) * size]
+        size = self.batch_size
+        full = torch.full((), size, dtype=torch.int64, device=self.graph.device)
+        for chunk in self._seed_chunks():
             n = chunk.numel()
-            if self.seed_type is None:
-                chunk = chunk[torch.sort(self.index.node_type[chunk], stable=True).indices]
             if n < size:          # the last, short batch: padded, its count on the device
                 yield torch.cat([chunk, chunk.new_zeros(size - n)]), torch.full_like(full, n)
             else:

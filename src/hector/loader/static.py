@@ -36,6 +36,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from ..graph.block import mark_block
+from ..graph import build
 from ..graph.build import available_bytes
 from ..kernels.sampling import floyd_table
 from .batch import Batch, block_graph
@@ -162,9 +163,9 @@ class StaticBatch:
             dst_local = hop.dst_local[:n_dst]
             block = block_graph(graph, torch.stack([hop.src[:n_edges], dst_local[dst_pos]]),
                                 hop.rel[:n_edges], node_type[ids])
-            if dst_type_ptr is None:     # the seeds' types: counted from the first hop's nodes
-                dst_type_ptr = _dst_type_ptr(node_type[self.seeds[:n_seeds]],
-                                             graph.num_node_types)
+            if dst_type_ptr is None:     # the seeds' types (ordered by type)
+                dst_type_ptr = build.type_ptr(node_type[self.seeds[:n_seeds]],
+                                              graph.num_node_types)[0].tolist()
             mark_block(block, n_dst, dst_local if graph.num_node_types > 1 else None,
                        dst_type_ptr)
             blocks.append(block)
@@ -172,12 +173,6 @@ class StaticBatch:
             dst_type_ptr = type_ptrs[h]
         return Batch(blocks[::-1], node_ids[::-1], self.seeds[:n_seeds], node_type_ptr,
                      node_type_names)
-
-
-def _dst_type_ptr(types: torch.Tensor, num_types: int) -> List[int]:
-    counts = torch.zeros(num_types, dtype=torch.int64, device=types.device)
-    counts.index_add_(0, types, torch.ones_like(types))
-    return [0] + torch.cumsum(counts, 0).tolist()
 
 
 class StaticSampler:
@@ -219,8 +214,14 @@ class StaticSampler:
         # draws anew); drawn from ``generator`` on its device, with no host read.
         self.seed = torch.randint(0, 2 ** 62, (1,), generator=generator,
                                   device=index.ptr.device)
-        self._fan_t = [torch.tensor(f, dtype=torch.int64, device=index.ptr.device)
+        # Per-relation fan-outs on the device, -1 as the largest in-degree (every edge), and
+        # the table width they need (the largest of them).
+        self._fan_t = [torch.tensor([self.max_degree if k < 0 else k for k in f],
+                                    dtype=torch.int64, device=index.ptr.device)
                        if isinstance(f, list) else None for f in self.fanouts]
+        self._fan_width = [max(1, min(self.max_degree, max(
+            self.max_degree if k < 0 else k for k in f))) if isinstance(f, list) else None
+            for f in self.fanouts]
 
     def sample(self, seeds: torch.Tensor, num_seeds: Optional[torch.Tensor] = None) -> StaticBatch:
         """``seeds``: ``[batch_size]`` global ids (ordered by node type), of which the first
@@ -251,9 +252,7 @@ class StaticSampler:
         deg = torch.where(valid_dst, ix.ptr[dst + 1] - start, 0)
         if isinstance(fan, list):
             starts, gdeg, k = self._groups(h, dst, start, deg)     # [n, R] each
-            r = len(fan)
-            w = max(min(self.max_degree, self.max_degree if f < 0 else f) for f in fan)
-            w = max(w, 1)
+            r, w = len(fan), self._fan_width[h]
             picks, valid = floyd_table(gdeg.reshape(-1), k.reshape(-1), w, self.generator,
                                        self.seed)
             pos = (starts.reshape(-1, 1) + picks).view(n, r * w)
@@ -263,9 +262,7 @@ class StaticSampler:
             picks, valid = floyd_table(deg, torch.full_like(deg, k), max(width, 1),
                                        self.generator, self.seed)
             pos = start[:, None] + picks
-        counts = valid.sum(1)
-        ptr = torch.zeros(n + 1, dtype=torch.int64, device=dev)
-        torch.cumsum(counts, 0, out=ptr[1:])
+        ptr = build.counts_to_ptr(valid.sum(1))
         # Valid picks keep their row order (lanes ascend; per relation: relation, then lane);
         # the others go to spare slots past the end, one each (stores to one shared slot
         # serialise), cut off after.
@@ -287,12 +284,11 @@ class StaticSampler:
         bounds = torch.searchsorted(self._group_key, dst[:, None] * r + rr[None, :])
         bounds = torch.minimum(torch.maximum(bounds, start[:, None]), (start + deg)[:, None])
         gdeg = bounds[:, 1:] - bounds[:, :-1]
-        k = torch.where(k < 0, self.max_degree, k).expand_as(gdeg)
-        return bounds[:, :-1], gdeg, k
+        return bounds[:, :-1], gdeg, k.expand_as(gdeg)
 
     def _relabel(self, h: int, dst, n_dst, ptr, src_global, rel) -> StaticHop:
         caps, node_type = self.caps, self.index.node_type
-        n, e_cap, n_cap = caps.dst[h], caps.edges[h], caps.nodes[h] - caps.sinks[h]
+        n, n_cap = caps.dst[h], caps.nodes[h] - caps.sinks[h]
         dev = dst.device
         cand = torch.cat([dst, src_global])
         c = cand.numel()

@@ -201,7 +201,9 @@ def make_optimizer(model: torch.nn.Module, cfg: dict, device: torch.device,
     per parameter group instead of ~10 multi-tensor passes.  On synthetic mag, RGCN's
     featureless first layer holds 155M parameters, whose foreach Adam took 3.6 ms of the
     GPU per mini-batch (torch.profiler, H200), on the path of the next batch's sampling,
-    which waits for the device."""
+    which waits for the device.  ``capture`` counts on CUDA only (there is nothing to
+    capture elsewhere, and torch's capturable Adam refuses CPU parameters)."""
+    capture = capture and device.type == "cuda"
     fused = device.type == "cuda" and not capture
     return torch.optim.Adam(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"],
                             capturable=capture, fused=fused or None)
@@ -341,8 +343,7 @@ def _train(args, out=None) -> dict:
                                  model.graph_of(edge_index, edge_type, data.num_nodes)), None
     # CUDA-graph capture of the full-graph step (one process, no mini-batches).
     capture = loader is None and ctx.world == 1 and _capture_wanted(args, cfg, device, out)
-    opt = make_optimizer(model, cfg, device,
-                         capture or (batch_capture and device.type == "cuda"))
+    opt = make_optimizer(model, cfg, device, capture or batch_capture)
     batch_step = CapturedStep(net, opt, loader, x, y) if batch_capture else None
     eval_nodes = torch.cat([i for i in (train_idx, val_idx, test_idx) if i is not None])
 
