@@ -295,7 +295,8 @@ class StaticSampler:
         idx = torch.arange(c, device=dev)
         valid = torch.cat([idx[:n] < n_dst, idx[n:] - n < ptr[-1]])
         # Invalid candidates get a spare table entry each: on one shared entry their atomics
-        # serialised (0.33 ms a hop on mag, where 84% of the second hop's slots are padding).
+        # serialise, and most slots are padding on sparse graphs (docs/perf-notes.md,
+        # "Mini-batches: one captured step per batch").
         key_node = torch.where(valid, cand, self.num_nodes + idx)
         # First candidate naming each node (destinations come first, so they win).
         first = torch.full((self.num_nodes + c,), c, dtype=torch.int64, device=dev)
