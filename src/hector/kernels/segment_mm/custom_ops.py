@@ -13,13 +13,14 @@ that a patch of ``launch.launch_gemm`` sees every launch, these ops' included.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ...device import interpreting
 from ..eager import call
 from . import launch as _launch
+from .bounds import Bounds, DeviceBounds, layout, num_segments, op_args, total_rows
 from .launch import ScheduleChoice, _backward, _forward, out_width, pick_schedule
 from .reference import csr_rows_torch, csr_rows_transposed_torch
 from .spec import GemmSchedule, GemmSpec, default_schedule
@@ -55,7 +56,10 @@ class SegmentMMFunction(torch.autograd.Function):
 # The unpinned call is an *opaque* custom op: torch.compile and CUDA-graph capture see one
 # node with a fake (shape-only) implementation and never trace into the launch code (schedule
 # choice, autotuning, tile maps all read host values).  Static choices travel as ints/bools;
-# the segment bounds as ``int[]`` (they are Python ints already: op.py reads seg_ptr once).
+# the segment bounds as ``int[]`` (they are Python ints already: op.py reads seg_ptr once),
+# or, for bounds kept on the device (``bounds.DeviceBounds``), ``[capacity]`` and the
+# ``seg_ptr`` tensor (the ops that take one: segment_mm, its backward and extra, the weight
+# gradients).
 
 def _spec_of(x, weight, gather, scatter, transpose_weight: bool, unique: Tuple[bool, bool],
              has_bias: bool = False, prologue: str = "", has_csr: bool = False,
@@ -71,16 +75,17 @@ def segment_mm_op(x: torch.Tensor, weight: torch.Tensor, gather: Optional[torch.
                   scatter: Optional[torch.Tensor], bounds: List[int], num_out_rows: int,
                   transpose_weight: bool, gather_unique: bool = False,
                   scatter_unique: bool = False, bias: Optional[torch.Tensor] = None,
-                  prologue: str = "", addend: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  prologue: str = "", addend: Optional[torch.Tensor] = None,
+                  seg_ptr: Optional[torch.Tensor] = None) -> torch.Tensor:
     spec = _spec_of(x, weight, gather, scatter, transpose_weight, (gather_unique, scatter_unique),
                     bias is not None, prologue, has_addend=addend is not None)
-    return _forward(spec, None, tuple(bounds), num_out_rows, x, weight, gather, scatter,
-                    bias, addend)[0]
+    return _forward(spec, None, layout(bounds, seg_ptr), num_out_rows, x, weight, gather,
+                    scatter, bias, addend)[0]
 
 
 @segment_mm_op.register_fake
 def _(x, weight, gather, scatter, bounds, num_out_rows, transpose_weight, gather_unique=False,
-      scatter_unique=False, bias=None, prologue="", addend=None):
+      scatter_unique=False, bias=None, prologue="", addend=None, seg_ptr=None):
     n = out_width(weight, transpose_weight)
     rows = num_out_rows if scatter is not None else bounds[-1]
     return x.new_empty(rows, n)
@@ -91,16 +96,17 @@ def segment_mm_backward_op(dout: torch.Tensor, x: torch.Tensor, weight: torch.Te
                            gather: Optional[torch.Tensor], scatter: Optional[torch.Tensor],
                            bounds: List[int], transpose_weight: bool, need_x: bool,
                            need_w: bool, gather_unique: bool = False,
-                           scatter_unique: bool = False,
-                           prologue: str = "") -> Tuple[torch.Tensor, torch.Tensor]:
+                           scatter_unique: bool = False, prologue: str = "",
+                           seg_ptr: Optional[torch.Tensor] = None
+                           ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(dx, dW); a gradient not asked for is an empty tensor (a schema output cannot be None)."""
     spec = _spec_of(x, weight, gather, scatter, transpose_weight, (gather_unique, scatter_unique),
                     prologue=prologue)
-    bounds = tuple(bounds)
+    bounds = layout(bounds, seg_ptr)
     # The forward's schedule: the autotuner's memo returns the same pick for the same key.
     sched = pick_schedule(spec, None, bounds, x.device, lambda s: _launch.launch_gemm(
         spec, s, bounds, x, weight, gather, scatter,
-        dout.shape[0] if scatter is not None else bounds[-1]))
+        dout.shape[0] if scatter is not None else total_rows(bounds)))
     dx, dw = _backward(spec, None, sched, bounds, dout, x, weight, gather, scatter, need_x,
                        need_w)
     return (dx if dx is not None else x.new_empty(0),
@@ -109,14 +115,15 @@ def segment_mm_backward_op(dout: torch.Tensor, x: torch.Tensor, weight: torch.Te
 
 @segment_mm_backward_op.register_fake
 def _(dout, x, weight, gather, scatter, bounds, transpose_weight, need_x, need_w,
-      gather_unique=False, scatter_unique=False, prologue=""):
+      gather_unique=False, scatter_unique=False, prologue="", seg_ptr=None):
     return (torch.empty_like(x) if need_x else x.new_empty(0),
             torch.empty_like(weight) if need_w else weight.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output):
     x, weight, gather, scatter, bounds, _, transpose_weight, *rest = inputs
-    ctx.save_for_backward(x, weight, gather, scatter)
+    seg_ptr = rest[5] if len(rest) > 5 else None
+    ctx.save_for_backward(x, weight, gather, scatter, seg_ptr)
     ctx.bounds, ctx.transpose_weight, ctx.unique = list(bounds), transpose_weight, rest[:2]
     ctx.prologue = rest[3] if len(rest) > 3 else ""
     addend = rest[4] if len(rest) > 4 else None
@@ -124,19 +131,20 @@ def _setup_context(ctx, inputs, output):
 
 
 def _autograd_backward(ctx, dout):
-    x, weight, gather, scatter = ctx.saved_tensors
+    x, weight, gather, scatter, seg_ptr = ctx.saved_tensors
     need_x, need_w = ctx.needs_input_grad[:2]
     dx = dw = None
     if need_x or need_w:
         dx, dw = call(segment_mm_backward_op, dout, x, weight, gather, scatter, ctx.bounds,
-                      ctx.transpose_weight, need_x, need_w, *ctx.unique, ctx.prologue)
+                      ctx.transpose_weight, need_x, need_w, *ctx.unique, ctx.prologue, seg_ptr)
     need_b = len(ctx.needs_input_grad) > 9 and ctx.needs_input_grad[9]
     need_a = len(ctx.needs_input_grad) > 11 and ctx.needs_input_grad[11]
     # (one gradient per op input: x, weight, seven that have none, the bias, the prologue,
-    # the addend: each output row's addend row gets that row's gradient)
-    return ((dx if need_x else None, dw if need_w else None) + (None,) * 7
-            + (segment_sums(dout, ctx.bounds, scatter) if need_b else None, None,
-               dout.to(ctx.addend_dtype) if need_a else None))
+    # the addend: each output row's addend row gets that row's gradient; the bounds' seg_ptr)
+    grads = ((dx if need_x else None, dw if need_w else None) + (None,) * 7
+             + (segment_sums(dout, layout(ctx.bounds, seg_ptr), scatter) if need_b else None,
+                None, dout.to(ctx.addend_dtype) if need_a else None))
+    return grads + (None,) * (len(ctx.needs_input_grad) - len(grads))
 
 
 segment_mm_op.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -145,36 +153,38 @@ segment_mm_op.register_autograd(_autograd_backward, setup_context=_setup_context
 @torch.library.custom_op("hector::segment_mm_extra", mutates_args=())
 def segment_mm_extra_op(x: torch.Tensor, weight: torch.Tensor, gather: Optional[torch.Tensor],
                         bounds: List[int], extra_weight: torch.Tensor,
-                        gather_unique: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                        gather_unique: bool = False, seg_ptr: Optional[torch.Tensor] = None
+                        ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(y, y @ V)``: ``y`` the segment GEMM ``x[gather[r]] @ W[s]`` stored row by row and
     ``V`` = ``extra_weight`` ``[N, E]`` applied by its epilogue to each fp32 row of ``y``
     (``GemmSpec.extra_cols``)."""
     spec = _spec_of(x, weight, gather, None, False, (gather_unique, False),
                     extra_cols=extra_weight.shape[1])
-    bounds = tuple(bounds)
+    bounds = layout(bounds, seg_ptr)
 
     def run(sched):
-        return _launch.launch_gemm(spec, sched, bounds, x, weight, gather, None, bounds[-1],
-                                   extra_weight=extra_weight)
+        return _launch.launch_gemm(spec, sched, bounds, x, weight, gather, None,
+                                   total_rows(bounds), extra_weight=extra_weight)
     return run(pick_schedule(spec, None, bounds, x.device, run))
 
 
 @segment_mm_extra_op.register_fake
-def _(x, weight, gather, bounds, extra_weight, gather_unique=False):
+def _(x, weight, gather, bounds, extra_weight, gather_unique=False, seg_ptr=None):
     return (x.new_empty(bounds[-1], weight.shape[2]),
             x.new_empty(bounds[-1], extra_weight.shape[1]))
 
 
 def _extra_setup_context(ctx, inputs, output):
-    x, weight, gather, bounds, extra_weight, gather_unique = inputs
-    ctx.save_for_backward(x, weight, gather, extra_weight, output[0])
+    x, weight, gather, bounds, extra_weight, gather_unique, *seg_ptr = inputs
+    ctx.save_for_backward(x, weight, gather, extra_weight, output[0],
+                          seg_ptr[0] if seg_ptr else None)
     ctx.bounds, ctx.gather_unique = list(bounds), gather_unique
 
 
 def _extra_backward(ctx, dy, dmore):
     """``y``'s gradient takes ``dmore @ V^T`` too (in fp32 at least); ``dV = y^T dmore``;
     then the segment GEMM's own backward."""
-    x, weight, gather, extra_weight, y = ctx.saved_tensors
+    x, weight, gather, extra_weight, y, seg_ptr = ctx.saved_tensors
     need_x, need_w, _, _, need_v = ctx.needs_input_grad[:5]
     work = torch.promote_types(y.dtype, torch.float32)
     if dy is None:
@@ -187,8 +197,9 @@ def _extra_backward(ctx, dy, dmore):
     dx = dw = None
     if need_x or need_w:
         dx, dw = call(segment_mm_backward_op, dy, x, weight, gather, None, ctx.bounds, False,
-                      need_x, need_w, ctx.gather_unique, False, "")
-    return dx if need_x else None, dw if need_w else None, None, None, dv, None
+                      need_x, need_w, ctx.gather_unique, False, "", seg_ptr)
+    grads = (dx if need_x else None, dw if need_w else None, None, None, dv, None)
+    return grads + (None,) * (len(ctx.needs_input_grad) - len(grads))
 
 
 segment_mm_extra_op.register_autograd(_extra_backward, setup_context=_extra_setup_context)
@@ -197,44 +208,49 @@ segment_mm_extra_op.register_autograd(_extra_backward, setup_context=_extra_setu
 @torch.library.custom_op("hector::segment_mm_wgrad", mutates_args=())
 def segment_mm_wgrad_op(x: torch.Tensor, dy: torch.Tensor, gather: Optional[torch.Tensor],
                         scatter: Optional[torch.Tensor], bounds: List[int],
-                        prologue: str = "") -> torch.Tensor:
+                        prologue: str = "", seg_ptr: Optional[torch.Tensor] = None
+                        ) -> torch.Tensor:
     """``dW [S, K, N]``, ``dW[s] = sum_{r in s} f(x_{g(r)})^T dy_{c(r)}`` (the compiler's
     weight-gradient steps; ``f`` the forward's ``prologue``, or none), tiled by the heuristic
     schedule."""
-    return _wgrad_heuristic(x, dy, gather, scatter, bounds, sums=False, prologue=prologue)
+    return _wgrad_heuristic(x, dy, gather, scatter, layout(bounds, seg_ptr), sums=False,
+                            prologue=prologue)
 
 
-def _wgrad_heuristic(x, dy, gather, scatter, bounds, sums: bool, prologue: str = ""):
+def _wgrad_heuristic(x, dy, gather, scatter, bounds: Bounds, sums: bool, prologue: str = ""):
     spec = GemmSpec.of(x, gather, scatter, False, dy.shape[1], prologue=prologue)
     sched = default_schedule(spec, interpreting=interpreting())
     like = _wgrad_fake(x, dy, bounds, "meta")
-    return _launch.launch_wgrad(spec, sched, tuple(bounds), x, gather, dy, scatter, like,
-                                sums=sums)
+    return _launch.launch_wgrad(spec, sched, bounds, x, gather, dy, scatter, like, sums=sums)
 
 
-def _wgrad_fake(x, dy, bounds, device=None):
-    return torch.empty((len(bounds) - 1, x.shape[1], dy.shape[1]), dtype=x.dtype,
+def _wgrad_fake(x, dy, bounds: Bounds, device=None):
+    return torch.empty((num_segments(bounds), x.shape[1], dy.shape[1]), dtype=x.dtype,
                        device=device or x.device)
 
 
 segment_mm_wgrad_op.register_fake(
-    lambda x, dy, gather, scatter, bounds, prologue="": _wgrad_fake(x, dy, bounds))
+    lambda x, dy, gather, scatter, bounds, prologue="", seg_ptr=None:
+    _wgrad_fake(x, dy, layout(bounds, seg_ptr)))
 
 
 @torch.library.custom_op("hector::segment_mm_wgrad_sums", mutates_args=())
 def segment_mm_wgrad_sums_op(x: torch.Tensor, dy: torch.Tensor, gather: Optional[torch.Tensor],
                              scatter: Optional[torch.Tensor], bounds: List[int],
-                             prologue: str = "") -> Tuple[torch.Tensor, torch.Tensor]:
+                             prologue: str = "", seg_ptr: Optional[torch.Tensor] = None
+                             ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(dW, db)``: ``segment_mm_wgrad``'s ``dW`` and, from the same read of ``dy``, the
     per-segment row sums ``db [S, N]`` (a typed linear's weight and bias gradients in one
     launch)."""
-    return _wgrad_heuristic(x, dy, gather, scatter, bounds, sums=True, prologue=prologue)
+    return _wgrad_heuristic(x, dy, gather, scatter, layout(bounds, seg_ptr), sums=True,
+                            prologue=prologue)
 
 
 segment_mm_wgrad_sums_op.register_fake(
-    lambda x, dy, gather, scatter, bounds, prologue="": (
-        _wgrad_fake(x, dy, bounds),
-        torch.empty((len(bounds) - 1, dy.shape[1]), dtype=x.dtype, device=x.device)))
+    lambda x, dy, gather, scatter, bounds, prologue="", seg_ptr=None: (
+        _wgrad_fake(x, dy, layout(bounds, seg_ptr)),
+        torch.empty((num_segments(layout(bounds, seg_ptr)), dy.shape[1]), dtype=x.dtype,
+                    device=x.device)))
 
 
 @torch.library.custom_op("hector::segment_mm_csr", mutates_args=())
@@ -362,19 +378,22 @@ segment_mm_csr_scatter_op.register_autograd(_csr_scatter_backward,
                                             setup_context=_csr_scatter_setup_context)
 
 
-def segment_sums(dy: torch.Tensor, bounds: Sequence[int],
+def segment_sums(dy: torch.Tensor, bounds: Union[Sequence[int], Bounds],
                  index: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``[S, N]``: per segment, the sum of the ``dy`` rows its logical rows read
     (``dy[index[r]]``, or ``dy[r]``) -- a bias gradient.  The weight-gradient kernel with x a
     column of ones read at stride 0 (nothing allocated for it): one launch reading ``dy`` once
     over the whole GPU (torch's one-hot product took 0.33 ms where the read takes 0.12 on
     1.9M rows, and ``index_add`` into a few rows serialises on atomics)."""
-    ones = dy.new_ones(1, 1).expand(int(bounds[-1]), 1)
-    return call(segment_mm_wgrad_op, ones, dy.contiguous(), None, index,
-                [int(b) for b in bounds]).squeeze(1)
+    bounds = bounds if isinstance(bounds, DeviceBounds) else tuple(int(b) for b in bounds)
+    ones = dy.new_ones(1, 1).expand(total_rows(bounds), 1)
+    host, seg_ptr = op_args(bounds)
+    return call(segment_mm_wgrad_op, ones, dy.contiguous(), None, index, host, "",
+                seg_ptr).squeeze(1)
 
 
-def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[int],
+def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor,
+                      bounds: Union[Sequence[int], Bounds],
                       gather: Optional[torch.Tensor] = None,
                       scatter: Optional[torch.Tensor] = None,
                       num_out_rows: Optional[int] = None, transpose_weight: bool = False,
@@ -384,24 +403,25 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor, bounds: Sequence[in
                       addend: Optional[torch.Tensor] = None,
                       extra_weight: Optional[torch.Tensor] = None):
     """The Triton path of :func:`hector.kernels.segment_mm.op.segment_mm` (inputs already validated;
-    ``bounds`` is ``seg_ptr`` as Python ints).  A pinned schedule runs the
-    ``autograd.Function``; otherwise the ``hector::segment_mm`` custom op."""
-    bounds = tuple(int(b) for b in bounds)
+    ``bounds`` is ``seg_ptr`` as Python ints, or a :class:`.bounds.DeviceBounds`).  A pinned
+    schedule runs the ``autograd.Function``; otherwise the ``hector::segment_mm`` custom op."""
+    bounds = bounds if isinstance(bounds, DeviceBounds) else tuple(int(b) for b in bounds)
+    host, seg_ptr = op_args(bounds)
     n = out_width(weight, transpose_weight)
     gather = gather.contiguous() if gather is not None else None
     scatter = scatter.contiguous() if scatter is not None else None
-    rows = num_out_rows if scatter is not None else bounds[-1]
+    rows = num_out_rows if scatter is not None else total_rows(bounds)
     if extra_weight is not None:     # (the op checked: no scatter, bias, addend, prologue)
         if isinstance(schedule, GemmSchedule):
             raise ValueError("segment_mm: extra_weight runs on the heuristic or autotuned "
                              "schedule; a pinned GemmSchedule is not taken with it")
-        return call(segment_mm_extra_op, x, weight, gather, list(bounds), extra_weight,
-                    gather_unique)
+        return call(segment_mm_extra_op, x, weight, gather, host, extra_weight,
+                    gather_unique, seg_ptr)
     if isinstance(schedule, GemmSchedule):
         spec = GemmSpec.of(x, gather, scatter, transpose_weight, n, gather_unique, scatter_unique,
                            has_bias=bias is not None, prologue=prologue,
                            has_addend=addend is not None)
         return SegmentMMFunction.apply(spec, schedule, bounds, rows, x, weight, gather, scatter,
                                        bias, addend)
-    return call(segment_mm_op, x, weight, gather, scatter, list(bounds), rows, transpose_weight,
-                gather_unique, scatter_unique, bias, prologue, addend)
+    return call(segment_mm_op, x, weight, gather, scatter, host, rows, transpose_weight,
+                gather_unique, scatter_unique, bias, prologue, addend, seg_ptr)

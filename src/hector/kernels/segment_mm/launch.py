@@ -36,6 +36,7 @@ from ...device import interpreting, num_sms
 from .. import autotune
 from .. import registry
 from ..sizes import cdiv as _cdiv
+from .bounds import Bounds, DeviceBounds, device_tile_map, num_segments, total_rows
 from .spec import PROLOGUES, GemmSchedule, GemmSpec, tune_configs
 
 #: Weight-gradient programs aimed for per SM: many short row runs keep enough row loads in
@@ -77,6 +78,14 @@ def tile_map(bounds: Tuple[int, ...], block: int, device: torch.device) -> torch
     return table.to(device)
 
 
+def tiles_of(bounds: Bounds, block: int, device: torch.device) -> torch.Tensor:
+    """The tile map of host bounds (:func:`tile_map`, cached) or of device bounds
+    (:func:`.bounds.device_tile_map`: built on the device, no host read)."""
+    if isinstance(bounds, DeviceBounds):
+        return device_tile_map(bounds, block)
+    return tile_map(bounds, block, device)
+
+
 def out_width(weight: torch.Tensor, transpose_weight: bool) -> int:
     """``N`` of a weight stored ``[S, K, N]``, or ``[S, N, K]`` if ``transpose_weight``."""
     return weight.shape[1] if transpose_weight else weight.shape[2]
@@ -106,7 +115,7 @@ def gemm_params(spec: GemmSpec, wgrad: bool = False) -> dict:
                 has_csr_out=spec.has_csr_out, extra_cols=spec.extra_cols)
 
 
-def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x: torch.Tensor,
+def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Bounds, x: torch.Tensor,
                 weight: torch.Tensor, gather: Optional[torch.Tensor],
                 scatter: Optional[torch.Tensor], num_out_rows: int,
                 bias: Optional[torch.Tensor] = None,
@@ -126,14 +135,16 @@ def launch_gemm(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...], x:
     (``spec.has_bias``): added to each row of its segment by the epilogue; ``addend``
     ``[rows, N]`` (``spec.has_addend``): its row of each output row, added by the epilogue."""
     sched.check_fits(spec)
-    m, n = bounds[-1], spec.N
+    m, n = total_rows(bounds), spec.N
+    # Device bounds leave the rows past the batch's unwritten: zero, not garbage.
+    fill = torch.zeros if isinstance(bounds, DeviceBounds) else torch.empty
     if spec.accumulate:
         out = torch.zeros(num_out_rows, n, dtype=torch.float32, device=x.device)
     else:
-        out = torch.empty(m, n, dtype=spec.dtype, device=x.device)
-    more = (torch.empty(m, spec.extra_cols, dtype=spec.dtype, device=x.device)
+        out = fill(m, n, dtype=spec.dtype, device=x.device)
+    more = (fill(m, spec.extra_cols, dtype=spec.dtype, device=x.device)
             if spec.extra_cols else None)
-    tiles = tile_map(bounds, sched.block_m, x.device)
+    tiles = tiles_of(bounds, sched.block_m, x.device)
     grid = (tiles.shape[0], _cdiv(n, sched.block_n))
     transpose = spec.transpose_weight
     if _weight_strides(weight, transpose)[2] != 1 and n > 1:
@@ -170,7 +181,7 @@ def wgrad_rows(sched: GemmSchedule, m: int, tiles_kn: int, device: torch.device)
     return _cdiv(max(_cdiv(m, runs), 1), step) * step
 
 
-def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...],
+def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Bounds,
                  x: torch.Tensor, gather: Optional[torch.Tensor], dy: torch.Tensor,
                  scatter: Optional[torch.Tensor], weight: torch.Tensor, sums: bool = False,
                  csr: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None):
@@ -180,13 +191,16 @@ def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...],
     ``gather[r]`` summed over ``x`` (the forward's CSR prologue, ``spec.has_csr``)."""
     meta = sched.wgrad_meta
     kt, nt = _cdiv(spec.K, meta["BLOCK_K"]), _cdiv(spec.N, meta["BLOCK_N"])
-    rows = wgrad_rows(sched, bounds[-1], kt * nt, x.device)
-    atomic = any(hi - lo > rows for lo, hi in zip(bounds[:-1], bounds[1:]))
+    rows = wgrad_rows(sched, total_rows(bounds), kt * nt, x.device)
+    # A segment longer than one run sums its runs' partial tiles with atomics; device
+    # bounds may always have one.
+    atomic = isinstance(bounds, DeviceBounds) or any(
+        hi - lo > rows for lo, hi in zip(bounds[:-1], bounds[1:]))
     acc_dtype = torch.float32 if atomic else weight.dtype
     dw = torch.zeros(weight.shape, device=x.device, dtype=acc_dtype)
-    db = torch.zeros((len(bounds) - 1, spec.N), device=x.device, dtype=acc_dtype) if sums \
-        else dw
-    tiles = tile_map(bounds, rows, x.device)
+    db = torch.zeros((num_segments(bounds), spec.N), device=x.device, dtype=acc_dtype) \
+        if sums else dw
+    tiles = tiles_of(bounds, rows, x.device)
     if tiles.shape[0] and kt and nt:
         kernel = registry.kernel("segment_mm_wgrad", atomic=atomic, has_sums=sums,
                                  has_csr=csr is not None, **gemm_params(spec, True))
@@ -204,7 +218,7 @@ def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Tuple[int, ...],
 ScheduleChoice = Union[None, str, GemmSchedule]
 
 
-def pick_schedule(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
+def pick_schedule(spec: GemmSpec, choice: ScheduleChoice, bounds: Bounds,
                   device: torch.device, run: Callable[[GemmSchedule], object]) -> GemmSchedule:
     """A pinned schedule, or (``None``; ``"autotune"`` is the same request, kept for callers
     that spell it out) the autotuner's pick from
@@ -213,7 +227,7 @@ def pick_schedule(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...
     the interpreter or with ``HECTOR_AUTOTUNE=0`` that is the heuristic, untimed."""
     if isinstance(choice, GemmSchedule):
         return choice
-    shape = autotune.bucket(bounds[-1], spec.K, spec.N, len(bounds) - 1)
+    shape = autotune.bucket(total_rows(bounds), spec.K, spec.N, num_segments(bounds))
     # Looked up by this key first: the config list and spec hash cost more host time than
     # the launch itself, on every call of a step that is not captured.
     return autotune.memo(
@@ -224,7 +238,7 @@ def pick_schedule(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...
             tune_configs(spec, interpreting=interpreting()), run, device))
 
 
-def _forward(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
+def _forward(spec: GemmSpec, choice: ScheduleChoice, bounds: Bounds,
              num_out_rows: int, x, weight, gather, scatter, bias=None, addend=None):
     """(output, schedule used): the forward launch, its schedule picked (and tuned) first."""
     def run(sched):
@@ -237,7 +251,7 @@ def _forward(spec: GemmSpec, choice: ScheduleChoice, bounds: Tuple[int, ...],
 
 
 def _backward(spec: GemmSpec, choice: ScheduleChoice, sched: GemmSchedule,
-              bounds: Tuple[int, ...], dout, x, weight, gather, scatter,
+              bounds: Bounds, dout, x, weight, gather, scatter,
               need_x: bool, need_w: bool):
     """(dx or None, dW or None).  With a prologue ``f``: ``dW`` from ``f(x)`` (the weight
     gradient kernel applies it as the forward did) and ``dx = (dy W^T) * f'(x)``."""

@@ -12,6 +12,7 @@ import torch
 from ... import checks as C
 from ...device import choose_backend
 from ..eager import call
+from .bounds import DeviceBounds
 from .custom_ops import segment_mm_csr_op, segment_mm_csr_scatter_op, segment_mm_triton
 from .launch import out_width
 from .reference import csr_rows_torch, csr_rows_transposed_torch, segment_mm_torch
@@ -29,7 +30,8 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
                bias: Optional[torch.Tensor] = None,
                prologue: Optional[str] = None,
                addend: Optional[torch.Tensor] = None,
-               extra_weight: Optional[torch.Tensor] = None):
+               extra_weight: Optional[torch.Tensor] = None,
+               capacity: Optional[int] = None):
     r"""Segment GEMM with an optional gather on the input rows and scatter-add on the output
     rows: a typed linear layer whose weight is picked per segment of rows.
 
@@ -87,6 +89,15 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
             second GEMM reading the gathered rows again).  Only for rows stored in order:
             no ``scatter``, ``bias``, ``addend``, ``prologue`` or ``transpose_weight``; the
             heuristic or autotuned schedule.  Differentiable in ``extra_weight`` too.
+        capacity: bounds kept on the device (a mini-batch's per-relation row counts, one
+            CUDA graph for every batch): ``seg_ptr`` is a tensor on ``x``'s device that is
+            never read back, ``seg_ptr[-1] <= capacity`` (a promise, checked with
+            ``HECTOR_DEBUG=1``), and every row count of the call is ``capacity``'s (``x``
+            without ``gather``, ``gather``, ``scatter``, ``addend``, the output).  The
+            kernels take their tiles from ``seg_ptr`` on the device over a grid sized for
+            ``capacity`` rows; output rows past ``seg_ptr[-1]`` are zero and rows of
+            ``gather``/``scatter`` past it are not read.  The torch backend reads
+            ``seg_ptr`` (one host read).
 
     Returns:
         ``[M, N]``, or ``[num_out_rows, N]`` with ``scatter`` (rows never hit are 0); with
@@ -96,6 +107,10 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
     the data; the ``Graph`` that produced them checked them once); set ``HECTOR_DEBUG=1`` to
     check them here.
     """
+    device_ptr = None
+    if capacity is not None:     # every shape checked against the capacity's row count
+        device_ptr = _check_device_bounds(seg_ptr, capacity, x, weight)
+        seg_ptr = [0] * weight.shape[0] + [capacity]
     bounds, num_out_rows = _check(x, weight, seg_ptr, gather, scatter, num_out_rows,
                                   transpose_weight, gather_unique, scatter_unique, bias)
     _check_addend(addend, x, weight, bounds, scatter, num_out_rows, scatter_unique,
@@ -108,6 +123,12 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
     if not (schedule is None or schedule == "autotune" or isinstance(schedule, GemmSchedule)):
         raise TypeError("schedule must be None, 'autotune' or a "
                         f"hector.kernels.segment_mm.spec.GemmSchedule, got {schedule!r}")
+    if device_ptr is not None and backend != "triton":
+        return _torch_within_capacity(x, weight, device_ptr, capacity, gather, scatter,
+                                      num_out_rows, transpose_weight, bias, prologue, addend,
+                                      extra_weight)
+    if device_ptr is not None:
+        bounds = DeviceBounds(device_ptr, capacity)
     if backend == "triton":
         return segment_mm_triton(x, weight, bounds, gather, scatter, num_out_rows,
                                  transpose_weight, schedule, gather_unique, scatter_unique,
@@ -117,6 +138,45 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
                                  extra_weight)
     return segment_mm_torch(x, weight, bounds, gather, scatter, num_out_rows, transpose_weight,
                             bias, prologue, addend, extra_weight)
+
+
+def _check_device_bounds(seg_ptr, capacity, x, weight) -> torch.Tensor:
+    """``seg_ptr`` of a call with ``capacity`` (see :func:`segment_mm`): an index tensor of
+    ``S + 1`` entries on ``x``'s device; its values only with ``HECTOR_DEBUG=1``."""
+    capacity = C.check_count(capacity, "capacity")
+    if not isinstance(seg_ptr, torch.Tensor):
+        raise TypeError("seg_ptr must be a tensor on x's device when capacity is given (bounds "
+                        f"kept on the device), got {type(seg_ptr).__name__}")
+    C.check_index(seg_ptr, "seg_ptr", 1)
+    _check_index_dtype(seg_ptr, "seg_ptr")
+    C.check_same_device([("x", x), ("seg_ptr", seg_ptr)])
+    if seg_ptr.numel() != weight.shape[0] + 1:
+        raise ValueError(f"seg_ptr must have S + 1 = {weight.shape[0] + 1} entries (S = "
+                         f"weight.shape[0]), got {seg_ptr.numel()}")
+    if C.debug_enabled():
+        b = seg_ptr.tolist()
+        if b[0] != 0 or any(hi < lo for lo, hi in zip(b, b[1:])) or b[-1] > capacity:
+            raise ValueError(f"seg_ptr must be non-decreasing from 0 to at most capacity = "
+                             f"{capacity}, got {b}")
+    return seg_ptr
+
+
+def _torch_within_capacity(x, weight, seg_ptr, capacity, gather, scatter, num_out_rows,
+                           transpose_weight, bias, prologue, addend, extra_weight):
+    """The torch backend of a call with ``capacity``: the reference over the real rows
+    (``seg_ptr`` read on the host), the output padded with zero rows to ``capacity``."""
+    bounds = seg_ptr.tolist()
+    m = bounds[-1]
+    cut = (lambda t: t[:m] if t is not None else None)
+    out = segment_mm_torch(x if gather is not None else x[:m], weight, bounds, cut(gather),
+                           cut(scatter), num_out_rows, transpose_weight, bias, prologue,
+                           addend if scatter is not None else cut(addend), extra_weight)
+    if scatter is not None:
+        return out
+
+    def pad(t):
+        return torch.cat([t, t.new_zeros(capacity - m, t.shape[1])])
+    return tuple(pad(t) for t in out) if extra_weight is not None else pad(out)
 
 
 def _check_extra(extra_weight, x, weight, scatter, bias, addend, prologue,
