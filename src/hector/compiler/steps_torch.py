@@ -35,6 +35,11 @@ class GraphIndex:
         # The four segment pointers as Python ints, read by the Graph build with its other
         # sizes (one device read per graph; a mini-batch block pays none here).
         self.ptr = {kind: g.host_ptr[kind] for kind in (EDGE, CSRC, CDST, NODE)}
+        if any(not isinstance(p, (list, tuple)) for p in self.ptr.values()):
+            raise NotImplementedError(
+                "the compiled relational layers do not run on a relational capacity block yet "
+                "(its segment bounds stay on the device; their traversals still read the "
+                "host): train such graphs with NeighborLoader's ordinary batches")
         self.node_perm = None if g.node_types_contiguous else g.node_perm.long()
         # Graph-only quantities the runtime derives (host segment pointers, layouts), keyed
         # by the caller: built on the first call, read on every later one.

@@ -16,8 +16,13 @@ takes padding edges ``[s * width, (s + 1) * width)`` as destination and source. 
   sinks, is the block's without padding, and its gradients get nothing from the padding
   (nothing downstream reads a sink's output).
 
-One node type and one relation: the per-relation segments and compact maps of a relational
-layer vary per batch (they need device-side bounds in their kernels, not built yet).
+Several relations and node types (a relational block): edges in the canonical order (by
+relation, then destination), compact maps of ``edges`` rows each (a bound: their real row
+counts stay on the device, in their ``rel_ptr[-1]``), and every segment pointer kept on the
+device as a :class:`~hector.kernels.sizes.DeviceBounds` in ``host_ptr``: the padding edges
+take the last relation, the nodes past the sampled ones the last node type, and compact rows
+past the real ones the last relation and node.  The compiled relational layers do not run on
+such blocks yet (their traversal CSRs and row bins still read the host); they say so.
 
 The block's degree statistics are its bounds: in-degree at most ``width`` (``+ 1``), mean
 ``edges / nodes``; a source's out-degree, unknown without a read, is summarised the same
@@ -32,6 +37,7 @@ from typing import Optional
 import torch
 
 from . import build
+from ..kernels.sizes import DeviceBounds
 from .graph import SUPER_NODE_DEGREE, Graph
 from .structures import CSR, DegreeStats
 
@@ -45,23 +51,41 @@ class Capacity:
     first_sink: int
     width: int
     self_loops: bool
+    rel: Optional[torch.Tensor] = None
+    dst_node: Optional[torch.Tensor] = None
+    type_ptr: Optional[torch.Tensor] = None
+    num_relations: int = 1
+    num_node_types: int = 1
 
 
 def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_sink: int,
                    width: int, self_loops: bool = False,
-                   node_type_names=None, relation_names=None) -> Graph:
+                   node_type_names=None, relation_names=None, *,
+                   rel: Optional[torch.Tensor] = None, dst_node: Optional[torch.Tensor] = None,
+                   type_ptr: Optional[torch.Tensor] = None, num_relations: int = 1,
+                   num_node_types: int = 1) -> Graph:
     """The block ``Graph`` (see the module's docstring) of a hop's picks: ``ptr`` ``[D + 1]``
-    by destination (destination ``p`` is node ``p``), ``src`` ``[edges]`` local source ids;
-    nodes ``[first_sink, num_nodes)`` are its sinks, enough for every padding edge at
-    ``width`` a sink.  ``self_loops``: PyG's ``remove_self_loops`` + ``add_self_loops``, every
-    node's loop last in its row."""
+    by destination, ``src`` ``[edges]`` local source ids; nodes ``[first_sink, num_nodes)``
+    are its sinks, enough for every padding edge at ``width`` a sink.  ``self_loops``: PyG's
+    ``remove_self_loops`` + ``add_self_loops``, every node's loop last in its row.
+
+    A relational block (``num_relations`` or ``num_node_types`` above 1) also takes ``rel``
+    ``[edges]``, each pick's relation (a destination's picks sorted by relation, as the
+    sampler gives them), ``dst_node`` ``[D]``, each destination's node (increasing), and
+    ``type_ptr`` ``[T + 1]``, the node types' ranges over the sampled nodes (the sampler's
+    order); one relation and type: destination ``p`` is node ``p``."""
     dev, num_dst, e_cap = ptr.device, ptr.numel() - 1, src.numel()
     sinks = num_nodes - first_sink
+    relational = num_relations > 1 or num_node_types > 1
     if not 0 <= num_dst <= first_sink <= num_nodes:
         raise ValueError(f"need 0 <= destinations ({num_dst}) <= first_sink ({first_sink}) "
                          f"<= num_nodes ({num_nodes})")
     if e_cap and sinks * max(width, 1) < e_cap:
         raise ValueError(f"{sinks} sinks of width {width} cannot hold {e_cap} padding edges")
+    if relational and (rel is None or dst_node is None or type_ptr is None):
+        raise ValueError("a relational capacity block needs rel, dst_node and type_ptr")
+    if relational and self_loops:
+        raise ValueError("self_loops: only on a block of one relation and node type")
     pos = torch.arange(e_cap, device=dev)
     row = torch.searchsorted(ptr[1:], pos, right=True)        # num_dst past the valid edges
     valid = pos < ptr[-1]
@@ -74,7 +98,11 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
     kept_at = build.counts_to_ptr(v)
     kept = kept_at[-1]
     counts = torch.zeros(num_nodes, dtype=torch.int64, device=dev)
-    counts[:num_dst] = kept_at[ptr[1:]] - kept_at[ptr[:-1]]
+    per_dst = kept_at[ptr[1:]] - kept_at[ptr[:-1]]
+    if dst_node is None:
+        counts[:num_dst] = per_dst
+    else:      # (destination slots past the batch's have no picks: they add 0 to a node)
+        counts.index_add_(0, dst_node.long(), per_dst)
     padding = e_cap - kept
     w = max(width, 1)
     sink = torch.arange(sinks, device=dev)
@@ -87,7 +115,8 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
     # write spare slots past the end, one each (stores to one shared slot serialise).
     rank = kept_at[:-1] - kept_at[ptr[:-1]][row] if num_dst else kept_at[:-1]
     spare = total + pos
-    slot = torch.where(valid, gptr[row] + rank, spare)
+    row_node = row if dst_node is None or not num_dst else dst_node.long()[row]
+    slot = torch.where(valid, gptr[row_node] + rank, spare)
     j = pos
     pad_sink = first_sink + torch.div(j, w, rounding_mode="floor").clamp(max=max(sinks - 1, 0))
     pad_slot = torch.where(j < padding, gptr[pad_sink] + j % w, spare)
@@ -99,9 +128,48 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
         col.scatter_(0, gptr[1:] - 1, nodes)
     col = col[:total]
     dst = torch.searchsorted(gptr[1:], torch.arange(total, device=dev), right=True)
-    return _graph(gptr, col, dst, num_nodes, num_dst, width + int(self_loops),
-                  Capacity(ptr, src, num_nodes, first_sink, width, self_loops),
-                  node_type_names, relation_names)
+    capacity = Capacity(ptr, src, num_nodes, first_sink, width, self_loops, rel, dst_node,
+                        type_ptr, num_relations, num_node_types)
+    g = _graph(gptr, col, dst, num_nodes, num_dst, width + int(self_loops), capacity,
+               node_type_names, relation_names)
+    if relational:
+        etype = torch.full((total + e_cap,), num_relations - 1, dtype=torch.int64, device=dev)
+        etype.scatter_(0, slot, rel.long())
+        _relational(g, etype[:total], capacity)
+    return g
+
+
+def _relational(g: Graph, etype: torch.Tensor, c: Capacity) -> None:
+    """Turn the one-relation block ``g`` (edges by destination, ``etype`` each edge's
+    relation) into the relational one: canonical order, compact maps, node types, and every
+    segment pointer as device bounds (see the module's docstring); no host read."""
+    n, r, t, total, dev = g.num_nodes, c.num_relations, c.num_node_types, g.num_edges, g.device
+    idx = g.index_dtype
+    # Input edges run by (destination, relation): a stable sort by relation is canonical.
+    perm = build.relation_order(etype, r)
+    src, dst, et = (build.take(a, perm) for a in (g.src.long(), g.dst.long(), etype))
+    eid = torch.empty_like(perm).scatter_(0, perm, torch.arange(total, device=dev))
+    g.csr_in = CSR(g.csr_in.ptr, g.csr_in.col, eid.to(idx))
+    g.src, g.dst, g.etype, g.edge_perm = src.to(idx), dst.to(idx), et.to(torch.int32), perm.to(idx)
+    g.num_relations, g.num_node_types = r, t
+    g.rel_ptr = build.search_ptr(et, r).to(idx)
+    pad = (r - 1) * max(n, 1) + max(n - 1, 0)    # the last relation and node
+    maps = [build.compact_from_runs(build.compact_runs(end, et, n, r, keys_sorted=sorted_),
+                                    total, n, pad_key=pad)
+            for end, sorted_ in ((src, False), (dst, True))]
+    g.compact_src, g.compact_dst = (
+        type(m)(m.node.to(idx), m.rel.to(torch.int32), m.rel_ptr.to(idx), m.edge_row.to(idx))
+        for m in maps)
+    nodes = torch.arange(n, device=dev)
+    type_ptr = c.type_ptr.long()
+    g.node_type = torch.searchsorted(type_ptr[1:t], nodes, right=True).to(torch.int32)
+    g.node_type_ptr = torch.cat([type_ptr[:t], type_ptr.new_full((1,), n)]).to(idx)
+    g.host_ptr = {"edge": DeviceBounds(g.rel_ptr, total),
+                  "compact_src": DeviceBounds(g.compact_src.rel_ptr, total),
+                  "compact_dst": DeviceBounds(g.compact_dst.rel_ptr, total),
+                  "node": DeviceBounds(g.node_type_ptr, n)}
+    g.dst_index = c.dst_node.to(idx)
+    g.dst_type_ptr = None
 
 
 def _graph(gptr, col, dst, num_nodes: int, num_dst: int, max_row: int, capacity: Capacity,
@@ -148,4 +216,6 @@ def with_loops(graph: Graph) -> Optional[Graph]:
     if c.self_loops:
         return graph
     return capacity_block(c.ptr, c.src, c.num_nodes, c.first_sink, c.width, True,
-                          graph.node_type_names, graph.relation_names)
+                          graph.node_type_names, graph.relation_names, rel=c.rel,
+                          dst_node=c.dst_node, type_ptr=c.type_ptr,
+                          num_relations=c.num_relations, num_node_types=c.num_node_types)

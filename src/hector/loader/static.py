@@ -127,18 +127,18 @@ class StaticBatch:
 
     def capacity_blocks(self, graph) -> list:
         """The hops as capacity blocks (:mod:`hector.graph.capacity`), outermost first like
-        ``Batch.blocks``, every size a capacity: no host read.  One node type and one
-        relation (``graph``, the sampled graph, gives the names)."""
+        ``Batch.blocks``, every size a capacity: no host read.  ``graph``: the sampled graph
+        (its relations, node types and names); with several of either, relational blocks."""
         from ..graph.capacity import capacity_block
-        if graph.num_node_types != 1 or graph.num_relations != 1:
-            raise NotImplementedError(
-                "capacity blocks hold one node type and one relation so far; a relational "
-                "layer's per-relation segments need device-side bounds in its kernels")
         caps = self.caps
-        return [capacity_block(hop.ptr, hop.src, caps.nodes[h], caps.nodes[h] - caps.sinks[h],
-                               caps.width[h], False, graph.node_type_names,
-                               graph.relation_names)
-                for h, hop in reversed(list(enumerate(self.hops)))]
+        relational = graph.num_node_types > 1 or graph.num_relations > 1
+        return [capacity_block(
+            hop.ptr, hop.src, caps.nodes[h], caps.nodes[h] - caps.sinks[h], caps.width[h],
+            False, graph.node_type_names, graph.relation_names,
+            **(dict(rel=hop.rel, dst_node=hop.dst_local, type_ptr=hop.type_ptr,
+                    num_relations=graph.num_relations, num_node_types=graph.num_node_types)
+               if relational else {}))
+            for h, hop in reversed(list(enumerate(self.hops)))]
 
     def sizes(self) -> List[Tuple[int, int, int]]:
         """(destinations, edges, nodes) of every hop, in one host read."""

@@ -3,8 +3,8 @@ memory, so that one CUDA graph replays the segment GEMM for every batch.
 
 A segment GEMM's bounds are usually Python ints (``seg_ptr`` read once on the host): the
 tile map gives each segment ``ceil(M_s / block)`` programs and the output has ``M`` rows.
-:class:`DeviceBounds` instead keeps ``seg_ptr`` on the device next to a *capacity*, a static
-bound on ``seg_ptr[-1]``: the grid is sized for the worst case (``ceil(capacity / block) + S``
+:class:`~hector.kernels.sizes.DeviceBounds` instead keeps ``seg_ptr`` on the device next
+to a *capacity*, a static bound on ``seg_ptr[-1]``: the grid is sized for the worst case (``ceil(capacity / block) + S``
 programs: each segment wastes less than one tile), the tile map is built on the device from
 ``seg_ptr`` with no host read, and the programs past the batch's tiles get empty tiles (no
 rows), so they store nothing.  Output rows past ``seg_ptr[-1]`` are zero.
@@ -15,30 +15,11 @@ a :class:`DeviceBounds`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..sizes import cdiv
-
-
-@dataclass(frozen=True, eq=False)
-class DeviceBounds:
-    """``ptr``: ``[S + 1]`` non-decreasing segment bounds on the device, ``ptr[0] == 0`` and
-    ``ptr[-1] <= capacity`` (promises: checked only with ``HECTOR_DEBUG=1``, where checking
-    reads them back)."""
-    ptr: torch.Tensor
-    capacity: int
-
-    @property
-    def num_segments(self) -> int:
-        return self.ptr.numel() - 1
-
-    def op_args(self) -> Tuple[List[int], torch.Tensor]:
-        """(``bounds``, ``seg_ptr``) as the custom operators take them."""
-        return [self.capacity], self.ptr
-
+from ..sizes import DeviceBounds, cdiv
 
 Bounds = Union[Tuple[int, ...], DeviceBounds]
 
@@ -54,7 +35,7 @@ def layout(bounds: Sequence[int], seg_ptr: Optional[torch.Tensor]) -> Bounds:
 def op_args(bounds: Bounds) -> Tuple[List[int], Optional[torch.Tensor]]:
     """``layout``'s inverse: (``bounds``, ``seg_ptr`` or None) for a custom operator."""
     if isinstance(bounds, DeviceBounds):
-        return bounds.op_args()
+        return [bounds.capacity], bounds.ptr
     return list(bounds), None
 
 
