@@ -5,7 +5,7 @@ layers on the same blocks; and the GPU time of the captured step's kernels.
     python scripts/captured_minibatch.py [--profile products] [--scale 1.0]
         [--models gat,agnn,transformer] [--batch-size 1024] [--fanout 25,20]
         [--batches 30] [--no-pyg] [--device cuda] [--strategy auto|node|edge]
-        [--kernels N]
+        [--kernels N] [--features N]
 
 For each model (``hector train``'s two-layer network and defaults, dropout off so the runs
 compare; the same seeds and shuffled order for every row), ms per batch, medians over the
@@ -21,7 +21,10 @@ batches after a warm-up:
 Also the capacities against a batch's actual sizes (how much padding the replay carries);
 ``--kernels N``: the N kernels of a replay with the most device time (stderr);
 ``--strategy``: every attention layer's node- or edge-parallel choice pinned (``auto``: the
-layers' rule on the blocks' statistics).
+layers' rule on the blocks' statistics); ``--features N``: random node features of width
+N in place of the profile's (mag has none: then both sides run two message-passing layers on
+the same rows, where the featureless network would learn a node table).  Models: gat,
+agnn, transformer (one node type), rgcn, rgat (any graph; PyG's RGCNConv / RGATConv).
 On the CPU (no capture) only the eager rows run, on a small scale.
 """
 import argparse
@@ -33,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from hector.datasets import synthetic
+from hector.graph.block import dst_rows, take_rows
 from hector.loader import NeighborLoader
 from hector.train.captured import CapturedStep
 from hector.train.defaults import defaults
@@ -85,6 +89,14 @@ def pyg_model(kind, net):
                                       heads=net.conv1.heads),
                   pyg.TransformerConv(net.conv2.in_channels, net.conv2.out_channels,
                                       heads=net.conv2.heads, concat=False)]
+    elif kind == "rgcn":
+        layers = [pyg.RGCNConv(c.in_channels, c.out_channels, c.num_relations)
+                  for c in (net.conv1, net.conv2)]
+    elif kind == "rgat":
+        layers = [pyg.RGATConv(net.conv1.in_channels, net.conv1.out_channels,
+                               net.conv1.num_relations, heads=net.conv1.heads),
+                  pyg.RGATConv(net.conv2.in_channels, net.conv2.out_channels,
+                               net.conv2.num_relations, heads=1, concat=False)]
     else:
         return None
     return torch.nn.ModuleList(layers)
@@ -94,7 +106,9 @@ def pyg_step(kind, layers, opt, x, y, batch):
     opt.zero_grad(set_to_none=True)
     h = x.index_select(0, batch.n_id)
     for i, (conv, block) in enumerate(zip(layers, batch.blocks)):
-        h = conv(h, block.input_edge_index())[:block.num_dst_nodes]
+        args = (block.input_edge_index(),) + (
+            (block.input_edge_type(),) if kind in ("rgcn", "rgat") else ())
+        h = take_rows(conv(h, *args), dst_rows(block))
         if i == 0:
             h = F.elu(h)
     F.cross_entropy(h, y[batch.seed]).backward()
@@ -131,11 +145,18 @@ def main():
     p.add_argument("--no-pyg", action="store_true")
     p.add_argument("--strategy", default="auto", choices=["auto", "node", "edge"])
     p.add_argument("--kernels", type=int, default=0, metavar="N")
+    p.add_argument("--features", type=int, default=0, metavar="N")
     args = p.parse_args()
     device = torch.device(args.device)
     scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.01)
     data = synthetic.load(args.profile, device=device, scale=scale)
-    graph, x, y = data.graph, data.x.float(), data.y.long()
+    graph, y = data.graph, data.y.long()
+    if args.features or data.x is None:
+        gen = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(graph.num_nodes, args.features or 64, generator=gen, device=device)
+        data.x = x
+    else:
+        x = data.x.float()
     fanout = [int(f) for f in args.fanout.split(",")]
     print(f"device={torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'} "
           f"profile={args.profile} scale={scale} nodes={graph.num_nodes:,} "

@@ -2,8 +2,8 @@
 types): built with no host read, every field is the ordinary block's on the sampled part
 (the padding edges take the last relation and sink destinations, so the real edges, compact
 rows and node-type ranges are prefixes), segment pointers kept on the device as
-``DeviceBounds`` of the capacities, padding compact rows on the last relation and node; the
-compiled relational layers refuse such blocks with a clear error until they run on them."""
+``DeviceBounds`` of the capacities, padding compact rows on the last relation and node,
+destination slots past the batch's on a sink."""
 import sys
 from pathlib import Path
 
@@ -12,7 +12,6 @@ import torch
 
 from hector.kernels.sizes import DeviceBounds
 from hector.loader import NeighborLoader
-from hector.nn import RGCNConv
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loader"))
 from test_static_sampler import CASES, _HostReads  # noqa: E402
@@ -94,21 +93,21 @@ def test_building_reads_nothing_back(case):
     assert mode.seen == []
 
 
-def test_compiled_layers_refuse_a_relational_capacity_block():
+def test_destination_slots_past_the_batch_map_to_a_sink():
     graph, loader = _loader("hetero_mixed_seeds")
-    sb = next(iter(loader.static_batches()))
-    block = sb.capacity_blocks(graph)[-1]
-    conv = RGCNConv(4, 4, graph.num_relations)
-    with pytest.raises(NotImplementedError, match="relational capacity block"):
-        conv(torch.randn(block.num_nodes, 4), block)
+    for sb in loader.static_batches():
+        for cap, hop in zip(sb.capacity_blocks(graph), reversed(sb.hops)):
+            real = torch.arange(cap.num_dst_nodes) < hop.num_dst
+            assert bool((cap.dst_index[~real] == cap.num_nodes - 1).all())
+            assert bool((cap.dst_index[real] < cap.capacity.first_sink).all())
 
 
 def test_relational_block_needs_its_arrays():
     from hector.graph.capacity import capacity_block
     ptr, src = torch.tensor([0, 1]), torch.tensor([1])
-    with pytest.raises(ValueError, match="needs rel, dst_node and type_ptr"):
+    with pytest.raises(ValueError, match="needs rel, dst_node, type_ptr and dst_count"):
         capacity_block(ptr, src, 3, 2, 1, num_relations=2)
     with pytest.raises(ValueError, match="self_loops"):
         capacity_block(ptr, src, 3, 2, 1, True, rel=torch.tensor([0]),
                        dst_node=torch.tensor([0]), type_ptr=torch.tensor([0, 2]),
-                       num_relations=2)
+                       num_relations=2, dst_count=torch.tensor(1))

@@ -123,16 +123,17 @@ def test_in_traversal_merge_drops_the_combine_launches(monkeypatch, kind):
     src = torch.randint(0, 40, (300,), generator=gen)
     dst = torch.cat([torch.zeros(200, dtype=torch.long), torch.randint(0, 40, (100,),
                                                                        generator=gen)])
-    g = Graph(torch.stack([src, dst]), num_nodes=40)
-    x = torch.randn(40, 8, generator=gen).requires_grad_()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"    # (the CPU: the interpreter)
+    g = Graph(torch.stack([src, dst]), num_nodes=40).to(dev)
+    x = torch.randn(40, 8, generator=gen).to(dev).requires_grad_()
     layer = {"gat": lambda: GATConv(8, 4, heads=2, strategy="edge", backend="triton"),
              "transformer": lambda: TransformerConv(8, 4, heads=2, strategy="edge",
-                                                    backend="triton")}[kind]()
+                                                    backend="triton")}[kind]().to(dev)
     steps = {}
     for merge in ("0", "1"):
         monkeypatch.setenv("HECTOR_MERGE_LAST", merge)
         layer(x, g).sum().backward()          # plans (and, merging, fills the counters)
-        steps[merge] = count_step(lambda: layer(x, g), "cpu", [x, *layer.parameters()])
+        steps[merge] = count_step(lambda: layer(x, g), dev, [x, *layer.parameters()])
 
     def combines(c):
         return sum(n for k, n in c.items() if "combine" in k)

@@ -64,10 +64,10 @@ def test_every_model_is_captured_on_cuda_in_fp32(model):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_minibatch_capture_choice(model):
-    """Mini-batches: the attention models on a graph of one node type and one relation are
-    captured on CUDA; the relational models, a relational graph and several processes are
-    not, with a note each."""
-    from hector.train.loop import CAPTURE_MINIBATCH_MODELS
+    """Mini-batches: the attention models on a graph of one node type and one relation and
+    RGCN and RGAT on any graph are captured on CUDA; HGT, the attention models on a
+    relational graph and several processes are not, with a note each."""
+    from hector.train.loop import CAPTURE_MINIBATCH_MODELS, ONE_RELATION_MODELS
     from hector import Graph
     p = _parser()
     args = p.parse_args(["--model", model, "--dataset", "synthetic:cora", "--device", "cpu"])
@@ -77,7 +77,9 @@ def test_minibatch_capture_choice(model):
     out = io.StringIO()
     assert _capture_wanted(args, cfg, cuda_dev, out, plain) == (model in CAPTURE_MINIBATCH_MODELS)
     assert (out.getvalue() == "") == (model in CAPTURE_MINIBATCH_MODELS)
-    assert not _capture_wanted(args, cfg, cuda_dev, out, relational)
+    assert _capture_wanted(args, cfg, cuda_dev, out, relational) == (
+        model in CAPTURE_MINIBATCH_MODELS and model not in ONE_RELATION_MODELS)
+    assert set(CAPTURE_MINIBATCH_MODELS) == {"gat", "agnn", "transformer", "rgcn", "rgat"}
     assert not _capture_wanted(args, cfg, cuda_dev, out, plain, world=2)
     assert "--devices 2" in out.getvalue()
     assert not _capture_wanted(args, cfg, torch.device("cpu"), out, plain)

@@ -268,7 +268,7 @@ class CompiledModule(nn.Module):
 def node_type_bounds(graph: Graph) -> List[int]:
     """``graph.node_type_ptr`` as Python ints (first row of each node type, then the node
     count): read from the device once per graph, as the compiler's own index of it is."""
-    return GraphIndex.of(graph).ptr[NODE]
+    return GraphIndex.of(graph).host_bounds(NODE)
 
 
 def compile(fn: Callable, *, reorder: bool = True, compact: bool = True, fuse: bool = True,

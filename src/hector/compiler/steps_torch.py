@@ -33,17 +33,26 @@ class GraphIndex:
         self._groups: Dict[tuple, tuple] = {}
         self._group_ptr: Dict[tuple, torch.Tensor] = {}
         # The four segment pointers as Python ints, read by the Graph build with its other
-        # sizes (one device read per graph; a mini-batch block pays none here).
+        # sizes (one device read per graph; a mini-batch block pays none here); a capacity
+        # block's are DeviceBounds, never read by the Triton path (see host_bounds).
         self.ptr = {kind: g.host_ptr[kind] for kind in (EDGE, CSRC, CDST, NODE)}
-        if any(not isinstance(p, (list, tuple)) for p in self.ptr.values()):
-            raise NotImplementedError(
-                "the compiled relational layers do not run on a relational capacity block yet "
-                "(its segment bounds stay on the device; their traversals still read the "
-                "host): train such graphs with NeighborLoader's ordinary batches")
         self.node_perm = None if g.node_types_contiguous else g.node_perm.long()
         # Graph-only quantities the runtime derives (host segment pointers, layouts), keyed
         # by the caller: built on the first call, read on every later one.
         self.memo: Dict[tuple, object] = {}
+
+    def host_bounds(self, kind: str) -> List[int]:
+        """``ptr[kind]`` as Python ints, what the torch backend slices rows by.  A capacity
+        block's device bounds are read once (the torch backend runs eagerly), the last
+        segment reaching to the capacity: its padding rows are computed with it (they
+        reach only sink rows, whose gradients are zero)."""
+        bounds = self.ptr[kind]
+        if isinstance(bounds, (list, tuple)):
+            return bounds
+        key = ("host_bounds", kind)
+        if key not in self.memo:
+            self.memo[key] = bounds.ptr.tolist()[:-1] + [bounds.capacity]
+        return self.memo[key]
 
     @staticmethod
     def of(graph) -> "GraphIndex":
@@ -233,9 +242,9 @@ def eval_op(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
         if per is None:
             y = torch.einsum("rhk,hkn->rhn", xin, w) if headwise else xin @ w
         elif per == "relation":
-            y = segment_matmul(xin, w, ix.ptr[v.kind])
+            y = segment_matmul(xin, w, ix.host_bounds(v.kind))
         else:
-            y = segment_matmul(xin, w, ix.ptr[NODE], ix.node_perm)
+            y = segment_matmul(xin, w, ix.host_bounds(NODE), ix.node_perm)
         return y.reshape((rows,) + v.shape)
     if op == Op.GATHER:
         one, many = v.args[0].kind, v.kind
@@ -370,8 +379,10 @@ def _wgrad(v: Value, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch
     if v.per is None:
         return torch.einsum("rhk,rhn->hkn", x, dy) if headwise else x.t() @ dy
     if v.per == "relation":
-        return segment_outer(x, dy, ix.ptr[kind], len(ix.ptr[kind]) - 1)
-    return segment_outer(x, dy, ix.ptr[NODE], len(ix.ptr[NODE]) - 1, ix.node_perm)
+        ptr = ix.host_bounds(kind)
+        return segment_outer(x, dy, ptr, len(ptr) - 1)
+    ptr = ix.host_bounds(NODE)
+    return segment_outer(x, dy, ptr, len(ptr) - 1, ix.node_perm)
 
 
 #: Slice sums of at most this many slices are a one-hot product; more, an ``index_add``.
@@ -405,7 +416,7 @@ def _wsum(v: Value, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
     if idx is None:
         s = dy.sum(0)
     else:
-        n = len(ix.ptr[kind if v.per == "relation" else NODE]) - 1
+        n = len(ix.host_bounds(kind if v.per == "relation" else NODE)) - 1
         s = slice_sums(dy, idx, n)
     return fold_slice_sums(v, s)
 

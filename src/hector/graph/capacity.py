@@ -21,8 +21,10 @@ relation, then destination), compact maps of ``edges`` rows each (a bound: their
 counts stay on the device, in their ``rel_ptr[-1]``), and every segment pointer kept on the
 device as a :class:`~hector.kernels.sizes.DeviceBounds` in ``host_ptr``: the padding edges
 take the last relation, the nodes past the sampled ones the last node type, and compact rows
-past the real ones the last relation and node.  The compiled relational layers do not run on
-such blocks yet (their traversal CSRs and row bins still read the host); they say so.
+past the real ones the last relation and node, destination slots past the batch's the last
+node (a sink: a scatter by destination slot never lands on a real node).  The compiled
+relational layers run on them with no host read: their segment GEMMs take the device bounds,
+their traversal CSRs are built without reads and walked in one bin of whole rows.
 
 The block's degree statistics are its bounds: in-degree at most ``width`` (``+ 1``), mean
 ``edges / nodes``; a source's out-degree, unknown without a read, is summarised the same
@@ -56,6 +58,7 @@ class Capacity:
     type_ptr: Optional[torch.Tensor] = None
     num_relations: int = 1
     num_node_types: int = 1
+    dst_count: Optional[torch.Tensor] = None
 
 
 def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_sink: int,
@@ -63,7 +66,7 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
                    node_type_names=None, relation_names=None, *,
                    rel: Optional[torch.Tensor] = None, dst_node: Optional[torch.Tensor] = None,
                    type_ptr: Optional[torch.Tensor] = None, num_relations: int = 1,
-                   num_node_types: int = 1) -> Graph:
+                   num_node_types: int = 1, dst_count: Optional[torch.Tensor] = None) -> Graph:
     """The block ``Graph`` (see the module's docstring) of a hop's picks: ``ptr`` ``[D + 1]``
     by destination, ``src`` ``[edges]`` local source ids; nodes ``[first_sink, num_nodes)``
     are its sinks, enough for every padding edge at ``width`` a sink.  ``self_loops``: PyG's
@@ -73,7 +76,8 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
     ``[edges]``, each pick's relation (a destination's picks sorted by relation, as the
     sampler gives them), ``dst_node`` ``[D]``, each destination's node (increasing), and
     ``type_ptr`` ``[T + 1]``, the node types' ranges over the sampled nodes (the sampler's
-    order); one relation and type: destination ``p`` is node ``p``."""
+    order), and ``dst_count`` (0-d), the batch's destinations (slots past them map to the
+    last node); one relation and type: destination ``p`` is node ``p``."""
     dev, num_dst, e_cap = ptr.device, ptr.numel() - 1, src.numel()
     sinks = num_nodes - first_sink
     relational = num_relations > 1 or num_node_types > 1
@@ -82,8 +86,10 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
                          f"<= num_nodes ({num_nodes})")
     if e_cap and sinks * max(width, 1) < e_cap:
         raise ValueError(f"{sinks} sinks of width {width} cannot hold {e_cap} padding edges")
-    if relational and (rel is None or dst_node is None or type_ptr is None):
-        raise ValueError("a relational capacity block needs rel, dst_node and type_ptr")
+    if relational and (rel is None or dst_node is None or type_ptr is None
+                       or dst_count is None):
+        raise ValueError("a relational capacity block needs rel, dst_node, type_ptr and "
+                         "dst_count")
     if relational and self_loops:
         raise ValueError("self_loops: only on a block of one relation and node type")
     pos = torch.arange(e_cap, device=dev)
@@ -129,7 +135,7 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
     col = col[:total]
     dst = torch.searchsorted(gptr[1:], torch.arange(total, device=dev), right=True)
     capacity = Capacity(ptr, src, num_nodes, first_sink, width, self_loops, rel, dst_node,
-                        type_ptr, num_relations, num_node_types)
+                        type_ptr, num_relations, num_node_types, dst_count)
     g = _graph(gptr, col, dst, num_nodes, num_dst, width + int(self_loops), capacity,
                node_type_names, relation_names)
     if relational:
@@ -168,7 +174,8 @@ def _relational(g: Graph, etype: torch.Tensor, c: Capacity) -> None:
                   "compact_src": DeviceBounds(g.compact_src.rel_ptr, total),
                   "compact_dst": DeviceBounds(g.compact_dst.rel_ptr, total),
                   "node": DeviceBounds(g.node_type_ptr, n)}
-    g.dst_index = c.dst_node.to(idx)
+    slots = torch.arange(c.dst_node.numel(), device=dev)
+    g.dst_index = torch.where(slots < c.dst_count, c.dst_node.long(), n - 1).to(idx)
     g.dst_type_ptr = None
 
 
@@ -218,4 +225,5 @@ def with_loops(graph: Graph) -> Optional[Graph]:
     return capacity_block(c.ptr, c.src, c.num_nodes, c.first_sink, c.width, True,
                           graph.node_type_names, graph.relation_names, rel=c.rel,
                           dst_node=c.dst_node, type_ptr=c.type_ptr,
-                          num_relations=c.num_relations, num_node_types=c.num_node_types)
+                          num_relations=c.num_relations, num_node_types=c.num_node_types,
+                          dst_count=c.dst_count)

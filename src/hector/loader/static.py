@@ -136,8 +136,8 @@ class StaticBatch:
             hop.ptr, hop.src, caps.nodes[h], caps.nodes[h] - caps.sinks[h], caps.width[h],
             False, graph.node_type_names, graph.relation_names,
             **(dict(rel=hop.rel, dst_node=hop.dst_local, type_ptr=hop.type_ptr,
-                    num_relations=graph.num_relations, num_node_types=graph.num_node_types)
-               if relational else {}))
+                    num_relations=graph.num_relations, num_node_types=graph.num_node_types,
+                    dst_count=hop.num_dst) if relational else {}))
             for h, hop in reversed(list(enumerate(self.hops)))]
 
     def sizes(self) -> List[Tuple[int, int, int]]:

@@ -44,8 +44,8 @@ class CapturedStep:
         model: called as ``model(x_b, blocks, n_id=n_id)``, returning one row of logits per
             seed slot (``hector train``'s networks do).
         optimizer: its step runs inside the graph when every group is capturable.
-        loader: a ``NeighborLoader(static=True)`` on a CUDA graph of one node type and one
-            relation.
+        loader: a ``NeighborLoader(static=True)`` (relations and node types: its blocks are
+            relational capacity blocks, which RGCN and RGAT run on).
         x: node features (``None``: featureless, the model embeds ``n_id``); y: labels.
         loss: ``loss(logits, labels, count)``, default :func:`masked_cross_entropy`.
         capture: False runs every step eagerly (the same computation; the only choice on
@@ -60,9 +60,6 @@ class CapturedStep:
         self.capture = graph.device.type == "cuda" if capture is None else bool(capture)
         if self.capture and graph.device.type != "cuda":
             raise ValueError("capture=True needs the graph on a CUDA device")
-        if graph.num_node_types != 1 or graph.num_relations != 1:
-            raise NotImplementedError(
-                "captured mini-batch steps hold one node type and one relation so far")
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.x, self.y, self.loss_fn = x, y, loss
         self.in_graph_optimizer = all(g.get("capturable", False)

@@ -224,10 +224,13 @@ def train(args, out=None) -> dict:
 #: Models whose full-graph training step can be captured: all of them (each takes the
 #: prebuilt Graph of ``Net.graph_of``; attention dropout draws its seed on the device).
 CAPTURE_MODELS = MODELS
-#: Models whose mini-batch step can be captured (one CUDA graph replayed per batch): the
-#: attention layers, on graphs of one node type and one relation (capacity blocks; the
-#: relational layers' per-relation segments need device-side bounds, not built yet).
-CAPTURE_MINIBATCH_MODELS = ("gat", "agnn", "transformer")
+#: Models whose mini-batch step can be captured (one CUDA graph replayed per batch, on
+#: capacity blocks): the attention layers on graphs of one node type and one relation, RGCN
+#: and RGAT on any (relational capacity blocks: segment bounds on the device).  HGT's
+#: per-node-type splits of a block still read the host.
+CAPTURE_MINIBATCH_MODELS = ("gat", "agnn", "transformer", "rgcn", "rgat")
+#: Of those, the ones whose blocks must hold one node type and one relation.
+ONE_RELATION_MODELS = ("gat", "agnn", "transformer")
 
 
 def _capture_wanted(args, cfg, device, out, graph=None, world: int = 1) -> bool:
@@ -243,8 +246,9 @@ def _capture_wanted(args, cfg, device, out, graph=None, world: int = 1) -> bool:
         why = f"--devices {world} (one process only so far)"
     elif cfg["model"] not in models:
         why = f"model {cfg['model']} (capture supports {', '.join(models)})"
-    elif graph is not None and (graph.num_node_types != 1 or graph.num_relations != 1):
-        why = "a graph of several node types or relations"
+    elif graph is not None and cfg["model"] in ONE_RELATION_MODELS and (
+            graph.num_node_types != 1 or graph.num_relations != 1):
+        why = f"model {cfg['model']} on a graph of several node types or relations"
     elif cfg["dtype"] != "fp32":
         why = f"--dtype {cfg['dtype']}"
     if why:

@@ -5,8 +5,9 @@ pieces where the sums meet linearly afterwards (:func:`_pieces`); a CSR scatter 
 (:func:`_run_csr_epilogue`); per-head GEMMs that read and write ``[rows, H, D]`` in place
 through head-major gather/scatter indices (:func:`_head_major_layout`).  Weight gradients
 (:func:`run_wgrad`, the ``hector::segment_mm_wgrad*`` ops, with a CSR prologue too) and bias
-gradients per node type or relation (:func:`run_wsum`).  Segment bounds are Python ints and
-row orders device tensors, memoised on the graph's index.
+gradients per node type or relation (:func:`run_wsum`).  Segment bounds are Python ints
+(a capacity block's: :class:`~hector.kernels.sizes.DeviceBounds`, which the kernels read on
+the device) and row orders device tensors, memoised on the graph's index.
 """
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import torch
 
 from ...kernels.eager import call
 from ...kernels.ptr import split_rows
+from ...kernels.segment_mm.bounds import num_segments, op_args
 from ...kernels.segment_mm.custom_ops import (segment_mm_wgrad_csr_op, segment_mm_wgrad_op,
                                               segment_mm_wgrad_sums_op, segment_sums)
 from ...kernels.segment_mm.op import segment_mm, segment_mm_csr, segment_mm_csr_scatter
+from ...kernels.sizes import DeviceBounds
 from ...kernels.traversal.csr import WeightedCSR
 from ...kernels.traversal.op import traverse
 from ..ir import CDST, CSRC, EDGE, NODE, Op
@@ -29,8 +32,9 @@ from ..steps_torch import GraphIndex, fold_slice_sums
 from .traversal import _reversed_chain, movement_csr
 
 
-def _host_bounds(ix: GraphIndex, rs, rows: int) -> List[int]:
-    """The segment bounds of a GEMM step's rows, as Python ints (read from the graph once)."""
+def _host_bounds(ix: GraphIndex, rs, rows: int):
+    """The segment bounds of a GEMM step's rows, as Python ints (read from the graph once),
+    or a capacity block's device bounds."""
     if rs.segments == "relation":
         return ix.ptr[rs.rows if rs.rows in (EDGE, CSRC) else CDST]
     if rs.segments == "node_type":
@@ -46,8 +50,17 @@ def _gemm_layout(ix: GraphIndex, rs, rows: int):
     key = ("gemm_layout", rs.rows, rs.segments, rows)
     if key not in ix.memo:
         perm = ix.node_perm if rs.segments == "node_type" else None
-        ix.memo[key] = (tuple(_host_bounds(ix, rs, rows)), perm)
+        bounds = _host_bounds(ix, rs, rows)
+        ix.memo[key] = (bounds if isinstance(bounds, DeviceBounds) else tuple(bounds), perm)
     return ix.memo[key]
+
+
+def _seg(bounds):
+    """(``seg_ptr``, keyword arguments) of ``segment_mm`` for a step's bounds: device
+    bounds go as the device pointers and their capacity."""
+    if isinstance(bounds, DeviceBounds):
+        return bounds.ptr, {"capacity": bounds.capacity}
+    return bounds, {}
 
 
 def _csr_order(ix: GraphIndex, rs, m: WeightedCSR) -> torch.Tensor:
@@ -76,7 +89,7 @@ def _pieces(ix: GraphIndex, kind: str, segments: Optional[str], m: WeightedCSR, 
         piece_ptr, row_of = split_rows(m.ptr, CSR_PIECE)
         if segments == "relation":
             seg = ix.relation(kind).index_select(0, row_of)
-            count = len(ix.ptr[kind if kind in (EDGE, CSRC) else CDST]) - 1
+            count = num_segments(ix.ptr[kind if kind in (EDGE, CSRC) else CDST])
         else:
             seg, count = torch.zeros_like(row_of), 1
         order = torch.argsort(seg * (CSR_PIECE + 1) + (piece_ptr[1:] - piece_ptr[:-1]),
@@ -198,17 +211,19 @@ def _run_gemm(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backen
         ptr, read, write = _head_major_layout(ix, rs, rows, H, gather)
         S = weight.shape[0]
         weight = weight.transpose(0, 1).reshape((H * S,) + tuple(weight.shape[2:]))
+        ptr, kw = _seg(ptr)
         out = segment_mm(x.reshape(-1, x.shape[-1]).contiguous(), weight.contiguous(), ptr,
                          gather=read, scatter=write, num_out_rows=H * rows,
                          transpose_weight=rs.transpose_weight, backend=backend,
                          gather_unique=gather is None, scatter_unique=True,
-                         prologue=gs.prologue)
+                         prologue=gs.prologue, **kw)
         return out.reshape((rows,) + tuple(step.output.shape))
     ptr, perm = _gemm_layout(ix, rs, rows)
     if bias is not None:
         bias = bias.reshape(weight.shape[0], -1)
     # (a scatter epilogue comes only with relation or no segments: perm is None then)
     scatter, num_out = _out_rows(ix, rs, rows, perm)
+    ptr, kw = _seg(ptr)
     out = segment_mm(x.flatten(1).contiguous(), weight.contiguous(), ptr,   # (flatten: 0 rows ok)
                      gather=perm if gather is None else gather, scatter=scatter,
                      num_out_rows=num_out if scatter is not None else None,
@@ -216,7 +231,7 @@ def _run_gemm(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backen
                      gather_unique=gather is None, scatter_unique=rs.scatter is None, bias=bias,
                      prologue=gs.prologue,
                      addend=None if addend is None else addend.reshape(num_out, -1),
-                     extra_weight=extra_weight)
+                     extra_weight=extra_weight, **kw)
     if extra_weight is not None:
         out, more = out
         return (out.reshape((num_out,) + tuple(step.output.shape)),
@@ -233,12 +248,19 @@ def _head_major_layout(ix: GraphIndex, rs, rows: int, heads: int, gather):
     key = ("head_major", rs.rows, rs.segments, rs.gather, rows, heads)
     if key not in ix.memo:
         ptr, perm = _gemm_layout(ix, rs, rows)
-        bounds = [h * rows + b for h in range(heads) for b in ptr[:-1]] + [heads * rows]
         device = ix.graph.device
+        if isinstance(ptr, DeviceBounds):    # (each head's rows past ptr[-1] join its last)
+            starts = (ptr.ptr[:-1].long().view(1, -1)
+                      + rows * torch.arange(heads, device=device).view(-1, 1)).reshape(-1)
+            bounds = DeviceBounds(torch.cat([starts, starts.new_full((1,), heads * rows)]),
+                                  heads * rows)
+        else:
+            bounds = tuple([h * rows + b for h in range(heads) for b in ptr[:-1]]
+                           + [heads * rows])
         r = perm.long() if perm is not None else torch.arange(rows, device=device)
         src = gather.long().index_select(0, r) if gather is not None else r
         h = torch.arange(heads, device=device).view(-1, 1)
-        ix.memo[key] = (tuple(bounds), (src.view(1, -1) * heads + h).reshape(-1),
+        ix.memo[key] = (bounds, (src.view(1, -1) * heads + h).reshape(-1),
                         (r.view(1, -1) * heads + h).reshape(-1))
     return ix.memo[key]
 
@@ -287,15 +309,16 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     else:
         xin, dyin = x.flatten(1), dy.flatten(1)   # (flatten: fine with 0 rows)
     K, N = xin.shape[1], dyin.shape[1]
-    S = len(bounds) - 1
+    S = num_segments(bounds)
+    host, seg_ptr = op_args(bounds)
     # A custom op (hector::segment_mm_wgrad), so that torch.compile does not trace the launch.
     if step.extra is not None:      # and the bias gradient of the same dy (lower pairs them)
         dw, db = call(segment_mm_wgrad_sums_op, xin.contiguous(), dyin.contiguous(), read_x,
-                      read_dy, list(bounds), prologue)
+                      read_dy, host, prologue, seg_ptr)
         db = fold_slice_sums(step.extra.attr("body"), db.view((S,) + tuple(dy.shape[1:])))
         return (dw[0] if v.per is None else dw), (db[0] if v.per is None else db)
     dw = call(segment_mm_wgrad_op, xin.contiguous(), dyin.contiguous(), read_x, read_dy,
-              list(bounds), prologue)
+              host, prologue, seg_ptr)
     if headwise:   # [(head, slice), K, N] -> [slice, head, K, N]
         dw = dw.view(H, S // H, K, N).transpose(0, 1).contiguous()
     return dw[0] if v.per is None else dw
@@ -337,4 +360,4 @@ def run_wsum(step, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
     rows = step.body.args[0]
     bounds, _, read_dy = _wgrad_layout(ix, rows.kind, step.body.per, dy.shape[0], 0)
     s = segment_sums(dy.flatten(1), bounds, read_dy)
-    return fold_slice_sums(step.body, s.view((len(bounds) - 1,) + tuple(dy.shape[1:])))
+    return fold_slice_sums(step.body, s.view((num_segments(bounds),) + tuple(dy.shape[1:])))

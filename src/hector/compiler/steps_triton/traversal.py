@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import List, Optional
 
 import torch
@@ -18,6 +19,7 @@ import torch
 from ...kernels.traversal.csr import (WeightedCSR, compose, from_groups, narrow_cols,
                                        one_per_row, resolve_layouts, scaled)
 from ...kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
+from ...kernels.traversal.schedule import one_long_bin
 from ..ir import Op, toposort
 from ..steps_torch import GraphIndex, _operand
 from .edgewise import run_edgewise
@@ -85,6 +87,10 @@ def movement_csr(ix: GraphIndex, movements: tuple, coef: float = 1.0) -> Weighte
                 f = _movement_factor(ix, move)
                 m = f if m is None else compose(f, m)
             ix.memo[key] = scaled(m, coef) if coef != 1.0 else m
+        if getattr(ix.graph, "capacity", None) is not None and ix.memo[key].bins is None:
+            # (a capacity block's CSRs: bins known without reading the batch's lengths)
+            ix.memo[key] = replace(ix.memo[key], bins=one_long_bin(ix.memo[key].rows,
+                                                                   ix.memo[key].nnz))
     return ix.memo[key]
 
 

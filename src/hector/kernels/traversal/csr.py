@@ -23,13 +23,16 @@ from .schedule import PendingBins, RowBins, row_bins
 class WeightedCSR:
     """``rows x cols`` sparse matrix: ``ptr [rows + 1]`` (int64), ``col [nnz]`` (int32 when it
     fits), ``val [nnz]`` (fp32); ``bins``: its rows split by length for the kernels
-    (:mod:`.schedule`), found when it is built so that a launch reads nothing on the host."""
+    (:mod:`.schedule`), found when it is built so that a launch reads nothing on the host;
+    ``partition``: every column is in exactly one entry (a scatter), which composition uses
+    to know its size without reading it."""
     ptr: torch.Tensor
     col: torch.Tensor
     val: torch.Tensor
     rows: int
     cols: int
     bins: Optional[RowBins] = None
+    partition: bool = False
 
     @property
     def layout(self) -> RowBins:
@@ -118,7 +121,8 @@ def from_groups(ptr: torch.Tensor, perm: torch.Tensor, val: Optional[torch.Tenso
                          f"got {tuple(ptr.shape)} and {tuple(perm.shape)}")
     val = (torch.ones(cols, dtype=torch.float32, device=perm.device) if val is None
            else val.float().index_select(0, perm))
-    return WeightedCSR(ptr, narrow_cols(perm, cols), val.contiguous(), rows, cols)
+    return WeightedCSR(ptr, narrow_cols(perm, cols), val.contiguous(), rows, cols,
+                       partition=True)
 
 
 def one_per_row(col: torch.Tensor, val: Optional[torch.Tensor], cols: int) -> WeightedCSR:
@@ -202,6 +206,8 @@ def compose(outer: WeightedCSR, inner: WeightedCSR) -> WeightedCSR:
                          f"{inner.rows}x{inner.cols} one")
     dev = outer.ptr.device
     k = outer.col.long()
+    if outer.partition and inner.partition:
+        return _compose_scatters(outer, inner)
     if _one_per_row(inner):      # a gather first: each outer entry is one path, through k
         val = outer.val * inner.val.index_select(0, k)
         return from_coo(outer.row_ids(), inner.col.long().index_select(0, k), val,
@@ -218,6 +224,29 @@ def compose(outer: WeightedCSR, inner: WeightedCSR) -> WeightedCSR:
     return from_coo(row, inner.col.long().index_select(0, at), val, outer.rows, inner.cols)
 
 
+def _compose_scatters(outer: WeightedCSR, inner: WeightedCSR) -> WeightedCSR:
+    """:func:`compose` of two scatters (RGCN's mean per (destination, relation), then the
+    sum per destination): each column reaches one row by one path, so the product is a
+    scatter with an entry per column, sized without a read and with nothing to merge (what
+    a capacity block's traversal needs; an ordinary graph saves the read too)."""
+    owner = torch.empty(inner.cols, dtype=torch.int64, device=inner.ptr.device)
+    owner.index_copy_(0, inner.col.long(), inner.row_ids())          # inner row of each col
+    via = torch.empty(outer.cols, dtype=torch.int64, device=outer.ptr.device)
+    via.index_copy_(0, outer.col.long(), torch.arange(outer.nnz, device=outer.ptr.device))
+    entry = via.index_select(0, owner)                  # outer entry each column goes through
+    val = outer.val.index_select(0, entry) * _by_col(inner)
+    m = from_coo(outer.row_ids().index_select(0, entry), torch.arange(inner.cols,
+                 device=inner.ptr.device), val, outer.rows, inner.cols, distinct=True,
+                 col_sorted=True)
+    return WeightedCSR(m.ptr, m.col, m.val, m.rows, m.cols, m.bins, partition=True)
+
+
+def _by_col(m: WeightedCSR) -> torch.Tensor:
+    """A partition's values indexed by column."""
+    out = torch.empty(m.cols, dtype=m.val.dtype, device=m.val.device)
+    return out.index_copy_(0, m.col.long(), m.val)
+
+
 def _one_per_row(m: WeightedCSR) -> bool:
     """Whether every row of ``m`` holds exactly one entry, from host facts only: bins already
     known (a gather's are, see :func:`one_per_row`) with no row over one entry, and as many
@@ -227,4 +256,4 @@ def _one_per_row(m: WeightedCSR) -> bool:
 
 
 def scaled(m: WeightedCSR, factor: float) -> WeightedCSR:
-    return WeightedCSR(m.ptr, m.col, m.val * factor, m.rows, m.cols, m.bins)
+    return WeightedCSR(m.ptr, m.col, m.val * factor, m.rows, m.cols, m.bins, m.partition)

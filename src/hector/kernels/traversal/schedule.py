@@ -58,6 +58,13 @@ class RowBins:
         return 0 if self.chunk_start is None else int(self.chunk_start.numel())
 
 
+def one_long_bin(rows: int, nnz: int) -> RowBins:
+    """Every row in the long bin, none cut into chunks, known without a read: what a CSR of
+    a capacity block gets (its lengths vary per batch, its launches may not).  Right for any
+    row lengths; a hub row is walked by one program."""
+    return RowBins(0, rows, None, None, 0, nnz / max(rows, 1))
+
+
 def row_bins(ptr: torch.Tensor, short_max: int = SHORT_MAX,
              chunk: Optional[int] = CHUNK) -> RowBins:
     """Bins of the rows of ``ptr`` (the host reads happen here, once per CSR); ``chunk`` None:
