@@ -65,7 +65,7 @@ def test_every_model_is_captured_on_cuda_in_fp32(model):
 @pytest.mark.parametrize("model", MODELS)
 def test_minibatch_capture_choice(model):
     """Mini-batches: the attention models on a graph of one node type and one relation and
-    RGCN and RGAT on any graph are captured on CUDA; HGT, the attention models on a
+    the relational models on any graph are captured on CUDA; the attention models on a
     relational graph and several processes are not, with a note each."""
     from hector.train.loop import CAPTURE_MINIBATCH_MODELS, ONE_RELATION_MODELS
     from hector import Graph
@@ -79,7 +79,7 @@ def test_minibatch_capture_choice(model):
     assert (out.getvalue() == "") == (model in CAPTURE_MINIBATCH_MODELS)
     assert _capture_wanted(args, cfg, cuda_dev, out, relational) == (
         model in CAPTURE_MINIBATCH_MODELS and model not in ONE_RELATION_MODELS)
-    assert set(CAPTURE_MINIBATCH_MODELS) == {"gat", "agnn", "transformer", "rgcn", "rgat"}
+    assert set(CAPTURE_MINIBATCH_MODELS) == set(MODELS)
     assert not _capture_wanted(args, cfg, cuda_dev, out, plain, world=2)
     assert "--devices 2" in out.getvalue()
     assert not _capture_wanted(args, cfg, torch.device("cpu"), out, plain)

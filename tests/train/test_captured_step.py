@@ -20,6 +20,8 @@ from hector.train.captured import CapturedStep, masked_cross_entropy
 from hector.train.models import Net
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loader"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import host_reads  # noqa: E402
 from test_neighbor_loader import hetero_graph  # noqa: E402
 
 
@@ -150,9 +152,10 @@ def relational_net(kind, graph, featureless, backend="torch"):
                hidden=8, heads=2, dropout=0.0, num_bases=None, backend=backend)
 
 
-@pytest.mark.parametrize("kind,featureless", [("rgcn", False), ("rgcn", True),
-                                              ("rgat", False)])
-def test_relational_step_trains_like_the_ordinary_one(kind, featureless):
+@pytest.mark.parametrize("kind,featureless,backend", [
+    ("rgcn", False, "torch"), ("rgcn", True, "torch"), ("rgat", False, "torch"),
+    ("hgt", False, "torch"), ("hgt", False, "triton")])
+def test_relational_step_trains_like_the_ordinary_one(kind, featureless, backend):
     graph = hetero_graph()
     x = None if featureless else torch.randn(graph.num_nodes, 6)
     y = torch.randint(0, 3, (graph.num_nodes,))
@@ -160,12 +163,15 @@ def test_relational_step_trains_like_the_ordinary_one(kind, featureless):
     runs = []
     for ordinary in (True, False):
         torch.manual_seed(0)
-        model = relational_net(kind, graph, featureless)
+        model = relational_net(kind, graph, featureless, backend)
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         loader = NeighborLoader(graph, [3, 2], input_nodes=paper, batch_size=16,
                                 shuffle=True, seed=5, static=True)
         step = CapturedStep(model, opt, loader, x, y)
-        losses = _train(step.step, model, opt, loader, x, y, ordinary)
+        with host_reads() as seen:
+            losses = _train(step.step, model, opt, loader, x, y, ordinary)
+        if backend == "triton" and not ordinary:     # what a CUDA capture needs
+            assert seen == [], [(name, where) for name, _, where in seen]
         runs.append((losses, [p.detach().clone() for p in model.parameters()]))
     assert len(runs[0][0]) > 1
     torch.testing.assert_close(runs[0][0], runs[1][0], atol=1e-5, rtol=1e-5)
@@ -229,7 +235,7 @@ def _same_with_and_without_capture(make_model, graph, x, y, capturable, batch_si
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("kind,featureless", [("rgcn", False), ("rgcn", True),
-                                              ("rgat", False)])
+                                              ("rgat", False), ("hgt", False)])
 def test_relational_captured_step_replays_the_eager_step(kind, featureless):
     graph = hetero_graph().to("cuda")
     x = None if featureless else torch.randn(graph.num_nodes, 6, device="cuda")

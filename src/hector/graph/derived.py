@@ -38,11 +38,14 @@ class AttentionGraph(Graph):
     below ``num_dst`` (default ``num_nodes``; trusted): the op's operands of that side have
     that many rows and its traversals of that side run over that many (a derived graph's ids
     span max(sources, destinations), and padding the shorter side's operands, outputs and
-    gradients to it cost HGT on mag a 1.1M-row fill and copy each way)."""
+    gradients to it cost HGT on mag a 1.1M-row fill and copy each way).  ``capacity``: the
+    capacity block it is derived from (:mod:`.capacity`): its degree statistics are that
+    block's bounds, with no read, and the attention plans treat it as the block."""
 
     def __init__(self, src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
                  dst_sorted: bool = False, dst_order: Optional[torch.Tensor] = None,
-                 num_src: Optional[int] = None, num_dst: Optional[int] = None):
+                 num_src: Optional[int] = None, num_dst: Optional[int] = None,
+                 capacity: Optional[Graph] = None):
         # (no super().__init__: a full Graph build is what this class avoids)
         if src.dim() != 1 or dst.shape != src.shape:
             raise ValueError(f"src and dst must be 1-D of one length, got {tuple(src.shape)} "
@@ -74,8 +77,12 @@ class AttentionGraph(Graph):
         csr_in = CSR(ptr=build.sorted_ptr(dst, n), col=src, eid=edges)
         # The CSR by source (a sort) is built on first use, as a Graph's (only a backward to
         # the sources reads it); its degrees are counted here for the statistics.
-        self.in_degree, self.out_degree = DegreeStats.of_each(
-            [csr_in.degrees(), build.counts_of(src, n)], SUPER_NODE_DEGREE)
+        if capacity is not None:
+            self.in_degree, self.out_degree = capacity.in_degree, capacity.out_degree
+            self.capacity = capacity.capacity
+        else:
+            self.in_degree, self.out_degree = DegreeStats.of_each(
+                [csr_in.degrees(), build.counts_of(src, n)], SUPER_NODE_DEGREE)
         self.src, self.dst, self.edge_perm = src.to(idx), dst.to(idx), perm.to(idx)
         self.rel_ptr = torch.arange(2, dtype=idx, device=dev) * e     # [0, E], no host copy
         self.csr_in = CSR(*(a.to(idx) for a in (csr_in.ptr, csr_in.col, csr_in.eid)))

@@ -225,10 +225,9 @@ def train(args, out=None) -> dict:
 #: prebuilt Graph of ``Net.graph_of``; attention dropout draws its seed on the device).
 CAPTURE_MODELS = MODELS
 #: Models whose mini-batch step can be captured (one CUDA graph replayed per batch, on
-#: capacity blocks): the attention layers on graphs of one node type and one relation, RGCN
-#: and RGAT on any (relational capacity blocks: segment bounds on the device).  HGT's
-#: per-node-type splits of a block still read the host.
-CAPTURE_MINIBATCH_MODELS = ("gat", "agnn", "transformer", "rgcn", "rgat")
+#: capacity blocks): the attention layers on graphs of one node type and one relation, the
+#: relational ones on any (relational capacity blocks: segment bounds on the device).
+CAPTURE_MINIBATCH_MODELS = MODELS
 #: Of those, the ones whose blocks must hold one node type and one relation.
 ONE_RELATION_MODELS = ("gat", "agnn", "transformer")
 

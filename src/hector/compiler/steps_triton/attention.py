@@ -50,7 +50,8 @@ def _derived_graph(ix: GraphIndex, src_kind: str):
         rows = max(ix.rows[src_kind], g.num_nodes)
         return AttentionGraph(_source_rows(ix, src_kind), g.dst.long(), rows,
                               dst_order=g.csr_in.eid, num_src=ix.rows[src_kind],
-                              num_dst=g.num_nodes)
+                              num_dst=g.num_nodes,
+                              capacity=g if getattr(g, "capacity", None) is not None else None)
     return g.derived("attention_sources_" + src_kind, build)
 
 
