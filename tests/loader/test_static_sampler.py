@@ -63,9 +63,12 @@ def test_buffers_have_the_capacities_shapes():
             assert hop.dst_local.shape == (caps.dst[h],)
         sizes = sb.sizes()
         assert all(e <= caps.edges[h] and n <= caps.nodes[h] for h, (_, e, n) in enumerate(sizes))
-        # valid prefixes, padding indexes node 0
+        # valid prefixes; padding edges index node 0, padding node slots spread over the
+        # graph (slot % num_nodes: no hot row for a gradient summed back through them)
         for hop, (_, e, n) in zip(sb.hops, sizes):
-            assert bool((hop.node_ids[n:] == 0).all()) and bool((hop.src[e:] == 0).all())
+            slots = torch.arange(hop.node_ids.numel())
+            assert torch.equal(hop.node_ids[n:], slots[n:] % graph.num_nodes)
+            assert bool((hop.src[e:] == 0).all())
 
 
 def test_capacities_bound_a_fanout_by_the_largest_degree():

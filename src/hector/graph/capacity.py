@@ -21,8 +21,8 @@ relation, then destination), compact maps of ``edges`` rows each (a bound: their
 counts stay on the device, in their ``rel_ptr[-1]``), and every segment pointer kept on the
 device as a :class:`~hector.kernels.sizes.DeviceBounds` in ``host_ptr``: the padding edges
 take the last relation, the nodes past the sampled ones the last node type, and compact rows
-past the real ones the last relation and node, destination slots past the batch's the last
-node (a sink: a scatter by destination slot never lands on a real node).  The compiled
+past the real ones the last relation and node, destination slots past the batch's a sink each
+in turn (a scatter by destination slot never lands on a real node, nor piles on one row).  The compiled
 relational layers run on them with no host read: their segment GEMMs take the device bounds,
 their traversal CSRs are built without reads and walked in one bin of whole rows.
 
@@ -77,7 +77,7 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
     sampler gives them), ``dst_node`` ``[D]``, each destination's node (increasing), and
     ``type_ptr`` ``[T + 1]``, the node types' ranges over the sampled nodes (the sampler's
     order), and ``dst_count`` (0-d), the batch's destinations (slots past them map to the
-    last node); one relation and type: destination ``p`` is node ``p``."""
+    sinks in turn); one relation and type: destination ``p`` is node ``p``."""
     dev, num_dst, e_cap = ptr.device, ptr.numel() - 1, src.numel()
     sinks = num_nodes - first_sink
     relational = num_relations > 1 or num_node_types > 1
@@ -175,7 +175,8 @@ def _relational(g: Graph, etype: torch.Tensor, c: Capacity) -> None:
                   "compact_dst": DeviceBounds(g.compact_dst.rel_ptr, total),
                   "node": DeviceBounds(g.node_type_ptr, n)}
     slots = torch.arange(c.dst_node.numel(), device=dev)
-    g.dst_index = torch.where(slots < c.dst_count, c.dst_node.long(), n - 1).to(idx)
+    sink = c.first_sink + slots % max(n - c.first_sink, 1) if n > c.first_sink else n - 1
+    g.dst_index = torch.where(slots < c.dst_count, c.dst_node.long(), sink).to(idx)
     g.dst_type_ptr = None
 
 

@@ -7,8 +7,10 @@ The capacities are the worst case, derived once (:class:`Capacities`): a hop's d
 are at most the previous hop's nodes, each with at most ``width`` sampled edges (its fan-out,
 or the graph's largest in-degree where that is smaller), and its nodes at most those
 destinations plus one source per edge, never more than the graph's nodes.  Valid entries are
-a prefix of every buffer; what lies past it is padding that indexes node 0, so a gather by
-any entry stays in bounds.
+a prefix of every buffer; what lies past it is padding, in bounds: an edge's indexes node
+0, a node slot's names graph node ``slot % num_nodes`` (a gather by the slots stays in
+bounds, and a gradient summed back through them -- an embedding table's -- meets no hot row:
+half a million padding slots naming one node serialised that sum).
 
 Per hop (around the seeds first, like ``NeighborLoader.num_neighbors``):
 
@@ -122,7 +124,7 @@ class StaticBatch:
     @property
     def n_id(self) -> torch.Tensor:
         """Global ids of the first layer's input rows (the outermost hop's nodes; padding
-        and sinks read node 0)."""
+        and sinks name ``slot % num_nodes``, spread over the graph)."""
         return self.hops[-1].node_ids
 
     def capacity_blocks(self, graph) -> list:
@@ -311,9 +313,10 @@ class StaticSampler:
         rank[order] = idx
         num_nodes = is_first.sum()
         local = rank[first[key_node]]           # (an invalid candidate: itself, masked below)
-        node_ids = torch.where(torch.arange(n_cap, device=dev) < num_nodes, cand[order[:n_cap]], 0)
-        node_ids = torch.cat([node_ids, node_ids.new_zeros(caps.sinks[h])])    # the sinks
         slots = torch.arange(caps.nodes[h], device=dev)
+        spread = slots % self.num_nodes        # padding and the sinks (see the module's doc)
+        node_ids = torch.cat([cand[order[:n_cap]], spread[n_cap:]])
+        node_ids = torch.where(slots < num_nodes, node_ids, spread)
         types = torch.where(slots < num_nodes, node_type[node_ids], self.num_types)
         type_ptr = torch.searchsorted(types, torch.arange(self.num_types + 1, device=dev))
         return StaticHop(ptr, torch.where(idx[n:] - n < ptr[-1], local[n:], 0), rel, node_ids,

@@ -100,8 +100,9 @@ class FeaturelessRGCN(nn.Module):
             dst_pos, dst_ids = ei[1], n_id[:n_dst]
         else:                             # several node types: through dst_index
             # Edges into a node that is no destination (a capacity block's padding edges
-            # between sinks) land in a spare row n_dst, dropped at the end.
-            position = torch.full((block.num_nodes,), n_dst, dtype=torch.long, device=ei.device)
+            # between sinks) land in a spare row of that node's, dropped at the end (one
+            # spare row for all of them piled half a million atomic adds onto it).
+            position = torch.arange(n_dst, n_dst + block.num_nodes, device=ei.device)
             position[dst] = torch.arange(n_dst, device=ei.device)
             dst_pos, dst_ids = position[ei[1]], n_id[dst]
         src = n_id[ei[0]]
@@ -113,10 +114,11 @@ class FeaturelessRGCN(nn.Module):
         slot = dst_pos * R + et
         # (a scatter, not bincount: on CUDA bincount reads its input's maximum back to the
         # host to size its output, a sync in every mini-batch step)
-        count = torch.zeros((n_dst + 1) * R, dtype=w.dtype, device=w.device).scatter_add_(
+        rows = n_dst if isinstance(dst, slice) else n_dst + block.num_nodes
+        count = torch.zeros(rows * R, dtype=w.dtype, device=w.device).scatter_add_(
             0, slot, torch.ones_like(slot, dtype=w.dtype))
         msg = w * (1.0 / count[slot].clamp(min=1)).unsqueeze(1)
-        out = torch.zeros(n_dst + 1, H, dtype=msg.dtype, device=msg.device).index_add_(
+        out = torch.zeros(rows, H, dtype=msg.dtype, device=msg.device).index_add_(
             0, dst_pos, msg)
         return out[:n_dst] + self.root[dst_ids] + self.bias
 
