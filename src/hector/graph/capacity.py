@@ -19,12 +19,13 @@ takes padding edges ``[s * width, (s + 1) * width)`` as destination and source. 
 Several relations and node types (a relational block): edges in the canonical order (by
 relation, then destination), compact maps of ``edges`` rows each (a bound: their real row
 counts stay on the device, in their ``rel_ptr[-1]``), and every segment pointer kept on the
-device as a :class:`~hector.kernels.sizes.DeviceBounds` in ``host_ptr``: the padding edges
-take the last relation, the nodes past the sampled ones the last node type, and compact rows
-past the real ones the last relation and node, destination slots past the batch's a sink each
-in turn (a scatter by destination slot never lands on a real node, nor piles on one row).  The compiled
-relational layers run on them with no host read: their segment GEMMs take the device bounds,
-their traversal CSRs are built without reads and walked in one bin of whole rows.
+device as a :class:`~hector.kernels.sizes.DeviceBounds` in ``host_ptr``.  The padding edges
+take the last relation, the nodes past the sampled ones the last node type, compact rows
+past the real ones the last relation and node, and destination slots past the batch's a
+sink each in turn (a scatter by destination slot never lands on a real node, nor piles on
+one row).  The compiled relational layers run on such blocks with no host read: their
+segment GEMMs take the device bounds, their traversal CSRs are built without reads and
+walked in one bin of whole rows.
 
 The block's degree statistics are its bounds: in-degree at most ``width`` (``+ 1``), mean
 ``edges / nodes``; a source's out-degree, unknown without a read, is summarised the same

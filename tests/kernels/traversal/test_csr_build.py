@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hector.kernels.traversal.csr import WeightedCSR, compose, from_coo, one_per_row
+from hector.kernels.traversal.csr import (WeightedCSR, compose, from_coo, from_groups,
+                                          one_per_row)
 from hector.kernels.traversal.schedule import row_bins
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/helpers.py
@@ -228,6 +229,30 @@ def test_compose_after_a_gather_reads_no_path_count_and_equals_the_general_path(
     unbinned = WeightedCSR(gather.ptr, gather.col, gather.val, gather.rows, gather.cols)
     for want in (old_compose(outer, gather), compose(outer, unbinned)):
         want = want if isinstance(want, tuple) else (want.ptr, want.col, want.val)
+        assert_same(fast, want)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_two_scatters_compose_without_a_read_and_equal_the_general_path(seed):
+    """Scatters given as groups (every column in one entry): their product is a scatter with
+    one entry per column, sized and built with no read, bit for bit the general path's (a
+    partition flag that lies would be caught: the general path merges, this one does not)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def scatter(rows, cols):
+        owner = torch.randint(0, rows, (cols,), generator=g)    # empty rows included
+        perm = torch.sort(owner, stable=True).indices
+        ptr = torch.zeros(rows + 1, dtype=torch.int64)
+        ptr[1:] = torch.cumsum(torch.bincount(owner, minlength=rows), 0)
+        return from_groups(ptr, perm, torch.rand(cols, generator=g), rows, cols)
+    inner, outer = scatter(9, 40), scatter(4, 9)       # 40 edges -> 9 rows -> 4 nodes
+    assert inner.partition and outer.partition
+    with host_reads() as seen:
+        fast = compose(outer, inner)
+    assert seen == [] and fast.partition and fast.nnz == 40
+    general = compose(*(WeightedCSR(m.ptr, m.col, m.val, m.rows, m.cols)
+                        for m in (outer, inner)))
+    for want in (old_compose(outer, inner), (general.ptr, general.col, general.val)):
         assert_same(fast, want)
 
 

@@ -4,10 +4,11 @@ memory, so that one CUDA graph replays the segment GEMM for every batch.
 A segment GEMM's bounds are usually Python ints (``seg_ptr`` read once on the host): the
 tile map gives each segment ``ceil(M_s / block)`` programs and the output has ``M`` rows.
 :class:`~hector.kernels.sizes.DeviceBounds` instead keeps ``seg_ptr`` on the device next
-to a *capacity*, a static bound on ``seg_ptr[-1]``: the grid is sized for the worst case (``ceil(capacity / block) + S``
-programs: each segment wastes less than one tile), the tile map is built on the device from
-``seg_ptr`` with no host read, and the programs past the batch's tiles get empty tiles (no
-rows), so they store nothing.  Output rows past ``seg_ptr[-1]`` are zero.
+to a *capacity*, a static bound on ``seg_ptr[-1]``: the grid is sized for the worst case
+(``ceil(capacity / block) + S`` programs: each segment wastes less than one tile), the tile
+map is built on the device from ``seg_ptr`` with no host read, and the programs past the
+batch's tiles get empty tiles (no rows), so they store nothing.  Output rows past
+``seg_ptr[-1]`` are zero.
 
 At the custom operators' boundary (``int[]`` bounds in their schemas) device bounds travel as
 ``bounds = [capacity]`` plus the ``seg_ptr`` tensor; :func:`layout` turns the pair back into
