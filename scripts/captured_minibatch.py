@@ -5,7 +5,7 @@ layers on the same blocks; and the GPU time of the captured step's kernels.
     python scripts/captured_minibatch.py [--profile products] [--scale 1.0]
         [--models gat,agnn,transformer] [--batch-size 1024] [--fanout 25,20]
         [--batches 30] [--no-pyg] [--device cuda] [--strategy auto|node|edge]
-        [--kernels N] [--features N]
+        [--kernels N] [--features N] [--fit]
 
 For each model (``hector train``'s two-layer network and defaults, dropout off so the runs
 compare; the same seeds and shuffled order for every row), ms per batch, medians over the
@@ -24,7 +24,9 @@ Also the capacities against a batch's actual sizes (how much padding the replay 
 layers' rule on the blocks' statistics); ``--features N``: random node features of width
 N in place of the profile's (mag has none: then both sides run two message-passing layers on
 the same rows, where the featureless network would learn a node table).  Models: gat,
-agnn, transformer (one node type), rgcn, rgat (any graph; PyG's RGCNConv / RGATConv).
+agnn, transformer (one node type), rgcn, rgat (any graph; PyG's RGCNConv / RGATConv),
+hgt (no PyG row).  ``--fit``: the captured step on capacities fitted to the batches seen
+(``CapturedStep(fit=True)``; the growths are printed).
 On the CPU (no capture) only the eager rows run, on a small scale.
 """
 import argparse
@@ -146,6 +148,7 @@ def main():
     p.add_argument("--strategy", default="auto", choices=["auto", "node", "edge"])
     p.add_argument("--kernels", type=int, default=0, metavar="N")
     p.add_argument("--features", type=int, default=0, metavar="N")
+    p.add_argument("--fit", action="store_true")
     args = p.parse_args()
     device = torch.device(args.device)
     scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.01)
@@ -182,13 +185,14 @@ def main():
         row = dict(model=kind, eager=t_eager)
         if device.type == "cuda":
             static = NeighborLoader(graph, fanout, static=True, **kw)
-            step = CapturedStep(net, opt, static, x, y)
+            step = CapturedStep(net, opt, static, x, y, fit=args.fit)
             seeds = [sc for _, sc in zip(range(args.batches), static.seed_batches())]
             row["captured"] = per_batch(lambda sc: step.step(*sc), seeds, device)
             row["captured_stream"] = throughput(lambda sc: step.step(*sc), seeds, device)
             row["gpu"] = gpu_ms(step, seeds[:5], args.kernels, f"{kind} {args.strategy}")
             sb = static.static.sample(*seeds[0])
-            caps, sizes = static.static.caps, sb.sizes()
+            caps, sizes = step.caps or static.static.caps, sb.sizes()
+            row["grown"] = step.grown
             row["fill"] = ", ".join(f"hop {h}: edges {e / caps.edges[h]:.0%} nodes "
                                     f"{n / caps.nodes[h]:.0%}"
                                     for h, (_, e, n) in enumerate(sizes))

@@ -179,6 +179,51 @@ def test_relational_step_trains_like_the_ordinary_one(kind, featureless, backend
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("kind,margin", [("gat", 1.0), ("rgcn", 1.0), ("rgat", 1.25)])
+def test_fitted_capacities_train_like_the_ordinary_step_and_grow(kind, margin):
+    """``fit=True``: blocks of capacities fitted to the batches seen give the ordinary
+    step's losses and parameters; with no margin a later, larger batch grows them (counted),
+    and every fitted block is smaller than the worst case."""
+    graph = graph_with_loops() if kind == "gat" else hetero_graph()
+    x, y = torch.randn(graph.num_nodes, 6), torch.randint(0, 3, (graph.num_nodes,))
+    runs = []
+    for ordinary in (True, False):
+        torch.manual_seed(0)
+        model = (TwoLayers(kind, "torch") if kind == "gat"
+                 else relational_net(kind, graph, False))
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        loader = NeighborLoader(graph, [3, 2], batch_size=16, shuffle=True, seed=5,
+                                static=True)
+        step = CapturedStep(model, opt, loader, x, y, fit=True, margin=margin)
+        losses = _train(step.step, model, opt, loader, x, y, ordinary)
+        runs.append((losses, [p.detach().clone() for p in model.parameters()]))
+    torch.testing.assert_close(runs[0][0], runs[1][0], atol=1e-5, rtol=1e-5)
+    for a, b in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    worst = loader.static.caps
+    assert step.caps.edges[-1] < worst.edges[-1] and step.caps.nodes[-1] < worst.nodes[-1]
+    if margin == 1.0:
+        assert step.grown >= 1
+
+
+def test_fitted_capacities_hold_what_they_were_fitted_to():
+    from hector.loader.static import Capacities
+    worst = Capacities.of(8, [4, 3], num_nodes=500, max_degree=40)
+    sizes = [(8, 20, 25), (25, 40, 60)]
+    fit = worst.fitted(sizes, 1.25)
+    assert fit.holds(sizes) and not fit.holds([(8, 20, 25), (25, 51, 60)])
+    assert fit.dst[0] == 8 and fit.dst[1] == fit.nodes[0]          # hops chain
+    for h in range(2):
+        assert fit.sinks[h] * fit.width[h] >= fit.edges[h]       # room for the padding
+        assert fit.nodes[h] - fit.sinks[h] >= fit.dst[h]          # destinations are nodes
+        assert fit.edges[h] <= worst.edges[h] and fit.nodes[h] <= worst.nodes[h]
+    grown = worst.fitted([(8, 10, 12), (12, 90, 200)], 1.0, at_least=fit)
+    assert grown.edges[0] == fit.edges[0] and grown.edges[1] == 90     # never shrinks
+    assert worst.fitted([(8, 10 ** 6, 10 ** 6)] * 2, 2.0) == worst      # never above
+    with pytest.raises(ValueError, match="margin"):
+        worst.fitted(sizes, 0.5)
+
+
 def test_masked_loss_is_the_mean_over_valid_rows():
     logits, y = torch.randn(6, 4), torch.randint(0, 4, (6,))
     got = masked_cross_entropy(logits, y, torch.tensor(4))
@@ -213,9 +258,11 @@ def test_captured_step_replays_the_eager_step(kind, capturable):
                                    capturable, batch_size=48)
 
 
-def _same_with_and_without_capture(make_model, graph, x, y, capturable, batch_size):
+def _same_with_and_without_capture(make_model, graph, x, y, capturable, batch_size,
+                                   fit=False):
     """Train one epoch eagerly, then one captured (same seeds): equal losses and parameters,
-    every batch after the two warm-up steps replayed."""
+    every batch after the two warm-up steps replayed (``fit``: but those whose sizes grew
+    the fitted capacities, which run eagerly)."""
     runs = []
     for capture in (False, True):
         torch.manual_seed(0)
@@ -223,9 +270,12 @@ def _same_with_and_without_capture(make_model, graph, x, y, capturable, batch_si
         opt = torch.optim.Adam(model.parameters(), lr=0.01, capturable=capturable)
         loader = NeighborLoader(graph, [4, 3], batch_size=batch_size, shuffle=True, seed=5,
                                 static=True)
-        step = CapturedStep(model, opt, loader, x, y, capture=capture)
+        step = CapturedStep(model, opt, loader, x, y, capture=capture, fit=fit,
+                            margin=1.0 if fit else 1.25)
         losses = [float(step.step(s, c)) for s, c in loader.seed_batches()]
-        if capture:
+        if capture and fit:
+            assert step.replays > 0 and step.replays + step.eager_steps == len(loader)
+        elif capture:
             assert step.replays == len(loader) - 2 > 0 and step.eager_steps == 2
         runs.append((losses, [p.detach().clone() for p in model.parameters()]))
     torch.testing.assert_close(runs[0][0], runs[1][0], atol=1e-4, rtol=1e-4)
@@ -234,15 +284,17 @@ def _same_with_and_without_capture(make_model, graph, x, y, capturable, batch_si
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("kind,featureless", [("rgcn", False), ("rgcn", True),
-                                              ("rgat", False), ("hgt", False)])
-def test_relational_captured_step_replays_the_eager_step(kind, featureless):
-    graph = hetero_graph().to("cuda")
+@pytest.mark.parametrize("kind,featureless,fit", [
+    ("rgcn", False, False), ("rgcn", True, False), ("rgat", False, False),
+    ("hgt", False, False), ("rgcn", False, True), ("gat", False, True)])
+def test_relational_captured_step_replays_the_eager_step(kind, featureless, fit):
+    graph = (graph_with_loops(num_nodes=400, num_edges=4000) if kind == "gat"
+             else hetero_graph()).to("cuda")
     x = None if featureless else torch.randn(graph.num_nodes, 6, device="cuda")
     y = torch.randint(0, 3, (graph.num_nodes,), device="cuda")
-    _same_with_and_without_capture(
-        lambda: relational_net(kind, graph, featureless, backend="auto").cuda(), graph, x, y,
-        True, batch_size=12)
+    make = ((lambda: TwoLayers(kind, "auto").cuda()) if kind == "gat" else
+            (lambda: relational_net(kind, graph, featureless, backend="auto").cuda()))
+    _same_with_and_without_capture(make, graph, x, y, True, batch_size=12, fit=fit)
 
 
 def test_captured_epoch_returns_the_seed_weighted_mean_loss():

@@ -32,6 +32,7 @@ of ``Graph`` blocks with one host read (:meth:`StaticBatch.to_batch`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -78,6 +79,39 @@ class Capacities:
             nodes.append(n)
         return Capacities(batch_size, tuple(widths), tuple(dsts), tuple(edges), tuple(nodes),
                           tuple(sinks))
+
+    def fitted(self, sizes: Sequence[Tuple[int, int, int]], margin: float,
+               at_least: Optional["Capacities"] = None) -> "Capacities":
+        """Capacities for batches of ``sizes`` (per hop, as :meth:`StaticBatch.sizes` reads
+        them: destinations, edges, nodes) with ``margin`` headroom (1.25: a quarter more),
+        never above these (the worst case) nor below ``at_least`` (what they grow from).
+        Most of a worst-case buffer is padding on a sparse graph (mag's second hop: 16% of
+        its edge slots used), which a step's kernels walk; fitted blocks carry less, and a
+        batch they would not hold is the caller's to detect (:meth:`holds`)."""
+        if not margin >= 1.0:
+            raise ValueError(f"margin must be >= 1, got {margin}")
+        dsts, edges, nodes, sinks = [], [], [], []
+        n = self.seeds
+        for h, (_, e, v) in enumerate(sizes):
+            w = max(self.width[h], 1)
+            floor = at_least.edges[h] if at_least is not None else 0
+            e_f = min(self.edges[h], max(floor, math.ceil(e * margin)))
+            s_f = min(self.sinks[h], -(-e_f // w))
+            # Every destination slot is a node slot (the previous hop's sinks included).
+            floor = (at_least.nodes[h] - at_least.sinks[h]) if at_least is not None else 0
+            real = min(self.nodes[h] - self.sinks[h], max(n, floor, math.ceil(v * margin)))
+            dsts.append(n)
+            edges.append(e_f)
+            sinks.append(s_f)
+            nodes.append(real + s_f)
+            n = nodes[-1]
+        return Capacities(self.seeds, self.width, tuple(dsts), tuple(edges), tuple(nodes),
+                          tuple(sinks))
+
+    def holds(self, sizes: Sequence[Tuple[int, int, int]]) -> bool:
+        """Whether blocks of these capacities hold a batch of ``sizes`` (host values)."""
+        return all(e <= self.edges[h] and v <= self.nodes[h] - self.sinks[h]
+                   for h, (_, e, v) in enumerate(sizes))
 
     def sampling_bytes(self, num_nodes: int) -> int:
         """About the most device memory one sampled batch holds at once: per hop, the picks
@@ -127,20 +161,30 @@ class StaticBatch:
         and sinks name ``slot % num_nodes``, spread over the graph)."""
         return self.hops[-1].node_ids
 
-    def capacity_blocks(self, graph) -> list:
+    def capacity_blocks(self, graph, caps: Optional[Capacities] = None) -> list:
         """The hops as capacity blocks (:mod:`hector.graph.capacity`), outermost first like
         ``Batch.blocks``, every size a capacity: no host read.  ``graph``: the sampled graph
-        (its relations, node types and names); with several of either, relational blocks."""
+        (its relations, node types and names); with several of either, relational blocks.
+        ``caps``: smaller capacities (:meth:`Capacities.fitted`) that the caller knows hold
+        this batch (:meth:`Capacities.holds`): the buffers' prefixes; default the buffers'."""
         from ..graph.capacity import capacity_block
-        caps = self.caps
+        caps = caps or self.caps
         relational = graph.num_node_types > 1 or graph.num_relations > 1
-        return [capacity_block(
-            hop.ptr, hop.src, caps.nodes[h], caps.nodes[h] - caps.sinks[h], caps.width[h],
-            False, graph.node_type_names, graph.relation_names,
-            **(dict(rel=hop.rel, dst_node=hop.dst_local, type_ptr=hop.type_ptr,
-                    num_relations=graph.num_relations, num_node_types=graph.num_node_types,
-                    dst_count=hop.num_dst) if relational else {}))
-            for h, hop in reversed(list(enumerate(self.hops)))]
+        blocks = []
+        for h, hop in reversed(list(enumerate(self.hops))):
+            d, e = caps.dst[h], caps.edges[h]
+            blocks.append(capacity_block(
+                hop.ptr[:d + 1], hop.src[:e], caps.nodes[h], caps.nodes[h] - caps.sinks[h],
+                caps.width[h], False, graph.node_type_names, graph.relation_names,
+                **(dict(rel=hop.rel[:e], dst_node=hop.dst_local[:d], type_ptr=hop.type_ptr,
+                        num_relations=graph.num_relations,
+                        num_node_types=graph.num_node_types, dst_count=hop.num_dst)
+                   if relational else {})))
+        return blocks
+
+    def n_id_of(self, caps: Optional[Capacities] = None) -> torch.Tensor:
+        """:attr:`n_id` for blocks of ``caps`` (its prefix)."""
+        return self.hops[-1].node_ids[:(caps or self.caps).nodes[-1]]
 
     def sizes(self) -> List[Tuple[int, int, int]]:
         """(destinations, edges, nodes) of every hop, in one host read."""

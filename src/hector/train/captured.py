@@ -16,6 +16,15 @@ parameter group is ``capturable`` (``torch.optim.Adam(..., capturable=True)``), 
 eagerly after each replay.  A captured optimizer step keeps the hyper-parameters it was
 captured with: a learning-rate schedule reaches it only through a tensor ``lr`` (torch.optim
 accepts one), not by assigning a new float to ``param_groups``.
+
+Fitted capacities (``fit=True``): the worst-case capacities are mostly padding on sparse
+graphs (mag's second hop: 16% of its edge slots used), and the step's kernels walk all of
+it.  With ``fit``, the sampling is one graph and the rest of the step another, built on
+blocks of capacities fitted to the batches seen (``Capacities.fitted``, a margin on top).
+Between the two replays the batch's sizes are read back (one small read; the host then
+waits for the sampling, not for the step): a batch the blocks would not hold grows the
+capacities and runs eagerly on the new ones, and the next batch captures the step again
+(:attr:`CapturedStep.grown` counts the growths).  Nothing is ever cut.
 """
 from __future__ import annotations
 
@@ -50,10 +59,14 @@ class CapturedStep:
         loss: ``loss(logits, labels, count)``, default :func:`masked_cross_entropy`.
         capture: False runs every step eagerly (the same computation; the only choice on
             the CPU, the default there).
+        fit: blocks of capacities fitted to the batches seen, grown when a batch needs more
+            (see the module's docstring); ``margin``: their headroom (1.25: a quarter more
+            than the largest batch seen).
     """
 
     def __init__(self, model, optimizer, loader, x: Optional[torch.Tensor], y: torch.Tensor,
-                 loss: Callable = masked_cross_entropy, capture: Optional[bool] = None):
+                 loss: Callable = masked_cross_entropy, capture: Optional[bool] = None,
+                 fit: bool = False, margin: float = 1.25):
         if loader.static is None:
             raise ValueError("loader must be a NeighborLoader(static=True)")
         graph = loader.graph
@@ -72,11 +85,34 @@ class CapturedStep:
         self.steps = 0
         #: Eager steps and graph replays so far.
         self.eager_steps = self.replays = 0
+        if not margin >= 1.0:
+            raise ValueError(f"margin must be >= 1, got {margin}")
+        self.fit, self.margin = bool(fit), float(margin)
+        #: The fitted capacities (``fit``), and how many times a batch made them grow.
+        self.caps = None
+        self.grown = 0
+        self._sampling: Optional[torch.cuda.CUDAGraph] = None
+        self._sb = self._blocks = None
 
-    def _forward_backward(self) -> torch.Tensor:
-        sb = self.loader.static.sample(self.seeds, self.count)
-        blocks = sb.capacity_blocks(self.loader.graph)
-        n_id = sb.n_id
+    def _fit_to(self, sb) -> bool:
+        """(``fit``) Read the batch's sizes and grow the capacities if they do not hold it;
+        whether they changed."""
+        sizes = sb.sizes()
+        if self.caps is not None and self.caps.holds(sizes):
+            return False
+        if self.caps is not None:
+            self.grown += 1
+        self.caps = self.loader.static.caps.fitted(sizes, self.margin, at_least=self.caps)
+        return True
+
+    def _forward_backward(self, sb=None) -> torch.Tensor:
+        if sb is None:
+            sb = self.loader.static.sample(self.seeds, self.count)
+            if self.fit:
+                self._fit_to(sb)
+        caps = self.caps if self.fit else None
+        blocks = sb.capacity_blocks(self.loader.graph, caps)
+        n_id = sb.n_id_of(caps)
         x_b = None if self.x is None else self.x.index_select(0, n_id)
         logits = self.model(x_b, blocks, n_id=n_id)
         loss = self.loss_fn(logits, self.y.index_select(0, self.seeds), self.count)
@@ -86,25 +122,58 @@ class CapturedStep:
         self._blocks = blocks
         return loss.detach()
 
-    def _eager(self) -> torch.Tensor:
+    def _eager(self, sb=None) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self._forward_backward()
+        loss = self._forward_backward(sb)
         self.optimizer.step()
         self.eager_steps += 1
         return loss
 
-    def _capture(self) -> None:
+    def _side_stream(self, fn):
+        """``fn()`` on a side stream (eager steps among captured ones, as torch's CUDA-graph
+        docs advise for warm-ups)."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            out = fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        return out
+
+    def _new_graph(self) -> torch.cuda.CUDAGraph:
+        g = torch.cuda.CUDAGraph()
+        if hasattr(g, "register_generator_state"):   # torch's path of the sampler, if taken
+            g.register_generator_state(self.loader.generator)
+        return g
+
+    def _capture(self, sb=None) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        gen = self.loader.generator
-        if hasattr(g, "register_generator_state"):   # torch's path of the sampler, if taken
-            g.register_generator_state(gen)
+        g = self._new_graph()
         with torch.cuda.graph(g):
-            self.loss = self._forward_backward()
+            self.loss = self._forward_backward(sb)
             if self.in_graph_optimizer:
                 self.optimizer.step()
         self.graph = g
+
+    def _fitted_step(self) -> torch.Tensor:
+        """A captured step with fitted capacities: the sampling replayed, the sizes read,
+        then the step replayed, or (capacities grown) run eagerly and captured again next."""
+        if self._sampling is None:
+            torch.cuda.synchronize()
+            self._sampling = self._new_graph()
+            with torch.cuda.graph(self._sampling):
+                self._sb = self.loader.static.sample(self.seeds, self.count)
+        self._sampling.replay()
+        if self._fit_to(self._sb):
+            self.graph = self._blocks = None      # (the old step's graph and memory go)
+            return self._side_stream(lambda: self._eager(self._sb))
+        if self.graph is None:
+            self._capture(self._sb)
+        self.graph.replay()
+        if not self.in_graph_optimizer:
+            self.optimizer.step()
+        self.replays += 1
+        return self.loss.clone()
 
     def step(self, seeds: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         if not isinstance(seeds, torch.Tensor) or seeds.shape != self.seeds.shape:
@@ -119,12 +188,9 @@ class CapturedStep:
         if not self.capture:
             return self._eager()
         if self.steps <= WARMUP:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                loss = self._eager()
-            torch.cuda.current_stream().wait_stream(stream)
-            return loss
+            return self._side_stream(self._eager)
+        if self.fit:
+            return self._fitted_step()
         if self.graph is None:
             self._capture()
         self.graph.replay()
