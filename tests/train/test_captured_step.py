@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from hector import Graph
 from hector.loader import NeighborLoader
 from hector.nn import AGNNConv, GATConv, TransformerConv
-from hector.train.captured import CapturedStep, masked_cross_entropy
+from hector.train.captured import CapturedInference, CapturedStep, masked_cross_entropy
 from hector.train.models import Net
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loader"))
@@ -222,6 +222,56 @@ def test_fitted_capacities_hold_what_they_were_fitted_to():
     assert worst.fitted([(8, 10 ** 6, 10 ** 6)] * 2, 2.0) == worst      # never above
     with pytest.raises(ValueError, match="margin"):
         worst.fitted(sizes, 0.5)
+
+
+@pytest.mark.parametrize("kind", ["gat", "rgcn"])
+def test_sampled_inference_gives_the_ordinary_batches_logits(kind):
+    """``CapturedInference`` (eagerly on the CPU): every node's logits equal the model on
+    the same batch's ordinary blocks; rows of other nodes are zero; a second call draws the
+    same neighbourhoods (the sampler's seed restored)."""
+    graph = graph_with_loops() if kind == "gat" else hetero_graph()
+    x = torch.randn(graph.num_nodes, 6)
+    torch.manual_seed(0)
+    model = (TwoLayers(kind, "torch") if kind == "gat"
+             else relational_net(kind, graph, False)).eval()
+    nodes = torch.arange(0, graph.num_nodes, 3)
+    loader = NeighborLoader(graph, [3, 2], input_nodes=nodes, batch_size=7, seed=1,
+                            static=True)
+    infer = CapturedInference(model, loader, x, 3)
+    got = infer().clone()
+    assert torch.equal(infer(), got)
+    want = torch.zeros_like(got)
+    twin = NeighborLoader(graph, [3, 2], input_nodes=nodes, batch_size=7, seed=1, static=True)
+    with torch.no_grad():
+        for seeds, count in twin.seed_batches():
+            batch = twin.static.sample(seeds, count).to_batch(graph, twin.node_type_ptr,
+                                                              graph.node_type_names)
+            want[batch.seed] = model(x[batch.n_id], batch.blocks, n_id=batch.n_id).float()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    others = torch.ones(graph.num_nodes, dtype=torch.bool)
+    others[nodes] = False
+    assert not got[others].any() and got[nodes].abs().sum(1).gt(0).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("kind", ["gat", "rgcn"])
+def test_captured_inference_replays_the_eager_one(kind):
+    graph = (graph_with_loops(num_nodes=400, num_edges=4000) if kind == "gat"
+             else hetero_graph()).to("cuda")
+    x = torch.randn(graph.num_nodes, 6, device="cuda")
+    torch.manual_seed(0)
+    model = (TwoLayers(kind, "auto") if kind == "gat"
+             else relational_net(kind, graph, False, backend="auto")).cuda().eval()
+    outs = []
+    for capture in (False, True):
+        loader = NeighborLoader(graph, [4, 3], input_nodes=torch.arange(0, graph.num_nodes, 2,
+                                device="cuda"), batch_size=12, seed=1, static=True)
+        infer = CapturedInference(model, loader, x, 3, capture=capture)
+        outs.append([infer().clone() for _ in range(2)])
+        if capture:
+            assert infer.replays == 2 * len(loader) - 2 > 0
+    for got in outs[1]:
+        torch.testing.assert_close(got, outs[0][0], atol=1e-4, rtol=1e-4)
 
 
 def test_masked_loss_is_the_mean_over_valid_rows():

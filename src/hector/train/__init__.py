@@ -13,11 +13,11 @@ import argparse
 
 from .defaults import DEFAULTS, MODELS
 from .capture import capture_step
-from .captured import CapturedStep
+from .captured import CapturedInference, CapturedStep
 from .loop import DTYPES, IgnoredRelationsWarning, resolve_config, train
 
 __all__ = ["configure", "run", "train", "train_processes", "capture_step", "CapturedStep",
-           "DEFAULTS", "MODELS", "resolve_config", "IgnoredRelationsWarning"]
+           "CapturedInference", "DEFAULTS", "MODELS", "resolve_config", "IgnoredRelationsWarning"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -45,6 +45,35 @@ def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
     return torch.where(mask, loss, 0.0).sum() / count.clamp(min=1)
 
 
+def _capture_choice(loader, capture: Optional[bool]) -> bool:
+    """Whether to capture (default: on CUDA), after checking the loader is static."""
+    if loader.static is None:
+        raise ValueError("loader must be a NeighborLoader(static=True)")
+    on_cuda = loader.graph.device.type == "cuda"
+    if capture and not on_cuda:
+        raise ValueError("capture=True needs the graph on a CUDA device")
+    return on_cuda if capture is None else bool(capture)
+
+
+def _side_stream(fn):
+    """``fn()`` on a side stream (eager steps among captured ones, as torch's CUDA-graph
+    docs advise for warm-ups)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return out
+
+
+def _new_graph(loader) -> torch.cuda.CUDAGraph:
+    """A CUDA graph that replays ``loader``'s sampling anew (its generator registered)."""
+    g = torch.cuda.CUDAGraph()
+    if hasattr(g, "register_generator_state"):   # torch's path of the sampler, if taken
+        g.register_generator_state(loader.generator)
+    return g
+
+
 class CapturedStep:
     """``step(seeds, count)``: one optimizer step on the batch of ``seeds[:count]`` (as
     ``NeighborLoader.seed_batches`` yields them), returning its loss as a 0-d device tensor.
@@ -67,12 +96,8 @@ class CapturedStep:
     def __init__(self, model, optimizer, loader, x: Optional[torch.Tensor], y: torch.Tensor,
                  loss: Callable = masked_cross_entropy, capture: Optional[bool] = None,
                  fit: bool = False, margin: float = 1.25):
-        if loader.static is None:
-            raise ValueError("loader must be a NeighborLoader(static=True)")
         graph = loader.graph
-        self.capture = graph.device.type == "cuda" if capture is None else bool(capture)
-        if self.capture and graph.device.type != "cuda":
-            raise ValueError("capture=True needs the graph on a CUDA device")
+        self.capture = _capture_choice(loader, capture)
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.x, self.y, self.loss_fn = x, y, loss
         self.in_graph_optimizer = all(g.get("capturable", False)
@@ -129,26 +154,10 @@ class CapturedStep:
         self.eager_steps += 1
         return loss
 
-    def _side_stream(self, fn):
-        """``fn()`` on a side stream (eager steps among captured ones, as torch's CUDA-graph
-        docs advise for warm-ups)."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            out = fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        return out
-
-    def _new_graph(self) -> torch.cuda.CUDAGraph:
-        g = torch.cuda.CUDAGraph()
-        if hasattr(g, "register_generator_state"):   # torch's path of the sampler, if taken
-            g.register_generator_state(self.loader.generator)
-        return g
-
     def _capture(self, sb=None) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-        g = self._new_graph()
+        g = _new_graph(self.loader)
         with torch.cuda.graph(g):
             self.loss = self._forward_backward(sb)
             if self.in_graph_optimizer:
@@ -160,13 +169,13 @@ class CapturedStep:
         then the step replayed, or (capacities grown) run eagerly and captured again next."""
         if self._sampling is None:
             torch.cuda.synchronize()
-            self._sampling = self._new_graph()
+            self._sampling = _new_graph(self.loader)
             with torch.cuda.graph(self._sampling):
                 self._sb = self.loader.static.sample(self.seeds, self.count)
         self._sampling.replay()
         if self._fit_to(self._sb):
             self.graph = self._blocks = None      # (the old step's graph and memory go)
-            return self._side_stream(lambda: self._eager(self._sb))
+            return _side_stream(lambda: self._eager(self._sb))
         if self.graph is None:
             self._capture(self._sb)
         self.graph.replay()
@@ -188,7 +197,7 @@ class CapturedStep:
         if not self.capture:
             return self._eager()
         if self.steps <= WARMUP:
-            return self._side_stream(self._eager)
+            return _side_stream(self._eager)
         if self.fit:
             return self._fitted_step()
         if self.graph is None:
@@ -198,3 +207,68 @@ class CapturedStep:
             self.optimizer.step()
         self.replays += 1
         return self.loss.clone()
+
+
+class CapturedInference:
+    """Sampled inference with each batch one replayed CUDA graph: sampling, blocks, the
+    feature gather and the forward, the batch's logits written into the seeds' rows of one
+    output table.  What ``hector train`` evaluates with when the full graph's forward would
+    not fit; ``__call__()`` returns the logits of the loader's input nodes (other rows zero),
+    every call drawing the same neighbourhoods (the sampler's seed is restored first).
+
+    Args:
+        model: called as ``model(x_b, blocks, n_id=n_id)`` (in the mode of the calls: keep
+            it in ``eval()``, as the captured graph keeps the mode it was captured in).
+        loader: a ``NeighborLoader(static=True)`` over the nodes to predict.
+        x: node features, or None (featureless); ``num_classes``: the logits' width.
+        capture: as :class:`CapturedStep` (the CPU runs every batch eagerly).
+    """
+
+    def __init__(self, model, loader, x: Optional[torch.Tensor], num_classes: int,
+                 capture: Optional[bool] = None):
+        graph = loader.graph
+        self.capture = _capture_choice(loader, capture)
+        self.model, self.loader, self.x = model, loader, x
+        dev, n = graph.device, graph.num_nodes
+        self.seeds = torch.zeros(loader.batch_size, dtype=torch.int64, device=dev)
+        self.count = torch.zeros((), dtype=torch.int64, device=dev)
+        # One spare row past the nodes: a short batch's padded seed slots write there.
+        self.out = torch.zeros(n + 1, num_classes, device=dev)
+        self._slots = torch.arange(loader.batch_size, device=dev)
+        self._seed0 = loader.static.seed.clone()
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.batches = self.replays = 0
+
+    def _forward(self) -> None:
+        sb = self.loader.static.sample(self.seeds, self.count)
+        blocks = sb.capacity_blocks(self.loader.graph)
+        n_id = sb.n_id
+        x_b = None if self.x is None else self.x.index_select(0, n_id)
+        logits = self.model(x_b, blocks, n_id=n_id).float()
+        rows = torch.where(self._slots < self.count, self.seeds, self.out.shape[0] - 1)
+        self.out.index_copy_(0, rows, logits)
+        self._blocks = blocks      # (alive with the graph, as CapturedStep's)
+
+    @torch.no_grad()
+    def __call__(self) -> torch.Tensor:
+        """``[num_nodes, num_classes]`` logits (a view of a buffer the next call rewrites)."""
+        self.loader.static.seed.copy_(self._seed0)
+        self.out.zero_()
+        for seeds, count in self.loader.seed_batches():
+            self.seeds.copy_(seeds)
+            self.count.copy_(count)
+            self.batches += 1
+            if not self.capture:
+                self._forward()
+            elif self.batches <= WARMUP:
+                _side_stream(self._forward)
+            else:
+                if self.graph is None:
+                    torch.cuda.synchronize()
+                    g = _new_graph(self.loader)
+                    with torch.cuda.graph(g):
+                        self._forward()
+                    self.graph = g
+                self.graph.replay()
+                self.replays += 1
+        return self.out[:-1]

@@ -15,9 +15,10 @@ import torch.nn.functional as F
 
 from .. import datasets
 from ..checks import check_device_option, check_output_file
+from ..loader import NeighborLoader
 from . import checkpoint, distributed, memory, minibatch
 from .capture import capture_graph, capture_step
-from .captured import CapturedStep
+from .captured import CapturedInference, CapturedStep
 from .defaults import MODELS, defaults as model_defaults
 from .models import build
 from .selection import Selection, accuracy
@@ -349,8 +350,19 @@ def _train(args, out=None) -> dict:
     opt = make_optimizer(model, cfg, device, capture or batch_capture)
     batch_step = CapturedStep(net, opt, loader, x, y) if batch_capture else None
     eval_nodes = torch.cat([i for i in (train_idx, val_idx, test_idx) if i is not None])
+    # Sampled evaluation replays one graph per batch too when the training step does.
+    sampled_infer = None
+    if sampled_eval and batch_capture:
+        try:
+            sampled_infer = CapturedInference(model, NeighborLoader(
+                data.graph, cfg["fanout"], input_nodes=eval_nodes, batch_size=cfg["batch_size"],
+                seed=cfg["seed"], static=True), x, data.num_classes)
+        except ValueError as err:       # static buffers that would not fit: eager batches
+            print(f"note: sampled evaluation not captured: {err}", file=out)
 
     def predict():
+        if sampled_infer is not None:
+            return sampled_infer()
         if sampled_eval:
             return minibatch.predict_sampled(model, data.graph, x, eval_nodes, cfg,
                                              data.num_classes)
