@@ -233,10 +233,14 @@ CAPTURE_MINIBATCH_MODELS = MODELS
 ONE_RELATION_MODELS = ("gat", "agnn", "transformer")
 
 
-def _capture_wanted(args, cfg, device, out, graph=None, world: int = 1) -> bool:
+def _capture_wanted(args, cfg, device, out, graph=None, world: int = 1,
+                    featureless: bool = False) -> bool:
     """Capture the step on CUDA unless ``--no-capture``: the full-graph step, or with
     ``graph`` (the sampled graph) the mini-batch step.  Models or settings that cannot be
-    captured yet train eagerly, with a note saying why."""
+    captured yet train eagerly, with a note saying why.  ``featureless``: the network
+    learns node tables (an embedding, the featureless RGCN layer); its captured mini-batch
+    step is not used by default until it is measured faster than the eager one (a first
+    measurement ran slower; docs/perf-notes.md, "relational mini-batch steps captured")."""
     if device.type != "cuda" or getattr(args, "no_capture", False):
         return False
     what, models = ("training step", CAPTURE_MODELS) if graph is None else (
@@ -249,6 +253,8 @@ def _capture_wanted(args, cfg, device, out, graph=None, world: int = 1) -> bool:
     elif graph is not None and cfg["model"] in ONE_RELATION_MODELS and (
             graph.num_node_types != 1 or graph.num_relations != 1):
         why = f"model {cfg['model']} on a graph of several node types or relations"
+    elif graph is not None and featureless:
+        why = "a featureless dataset (node tables: not yet measured faster captured)"
     elif cfg["dtype"] != "fp32":
         why = f"--dtype {cfg['dtype']}"
     if why:
@@ -328,7 +334,7 @@ def _train(args, out=None) -> dict:
     if cfg["batch_size"] is None:
         cfg["batch_size"] = minibatch.DEFAULT_BATCH_SIZE if ctx.world > 1 else None
     batch_capture = (cfg["batch_size"] is not None and _capture_wanted(
-        args, cfg, device, out, data.graph, ctx.world))
+        args, cfg, device, out, data.graph, ctx.world, featureless=x is None))
     loader = None
     if cfg["batch_size"] is not None:
         try:
