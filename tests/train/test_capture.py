@@ -84,6 +84,12 @@ def test_minibatch_capture_choice(model):
     assert not _capture_wanted(args, cfg, cuda_dev, out, plain, world=2)
     assert not _capture_wanted(args, cfg, cuda_dev, out, plain, featureless=True)
     assert "featureless" in out.getvalue()
+    forced = p.parse_args(["--model", model, "--dataset", "synthetic:cora", "--capture"])
+    assert _capture_wanted(forced, cfg, cuda_dev, out, plain, featureless=True) == (
+        model in CAPTURE_MINIBATCH_MODELS)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--model", model, "--dataset", "synthetic:cora", "--capture",
+                      "--no-capture"])
     assert "--devices 2" in out.getvalue()
     assert not _capture_wanted(args, cfg, torch.device("cpu"), out, plain)
 

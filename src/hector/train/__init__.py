@@ -68,10 +68,14 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "by the host (one sync) only at these points, where early stopping "
                         "is also noticed (the selection itself freezes on the device)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--no-capture", action="store_true",
-                   help="on CUDA, run the training step and the evaluation eagerly instead "
-                        "of replaying them as captured CUDA graphs (the default for every "
-                        "model in full-graph fp32 training)")
+    cap = p.add_mutually_exclusive_group()
+    cap.add_argument("--no-capture", action="store_true",
+                     help="on CUDA, run the training step and the evaluation eagerly instead "
+                          "of replaying them as captured CUDA graphs (the default for every "
+                          "model in full-graph fp32 training)")
+    cap.add_argument("--capture", action="store_true",
+                     help="on CUDA, capture the mini-batch step where it is not the default "
+                          "yet (a featureless network's)")
 
 
 def run(args: argparse.Namespace) -> int:

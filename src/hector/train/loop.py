@@ -253,8 +253,9 @@ def _capture_wanted(args, cfg, device, out, graph=None, world: int = 1,
     elif graph is not None and cfg["model"] in ONE_RELATION_MODELS and (
             graph.num_node_types != 1 or graph.num_relations != 1):
         why = f"model {cfg['model']} on a graph of several node types or relations"
-    elif graph is not None and featureless:
-        why = "a featureless dataset (node tables: not yet measured faster captured)"
+    elif graph is not None and featureless and not getattr(args, "capture", False):
+        why = ("a featureless dataset (node tables: not yet measured faster captured; "
+               "--capture captures it)")
     elif cfg["dtype"] != "fp32":
         why = f"--dtype {cfg['dtype']}"
     if why:
