@@ -2,8 +2,10 @@
 from .agnn import AGNNConv
 from .gat import GATConv
 from .hgt import HGTConv
+from .kge import ComplEx, DistMult, TransE
 from .rgat import RGATConv
 from .rgcn import RGCNConv
 from .transformer import TransformerConv
 
-__all__ = ["RGCNConv", "RGATConv", "HGTConv", "GATConv", "AGNNConv", "TransformerConv"]
+__all__ = ["RGCNConv", "RGATConv", "HGTConv", "GATConv", "AGNNConv", "TransformerConv",
+           "DistMult", "TransE", "ComplEx"]
