@@ -21,6 +21,10 @@ __all__ = ["configure", "run", "train", "train_processes", "capture_step", "Capt
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", choices=("node", "link"), default="node",
+                   help="node: node classification (default); link: knowledge-graph link "
+                        "prediction (rgcn, rgat or hgt encoder, --decoder; filtered MRR and "
+                        "Hits@1/3/10 on a triples dataset)")
     p.add_argument("--model", required=True, help=f"one of {', '.join(MODELS)}")
     p.add_argument("--dataset", required=True,
                    help="a dataset name (aifb, mutag, cora, citeseer, pubmed, ...)")
@@ -37,6 +41,15 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "validation accuracy stays below its best and validation loss does not "
                         "reach a new low (needs a validation split); the best-accuracy model "
                         "is tested")
+    p.add_argument("--decoder", choices=("distmult", "transe", "complex"),
+                   help="--task link: the triple scorer (default distmult, R-GCN's)")
+    p.add_argument("--negatives", type=int,
+                   help="--task link: negatives per training triple (default 1), each its "
+                        "head or tail replaced by another entity")
+    p.add_argument("--reg", type=float,
+                   help="--task link: L2 penalty on entity rows and relations (default 0.01)")
+    p.add_argument("--eval-every", type=int,
+                   help="--task link: epochs between validation MRR evaluations (default 5)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument("--dtype", default="fp32", choices=DTYPES,
@@ -81,6 +94,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
     from . import distributed
+    if getattr(args, "task", "node") == "link" and ((args.devices or 1) > 1
+                                                    or distributed.under_torchrun()):
+        raise ValueError("--task link runs in one process (drop --devices / torchrun)")
     if distributed.under_torchrun():
         distributed.init(torch.device(args.device))
     elif (args.devices or 1) > 1:

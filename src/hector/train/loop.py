@@ -217,6 +217,9 @@ def train(args, out=None) -> dict:
     # Flushing them is a process-wide switch: on for this run only (torch's default is off).
     torch.set_flush_denormal(True)
     try:
+        if getattr(args, "task", "node") == "link":
+            from .linkpred import train_link
+            return train_link(args, out)
         return _train(args, out)
     finally:
         torch.set_flush_denormal(False)

@@ -1,0 +1,187 @@
+"""``hector train --task link``: knowledge-graph link prediction, R-GCN style (Schlichtkrull et
+al. 2018): a learned entity table feeds a two-layer encoder over the training triples (each
+relation's inverse added as its own relation), which gives every entity a row; a decoder
+(:mod:`hector.nn.kge`) scores triples, and the loss is binary cross-entropy of the training
+triples against negatives drawn by corrupting their heads or tails, plus an L2 penalty on the
+entity rows and relation table (PyG's R-GCN link-prediction example's setup).
+
+Every step runs the encoder on the whole training graph and scores one batch of training
+triples (``--batch-size`` triples, default all of them) and ``--negatives`` negatives each.
+Every ``--eval-every`` epochs the filtered MRR on the validation triples (filtered by the
+training and validation triples: the test triples are never read before the final
+evaluation) decides early stopping (``--patience`` evaluations without a new best); the best
+model's test triples are then ranked, filtered by all three splits.  The last line is
+``RESULT task=link ... mrr=... hits1=... hits3=... hits10=... epoch_time=<ms> ...``.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import datasets
+from ..nn.kge import ComplEx, DistMult, TransE
+from .link import KnownTriples, corrupt, link_metrics
+from .models import Net
+
+#: Encoders and decoders ``--task link`` takes.
+LINK_MODELS = ("rgcn", "rgat", "hgt")
+DECODERS = {"distmult": DistMult, "transe": TransE, "complex": ComplEx}
+#: Defaults where the command line leaves an option out (R-GCN's FB15k-237 setting, with a
+#: smaller width: 500 there, on block-diagonal weights).
+LINK_DEFAULTS = dict(epochs=1000, lr=0.01, hidden=200, heads=1, dropout=0.2, patience=5,
+                     batch_size=None, negatives=1, reg=0.01, eval_every=50, eval_batch=512,
+                     num_bases=None, decoder="distmult")
+
+
+def link_config(args) -> Dict[str, object]:
+    """Validate ``--task link``'s options and merge them over :data:`LINK_DEFAULTS`."""
+    if args.model not in LINK_MODELS:
+        raise ValueError(f"--task link: --model must be one of {', '.join(LINK_MODELS)}, got "
+                         f"{args.model!r}")
+    cfg = dict(LINK_DEFAULTS)
+    for key in ("epochs", "lr", "hidden", "heads", "dropout", "patience", "batch_size",
+                "negatives", "reg", "eval_every", "num_bases", "decoder"):
+        value = getattr(args, key, None)
+        if value is not None:
+            cfg[key] = value
+    if cfg["decoder"] not in DECODERS:
+        raise ValueError(f"--decoder must be one of {', '.join(DECODERS)}, got "
+                         f"{cfg['decoder']!r}")
+    for key in ("epochs", "hidden", "heads", "patience", "negatives", "eval_every"):
+        if not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise ValueError(f"--{key.replace('_', '-')} must be a positive integer, got "
+                             f"{cfg[key]!r}")
+    if cfg["batch_size"] is not None and cfg["batch_size"] < 1:
+        raise ValueError(f"--batch-size must be a positive integer, got {cfg['batch_size']}")
+    if not cfg["lr"] > 0 or not cfg["reg"] >= 0 or not 0 <= cfg["dropout"] < 1:
+        raise ValueError("--lr must be > 0, --reg >= 0 and --dropout in [0, 1)")
+    if cfg["decoder"] == "complex" and cfg["hidden"] % 2:
+        raise ValueError(f"--decoder complex needs an even --hidden, got {cfg['hidden']}")
+    if args.model == "hgt" and cfg["hidden"] % cfg["heads"]:
+        raise ValueError(f"--hidden ({cfg['hidden']}) must be divisible by --heads "
+                         f"({cfg['heads']}) for hgt")
+    cfg.update(model=args.model, dataset=args.dataset, seed=args.seed, device=args.device,
+               backend=args.backend or ("auto" if str(args.device).startswith("cuda")
+                                        else "torch"))
+    return cfg
+
+
+def _splits(data):
+    extra = data.extra or {}
+    if "train_triples" not in extra:
+        raise ValueError(f"--task link: --dataset {data.name} holds no triples (use a knowledge "
+                         "graph: fb15k-237, wn18rr, fb15k, wn18, yago3-10, or 'triples' with "
+                         "--root)")
+    return [extra[f"{s}_triples"].long() for s in ("train", "valid", "test")]
+
+
+def train_link(args, out=None) -> dict:
+    """Run ``hector train --task link``; print progress and the RESULT line to ``out``."""
+    from tqdm import tqdm
+
+    out = out or sys.stdout
+    t_start = time.perf_counter()
+    cfg = link_config(args)
+    device = torch.device(cfg["device"])
+    print("settings task=link " + " ".join(f"{k}={v}" for k, v in cfg.items()), file=out,
+          flush=True)
+    torch.manual_seed(cfg["seed"])
+    data = datasets.load(cfg["dataset"], root=getattr(args, "root", None)).to(device)
+    train, valid, test = (t.to(device) for t in _splits(data))
+    n, r = data.num_nodes, int(data.num_relations)
+    if valid.shape[1] == 0:
+        raise ValueError(f"--dataset {cfg['dataset']}: no validation triples for early stopping")
+    # The encoder's graph: every training triple and its inverse (relation r + R).
+    edge_index = torch.cat([train[[0, 2]], train[[2, 0]]], 1)
+    edge_type = torch.cat([train[1], train[1] + r])
+    h = cfg["hidden"]
+    embed = torch.nn.Embedding(n, h).to(device)    # the encoder's input rows, learned
+    net = Net(cfg["model"], n, h, h, 2 * r, h, cfg["heads"], cfg["dropout"], cfg["num_bases"],
+              cfg["backend"]).to(device)
+    decoder = DECODERS[cfg["decoder"]](r, h).to(device)
+    graph = net.graph_of(edge_index, edge_type, n)
+    params = [*embed.parameters(), *net.parameters(), *decoder.parameters()]
+    opt = torch.optim.Adam(params, lr=cfg["lr"])
+    gen = torch.Generator(device=device).manual_seed(cfg["seed"])
+    known_val = KnownTriples(torch.cat([train, valid], 1), n, r)
+    batch = cfg["batch_size"] or train.shape[1]
+    no_progress = getattr(args, "no_progress", False) or None
+    best, best_epoch, bad, epoch_times = -1.0, 0, 0, []
+    best_state = None
+    bar = tqdm(range(1, cfg["epochs"] + 1), desc=f"link {cfg['model']}/{cfg['dataset']}",
+               unit="epoch", file=sys.stderr, leave=False, disable=no_progress)
+    epoch = 0
+    for epoch in bar:
+        t0 = time.perf_counter()
+        net.train()
+        order = torch.randperm(train.shape[1], generator=gen, device=device)
+        total = torch.zeros((), device=device)
+        for lo in range(0, order.numel(), batch):
+            pos = train[:, order[lo:lo + batch]]
+            neg = corrupt(pos, n, cfg["negatives"], gen)
+            entity = net(embed.weight, graph)
+            scores = torch.cat([decoder(entity[pos[0]], pos[1], entity[pos[2]]),
+                                decoder(entity[neg[0]], neg[1], entity[neg[2]])])
+            labels = torch.cat([torch.ones(pos.shape[1], device=device),
+                                torch.zeros(neg.shape[1], device=device)])
+            loss = F.binary_cross_entropy_with_logits(scores.float(), labels)
+            loss = loss + cfg["reg"] * (entity.pow(2).mean() + decoder.rel.pow(2).mean())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.detach() * pos.shape[1]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        epoch_times.append(time.perf_counter() - t0)
+        if epoch % cfg["eval_every"] and epoch != cfg["epochs"]:
+            continue
+        val = _evaluate(embed, net, decoder, graph, valid, known_val, cfg["eval_batch"])
+        mean_loss = float(total) / train.shape[1]
+        print(f"epoch {epoch:4d}  loss {mean_loss:.4f}  val_mrr {val['mrr']:.4f}  "
+              f"val_hits10 {val['hits10']:.4f}  time {epoch_times[-1]:.3f}s", file=out,
+              flush=True)
+        if val["mrr"] > best:
+            best, best_epoch, bad = val["mrr"], epoch, 0
+            best_state = [copy.deepcopy(m.state_dict()) for m in (embed, net, decoder)]
+        else:
+            bad += 1
+            if bad >= cfg["patience"]:
+                break
+    bar.close()
+    for m, state in zip((embed, net, decoder), best_state):
+        m.load_state_dict(state)
+    known_all = KnownTriples(torch.cat([train, valid, test], 1), n, r)
+    t_eval = time.perf_counter()
+    result = _evaluate(embed, net, decoder, graph, test, known_all, cfg["eval_batch"])
+    eval_s = time.perf_counter() - t_eval
+    result.update(task="link", model=cfg["model"], decoder=cfg["decoder"],
+                  dataset=cfg["dataset"], best_epoch=best_epoch, epochs=epoch,
+                  val_mrr=best, seed=cfg["seed"], device=str(device),
+                  epoch_time=1e3 * sum(epoch_times) / max(len(epoch_times), 1),
+                  test_eval_time=1e3 * eval_s, total_time_s=time.perf_counter() - t_start)
+    fields = ["task", "model", "decoder", "dataset", "mrr", "hits1", "hits3", "hits10",
+              "val_mrr", "best_epoch", "epochs", "seed", "device", "epoch_time",
+              "test_eval_time", "total_time_s"]
+    print("RESULT " + " ".join(f"{k}={_fmt(k, result[k])}" for k in fields), file=out,
+          flush=True)
+    return result
+
+
+def _fmt(key: str, value) -> str:
+    if key in ("epoch_time", "test_eval_time"):
+        return f"{value:.3f}ms"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def _evaluate(embed, net, decoder, graph, triples, known, batch: int) -> Dict[str, float]:
+    net.eval()
+    with torch.no_grad():
+        entity = net(embed.weight, graph).float()
+        return link_metrics(entity, decoder, triples, known, batch_size=batch)

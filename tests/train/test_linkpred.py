@@ -1,0 +1,87 @@
+"""``hector train --task link`` on the CPU: a short run learns (filtered test MRR well above
+the untrained model's) for each encoder; the test triples are ranked once, at the end, and
+filter nothing before; the RESULT line; option checks."""
+import argparse
+import io
+import random
+import re
+
+import pytest
+
+from hector.train import configure, train
+from hector.train import linkpred
+
+
+@pytest.fixture(scope="module")
+def kg(tmp_path_factory):
+    """A triples folder with structure to learn: 'same' joins entities of one of three
+    clusters, 'link' the first cluster to the second (both ways)."""
+    root = tmp_path_factory.mktemp("kg")
+    rnd = random.Random(1)
+    triples = set()
+    for _ in range(400):
+        c = rnd.randrange(3)
+        a, b = rnd.sample(range(c * 10, c * 10 + 10), 2)
+        triples.add((a, "same", b))
+    for _ in range(150):
+        a, b = rnd.randrange(0, 10), rnd.randrange(10, 20)
+        triples.update({(a, "link", b), (b, "link", a)})
+    triples = sorted(triples)
+    rnd.shuffle(triples)
+    v = len(triples) // 10
+    splits = {"train": triples[:-2 * v], "valid": triples[-2 * v:-v], "test": triples[-v:]}
+    for name, rows in splits.items():
+        (root / f"{name}.txt").write_text("".join(f"e{h}\t{r}\te{t}\n" for h, r, t in rows))
+    return root
+
+
+def run(argv):
+    p = argparse.ArgumentParser()
+    configure(p)
+    out = io.StringIO()
+    return train(p.parse_args(argv + ["--no-progress"]), out=out), out.getvalue()
+
+
+@pytest.mark.parametrize("model", ["rgcn", "rgat", "hgt"])
+def test_a_short_run_learns(kg, model):
+    base = ["--task", "link", "--model", model, "--dataset", "triples", "--root", str(kg),
+            "--hidden", "16", "--eval-every", "50"]
+    untrained, _ = run(base + ["--epochs", "1"])
+    trained, text = run(base + ["--epochs", "150"])
+    assert trained["mrr"] > 1.5 * untrained["mrr"] and trained["hits10"] >= 0.8, \
+        (untrained, trained)
+    line = [ln for ln in text.splitlines() if ln.startswith("RESULT ")][-1]
+    for key in ("task=link", f"model={model}", "decoder=distmult", "mrr=", "hits1=", "hits3=",
+                "hits10=", "epoch_time="):
+        assert key in line
+    assert re.search(r"mrr=([0-9.]+)", line).group(1) == f"{trained['mrr']:.4f}"
+
+
+def test_test_triples_are_ranked_once_at_the_end(kg, monkeypatch):
+    calls = []
+    real = linkpred.link_metrics
+
+    def spy(entity, decoder, triples, known, **kw):
+        calls.append((triples.shape[1], known.by_tail.numel()))
+        return real(entity, decoder, triples, known, **kw)
+    monkeypatch.setattr(linkpred, "link_metrics", spy)
+    run(["--task", "link", "--model", "rgcn", "--dataset", "triples", "--root", str(kg),
+         "--hidden", "8", "--epochs", "4", "--eval-every", "2"])
+    sizes = {s: len((kg / f"{s}.txt").read_text().splitlines())
+             for s in ("train", "valid", "test")}
+    assert calls[:-1] == [(sizes["valid"], sizes["train"] + sizes["valid"])] * 2
+    assert calls[-1] == (sizes["test"], sum(sizes.values()))
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--model", "gat"], "--model must be one of rgcn, rgat, hgt"),
+    (["--model", "rgcn", "--decoder", "complex", "--hidden", "7"], "even --hidden"),
+    (["--model", "rgcn", "--negatives", "0"], "--negatives must be a positive integer"),
+    (["--model", "rgcn", "--dataset", "synthetic:cora"], "holds no triples"),
+])
+def test_bad_options_name_the_option(kg, argv, match):
+    base = ["--task", "link", "--dataset", "triples", "--root", str(kg), "--epochs", "1"]
+    if "--dataset" in argv:
+        base = ["--task", "link", "--epochs", "1"]
+    with pytest.raises(ValueError, match=match):
+        run(base + argv)
