@@ -122,29 +122,12 @@ def train_link(args, out=None) -> dict:
     for epoch in bar:
         t0 = time.perf_counter()
         net.train()
-        order = torch.randperm(train.shape[1], generator=gen, device=device)
-        total = torch.zeros((), device=device)
-        for lo in range(0, order.numel(), batch):
-            pos = train[:, order[lo:lo + batch]]
-            neg = corrupt(pos, n, cfg["negatives"], gen)
-            entity = net(embed.weight, graph)
-            scores = torch.cat([decoder(entity[pos[0]], pos[1], entity[pos[2]]),
-                                decoder(entity[neg[0]], neg[1], entity[neg[2]])])
-            labels = torch.cat([torch.ones(pos.shape[1], device=device),
-                                torch.zeros(neg.shape[1], device=device)])
-            loss = F.binary_cross_entropy_with_logits(scores.float(), labels)
-            loss = loss + cfg["reg"] * (entity.pow(2).mean() + decoder.rel.pow(2).mean())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.detach() * pos.shape[1]
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        mean_loss = link_epoch(lambda: net(embed.weight, graph), decoder, opt, train, n,
+                               cfg["negatives"], cfg["reg"], batch, gen)
         epoch_times.append(time.perf_counter() - t0)
         if epoch % cfg["eval_every"] and epoch != cfg["epochs"]:
             continue
         val = _evaluate(embed, net, decoder, graph, valid, known_val, cfg["eval_batch"])
-        mean_loss = float(total) / train.shape[1]
         print(f"epoch {epoch:4d}  loss {mean_loss:.4f}  val_mrr {val['mrr']:.4f}  "
               f"val_hits10 {val['hits10']:.4f}  time {epoch_times[-1]:.3f}s", file=out,
               flush=True)
@@ -173,6 +156,33 @@ def train_link(args, out=None) -> dict:
     print("RESULT " + " ".join(f"{k}={_fmt(k, result[k])}" for k in fields), file=out,
           flush=True)
     return result
+
+
+def link_epoch(encode, decoder, opt, train: torch.Tensor, num_entities: int, negatives: int,
+               reg: float, batch: int, generator: torch.Generator) -> float:
+    """One epoch over the training triples ``[3, T]`` in batches of ``batch`` (shuffled by
+    ``generator``): per batch, ``encode()`` (every entity's row), the decoder on the batch and
+    its ``negatives`` corruptions per triple, binary cross-entropy plus ``reg`` times the
+    entity rows' and relation table's mean squares, a backward and ``opt``'s step.  The mean
+    loss (one host read, after the epoch)."""
+    dev = train.device
+    order = torch.randperm(train.shape[1], generator=generator, device=dev)
+    total = torch.zeros((), device=dev)
+    for lo in range(0, order.numel(), batch):
+        pos = train[:, order[lo:lo + batch]]
+        neg = corrupt(pos, num_entities, negatives, generator)
+        entity = encode()
+        scores = torch.cat([decoder(entity[pos[0]], pos[1], entity[pos[2]]),
+                            decoder(entity[neg[0]], neg[1], entity[neg[2]])])
+        labels = torch.cat([torch.ones(pos.shape[1], device=dev),
+                            torch.zeros(neg.shape[1], device=dev)])
+        loss = F.binary_cross_entropy_with_logits(scores.float(), labels)
+        loss = loss + reg * (entity.pow(2).mean() + decoder.rel.pow(2).mean())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        total += loss.detach() * pos.shape[1]
+    return float(total) / max(train.shape[1], 1)
 
 
 def _fmt(key: str, value) -> str:
