@@ -324,7 +324,7 @@ class StaticSampler:
         """Per (destination, relation): first CSR position, candidates and fan-out.  A row's
         edges are in relation order, so a group is a contiguous range found by a binary
         search in the CSR's (row, relation) keys."""
-        ix, k = self.index, self._fan_t[h]
+        k = self._fan_t[h]
         r = k.numel()
         rr = torch.arange(r + 1, device=dst.device)
         bounds = torch.searchsorted(self._group_key, dst[:, None] * r + rr[None, :])

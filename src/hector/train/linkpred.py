@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 import torch.nn.functional as F

@@ -11,7 +11,7 @@ the device) and row orders device tensors, memoised on the graph's index.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
