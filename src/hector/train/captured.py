@@ -25,6 +25,9 @@ Between the two replays the batch's sizes are read back (one small read; the hos
 waits for the sampling, not for the step): a batch the blocks would not hold grows the
 capacities and runs eagerly on the new ones, and the next batch captures the step again
 (:attr:`CapturedStep.grown` counts the growths).  Nothing is ever cut.
+
+:class:`CapturedInference` does the same for sampled inference: sampling, blocks, gather and
+forward as one graph per batch, the logits written into the seeds' rows of one table.
 """
 from __future__ import annotations
 
