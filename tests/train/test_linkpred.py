@@ -73,11 +73,19 @@ def test_test_triples_are_ranked_once_at_the_end(kg, monkeypatch):
     assert calls[-1] == (sizes["test"], sum(sizes.values()))
 
 
+def test_node_classification_refuses_link_options():
+    with pytest.raises(ValueError, match="--negatives applies to --task link only"):
+        run(["--model", "rgcn", "--dataset", "synthetic:aifb", "--negatives", "3"])
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--model", "gat"], "--model must be one of rgcn, rgat, hgt"),
     (["--model", "rgcn", "--decoder", "complex", "--hidden", "7"], "even --hidden"),
     (["--model", "rgcn", "--negatives", "0"], "--negatives must be a positive integer"),
     (["--model", "rgcn", "--dataset", "synthetic:cora"], "holds no triples"),
+    (["--model", "rgcn", "--checkpoint", "x.pt"], "--checkpoint does not apply to --task link"),
+    (["--model", "rgcn", "--fanout", "5,5"], "--fanout does not apply"),
+    (["--model", "rgcn", "--dtype", "bf16"], "fp32 only"),
 ])
 def test_bad_options_name_the_option(kg, argv, match):
     base = ["--task", "link", "--dataset", "triples", "--root", str(kg), "--epochs", "1"]

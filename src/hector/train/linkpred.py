@@ -38,8 +38,21 @@ LINK_DEFAULTS = dict(epochs=1000, lr=0.01, hidden=200, heads=1, dropout=0.2, pat
                      num_bases=None, decoder="distmult")
 
 
+#: Node classification's options that ``--task link`` does not take (named in an error, not
+#: ignored): option -> its value when left out.
+NODE_ONLY = {"weight_decay": None, "checkpoint": None, "resume": None, "fanout": None,
+             "prefetch": None, "capture": False}
+#: ``--task link``'s own options, which node classification does not take.
+LINK_ONLY = ("decoder", "negatives", "reg", "eval_every")
+
+
 def link_config(args) -> Dict[str, object]:
     """Validate ``--task link``'s options and merge them over :data:`LINK_DEFAULTS`."""
+    for key, unset in NODE_ONLY.items():
+        if getattr(args, key, unset) not in (unset,):
+            raise ValueError(f"--{key.replace('_', '-')} does not apply to --task link")
+    if getattr(args, "dtype", "fp32") != "fp32":
+        raise ValueError("--task link trains in fp32 only (drop --dtype)")
     if args.model not in LINK_MODELS:
         raise ValueError(f"--task link: --model must be one of {', '.join(LINK_MODELS)}, got "
                          f"{args.model!r}")

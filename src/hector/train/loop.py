@@ -20,6 +20,7 @@ from . import checkpoint, distributed, memory, minibatch
 from .capture import capture_graph, capture_step
 from .captured import CapturedInference, CapturedStep
 from .defaults import MODELS, defaults as model_defaults
+from .linkpred import LINK_ONLY, train_link
 from .models import build
 from .selection import Selection, accuracy
 
@@ -61,6 +62,9 @@ def _check_positive(name: str, value, kind=int, allow_zero=False) -> None:
 def resolve_config(args) -> dict:
     """Validate the options and merge them over the (model, dataset family) defaults."""
     model, dataset = args.model, args.dataset
+    for key in LINK_ONLY:
+        if getattr(args, key, None) is not None:
+            raise ValueError(f"--{key.replace('_', '-')} applies to --task link only")
     if model not in MODELS:
         raise ValueError(f"--model must be one of {', '.join(MODELS)}, got {model!r}")
     key = str(dataset).lower().replace("_", "-")
@@ -218,7 +222,6 @@ def train(args, out=None) -> dict:
     torch.set_flush_denormal(True)
     try:
         if getattr(args, "task", "node") == "link":
-            from .linkpred import train_link
             return train_link(args, out)
         return _train(args, out)
     finally:
