@@ -420,7 +420,8 @@ def test_hector_train_runs_the_captured_step_path(model, monkeypatch):
     step runs eagerly: it trains (the loss falls), reports, and says it captured."""
     from hector.train import loop
     monkeypatch.setattr(loop, "_capture_wanted",
-                        lambda args, cfg, device, out, graph=None, world=1: graph is not None)
+                        lambda args, cfg, device, out, graph=None, world=1, **kw:
+                        graph is not None)
     out = io.StringIO()
     result = train(parse("--model", model, "--dataset", "synthetic:cora", "--epochs", "3",
                          "--hidden", "8", "--heads", "2", "--batch-size", "64",
@@ -436,7 +437,8 @@ def test_static_buffers_that_would_not_fit_fall_back_to_eager_batches(monkeypatc
     from hector.loader import static
     from hector.train import loop
     monkeypatch.setattr(loop, "_capture_wanted",
-                        lambda args, cfg, device, out, graph=None, world=1: graph is not None)
+                        lambda args, cfg, device, out, graph=None, world=1, **kw:
+                        graph is not None)
     monkeypatch.setattr(static, "available_bytes", lambda device: 1024)
     out = io.StringIO()
     result = train(parse("--model", "gat", "--dataset", "synthetic:cora", "--epochs", "1",
