@@ -73,6 +73,18 @@ def test_test_triples_are_ranked_once_at_the_end(kg, monkeypatch):
     assert calls[-1] == (sizes["test"], sum(sizes.values()))
 
 
+def test_checkpoint_holds_the_best_model(kg, tmp_path):
+    import torch
+    path = tmp_path / "sub" / "best.pt"
+    result, _ = run(["--task", "link", "--model", "rgcn", "--dataset", "triples", "--root",
+                     str(kg), "--hidden", "8", "--epochs", "6", "--eval-every", "2",
+                     "--checkpoint", str(path)])
+    state = torch.load(path, weights_only=True)
+    assert state["epoch"] == result["best_epoch"] and state["val_mrr"] == result["val_mrr"]
+    assert state["config"]["model"] == "rgcn" and state["embed"]["weight"].shape[1] == 8
+    assert set(state) == {"embed", "encoder", "decoder", "config", "epoch", "val_mrr"}
+
+
 def test_node_classification_refuses_link_options():
     with pytest.raises(ValueError, match="--negatives applies to --task link only"):
         run(["--model", "rgcn", "--dataset", "synthetic:aifb", "--negatives", "3"])
@@ -83,7 +95,7 @@ def test_node_classification_refuses_link_options():
     (["--model", "rgcn", "--decoder", "complex", "--hidden", "7"], "even --hidden"),
     (["--model", "rgcn", "--negatives", "0"], "--negatives must be a positive integer"),
     (["--model", "rgcn", "--dataset", "synthetic:cora"], "holds no triples"),
-    (["--model", "rgcn", "--checkpoint", "x.pt"], "--checkpoint does not apply to --task link"),
+    (["--model", "rgcn", "--resume", "x.pt"], "--resume does not apply to --task link"),
     (["--model", "rgcn", "--fanout", "5,5"], "--fanout does not apply"),
     (["--model", "rgcn", "--dtype", "bf16"], "fp32 only"),
 ])

@@ -12,6 +12,8 @@ training and validation triples: the test triples are never read before the fina
 evaluation) decides early stopping (``--patience`` evaluations without a new best); the best
 model's test triples are then ranked, filtered by all three splits.  The last line is
 ``RESULT task=link ... mrr=... hits1=... hits3=... hits10=... epoch_time=<ms> ...``.
+``--checkpoint PATH`` saves the best model so far (entity table, encoder, decoder, the
+settings, its epoch and validation MRR) at every new best.
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import datasets
+from ..checks import check_output_file
 from ..nn.kge import ComplEx, DistMult, TransE
+from . import checkpoint
 from .link import KnownTriples, corrupt, link_metrics
 from .models import Net
 
@@ -40,8 +44,8 @@ LINK_DEFAULTS = dict(epochs=1000, lr=0.01, hidden=200, heads=1, dropout=0.2, pat
 
 #: Node classification's options that ``--task link`` does not take (named in an error, not
 #: ignored): option -> its value when left out.
-NODE_ONLY = {"weight_decay": None, "checkpoint": None, "resume": None, "fanout": None,
-             "prefetch": None, "capture": False}
+NODE_ONLY = {"weight_decay": None, "resume": None, "fanout": None, "prefetch": None,
+             "capture": False}
 #: ``--task link``'s own options, which node classification does not take.
 LINK_ONLY = ("decoder", "negatives", "reg", "eval_every")
 
@@ -101,6 +105,9 @@ def train_link(args, out=None) -> dict:
     t_start = time.perf_counter()
     cfg = link_config(args)
     device = torch.device(cfg["device"])
+    ckpt = getattr(args, "checkpoint", None)
+    if ckpt:              # (checked before the dataset load and the first epoch)
+        check_output_file(ckpt, "--checkpoint", create_folders=True)
     print("settings task=link " + " ".join(f"{k}={v}" for k, v in cfg.items()), file=out,
           flush=True)
     torch.manual_seed(cfg["seed"])
@@ -147,6 +154,10 @@ def train_link(args, out=None) -> dict:
         if val["mrr"] > best:
             best, best_epoch, bad = val["mrr"], epoch, 0
             best_state = [copy.deepcopy(m.state_dict()) for m in (embed, net, decoder)]
+            if ckpt:
+                checkpoint.save(ckpt, embed=best_state[0], encoder=best_state[1],
+                                decoder=best_state[2], config=dict(cfg), epoch=epoch,
+                                val_mrr=best)
         else:
             bad += 1
             if bad >= cfg["patience"]:
