@@ -164,9 +164,7 @@ def _relational(g: Graph, etype: torch.Tensor, c: Capacity) -> None:
     maps = [build.compact_from_runs(build.compact_runs(end, et, n, r, keys_sorted=sorted_),
                                     total, n, pad_key=pad)
             for end, sorted_ in ((src, False), (dst, True))]
-    g.compact_src, g.compact_dst = (
-        type(m)(m.node.to(idx), m.rel.to(torch.int32), m.rel_ptr.to(idx), m.edge_row.to(idx))
-        for m in maps)
+    g.compact_src, g.compact_dst = (m.narrowed(idx) for m in maps)
     nodes = torch.arange(n, device=dev)
     type_ptr = c.type_ptr.long()
     g.node_type = torch.searchsorted(type_ptr[1:t], nodes, right=True).to(torch.int32)

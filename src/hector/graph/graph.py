@@ -155,8 +155,8 @@ class Graph:
         self.rel_ptr = rel_ptr.to(idx)
         self.node_type_ptr = type_ptr.to(idx)
         self.csr_in = CSR(*(a.to(idx) for a in (self.csr_in.ptr, self.csr_in.col, self.csr_in.eid)))
-        self.compact_src = _narrow_compact(self.compact_src, idx)
-        self.compact_dst = _narrow_compact(self.compact_dst, idx)
+        self.compact_src = self.compact_src.narrowed(idx)
+        self.compact_dst = self.compact_dst.narrowed(idx)
 
     @property
     def csr_out(self) -> CSR:
@@ -363,11 +363,6 @@ class Graph:
                 f"num_relations={self.num_relations}, num_node_types={self.num_node_types}, "
                 f"max_in_degree={self.in_degree.max}, device={self.device}"
                 + (f", num_dst_nodes={self.num_dst_nodes})" if self.is_block else ")"))
-
-
-def _narrow_compact(m: CompactMap, idx: torch.dtype) -> CompactMap:
-    return CompactMap(node=m.node.to(idx), rel=m.rel.to(torch.int32), rel_ptr=m.rel_ptr.to(idx),
-                      edge_row=m.edge_row.to(idx))
 
 
 def _move_value(value, device):

@@ -66,6 +66,11 @@ class CompactMap:
     def num_rows(self) -> int:
         return int(self.node.shape[0])
 
+    def narrowed(self, idx: torch.dtype) -> "CompactMap":
+        """The same map with ids in ``idx`` (a graph's index dtype), relations in int32."""
+        return CompactMap(node=self.node.to(idx), rel=self.rel.to(torch.int32),
+                          rel_ptr=self.rel_ptr.to(idx), edge_row=self.edge_row.to(idx))
+
 
 @dataclass(frozen=True)
 class DegreeStats:

@@ -159,7 +159,7 @@ class StaticBatch:
     def n_id(self) -> torch.Tensor:
         """Global ids of the first layer's input rows (the outermost hop's nodes; padding
         and sinks name ``slot % num_nodes``, spread over the graph)."""
-        return self.hops[-1].node_ids
+        return self.n_id_of()
 
     def capacity_blocks(self, graph, caps: Optional[Capacities] = None) -> list:
         """The hops as capacity blocks (:mod:`hector.graph.capacity`), outermost first like

@@ -69,12 +69,16 @@ def _side_stream(fn):
     return out
 
 
-def _new_graph(loader) -> torch.cuda.CUDAGraph:
-    """A CUDA graph that replays ``loader``'s sampling anew (its generator registered)."""
+def _captured(loader, fn):
+    """(``fn()`` captured as a CUDA graph, its result): the graph replays ``loader``'s
+    sampling anew (its generator registered)."""
+    torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     if hasattr(g, "register_generator_state"):   # torch's path of the sampler, if taken
         g.register_generator_state(loader.generator)
-    return g
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
 
 
 class CapturedStep:
@@ -157,35 +161,35 @@ class CapturedStep:
         self.eager_steps += 1
         return loss
 
-    def _capture(self, sb=None) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        g = _new_graph(self.loader)
-        with torch.cuda.graph(g):
-            self.loss = self._forward_backward(sb)
-            if self.in_graph_optimizer:
-                self.optimizer.step()
-        self.graph = g
+    def _step_graph(self, sb=None):
+        """The step (on ``sb``'s buffers, or sampling too) as one graph; its loss."""
+        loss = self._forward_backward(sb)
+        if self.in_graph_optimizer:
+            self.optimizer.step()
+        return loss
 
-    def _fitted_step(self) -> torch.Tensor:
-        """A captured step with fitted capacities: the sampling replayed, the sizes read,
-        then the step replayed, or (capacities grown) run eagerly and captured again next."""
-        if self._sampling is None:
-            torch.cuda.synchronize()
-            self._sampling = _new_graph(self.loader)
-            with torch.cuda.graph(self._sampling):
-                self._sb = self.loader.static.sample(self.seeds, self.count)
-        self._sampling.replay()
-        if self._fit_to(self._sb):
-            self.graph = self._blocks = None      # (the old step's graph and memory go)
-            return _side_stream(lambda: self._eager(self._sb))
+    def _replay(self, sb=None) -> torch.Tensor:
+        """The step's graph replayed, captured first if there is none yet."""
         if self.graph is None:
-            self._capture(self._sb)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.graph, self.loss = _captured(self.loader, lambda: self._step_graph(sb))
         self.graph.replay()
         if not self.in_graph_optimizer:
             self.optimizer.step()
         self.replays += 1
         return self.loss.clone()
+
+    def _fitted_step(self) -> torch.Tensor:
+        """A captured step with fitted capacities: the sampling replayed, the sizes read,
+        then the step replayed, or (capacities grown) run eagerly and captured again next."""
+        if self._sampling is None:
+            self._sampling, self._sb = _captured(
+                self.loader, lambda: self.loader.static.sample(self.seeds, self.count))
+        self._sampling.replay()
+        if self._fit_to(self._sb):
+            self.graph = self._blocks = None      # (the old step's graph and memory go)
+            return _side_stream(lambda: self._eager(self._sb))
+        return self._replay(self._sb)
 
     def step(self, seeds: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         if not isinstance(seeds, torch.Tensor) or seeds.shape != self.seeds.shape:
@@ -203,13 +207,7 @@ class CapturedStep:
             return _side_stream(self._eager)
         if self.fit:
             return self._fitted_step()
-        if self.graph is None:
-            self._capture()
-        self.graph.replay()
-        if not self.in_graph_optimizer:
-            self.optimizer.step()
-        self.replays += 1
-        return self.loss.clone()
+        return self._replay()
 
 
 class CapturedInference:
@@ -267,11 +265,7 @@ class CapturedInference:
                 _side_stream(self._forward)
             else:
                 if self.graph is None:
-                    torch.cuda.synchronize()
-                    g = _new_graph(self.loader)
-                    with torch.cuda.graph(g):
-                        self._forward()
-                    self.graph = g
+                    self.graph, _ = _captured(self.loader, self._forward)
                 self.graph.replay()
                 self.replays += 1
         return self.out[:-1]

@@ -17,7 +17,7 @@ import torch
 
 from ...kernels.eager import call
 from ...kernels.ptr import split_rows
-from ...kernels.segment_mm.bounds import num_segments, op_args
+from ...kernels.segment_mm.bounds import as_bounds, num_segments, op_args
 from ...kernels.segment_mm.custom_ops import (segment_mm_wgrad_csr_op, segment_mm_wgrad_op,
                                               segment_mm_wgrad_sums_op, segment_sums)
 from ...kernels.segment_mm.op import segment_mm, segment_mm_csr, segment_mm_csr_scatter
@@ -50,8 +50,7 @@ def _gemm_layout(ix: GraphIndex, rs, rows: int):
     key = ("gemm_layout", rs.rows, rs.segments, rows)
     if key not in ix.memo:
         perm = ix.node_perm if rs.segments == "node_type" else None
-        bounds = _host_bounds(ix, rs, rows)
-        ix.memo[key] = (bounds if isinstance(bounds, DeviceBounds) else tuple(bounds), perm)
+        ix.memo[key] = (as_bounds(_host_bounds(ix, rs, rows)), perm)
     return ix.memo[key]
 
 

@@ -25,11 +25,18 @@ from ..sizes import DeviceBounds, cdiv
 Bounds = Union[Tuple[int, ...], DeviceBounds]
 
 
+def as_bounds(bounds: Union[Sequence[int], Bounds]) -> Bounds:
+    """Device bounds as they are; host bounds (any sequence of ints) as a tuple of ints."""
+    if isinstance(bounds, DeviceBounds):
+        return bounds
+    return tuple(int(b) for b in bounds)
+
+
 def layout(bounds: Sequence[int], seg_ptr: Optional[torch.Tensor]) -> Bounds:
     """The bounds a custom operator was called with: host ints, or with ``seg_ptr`` the
     device bounds whose capacity is ``bounds[0]``."""
     if seg_ptr is None:
-        return tuple(int(b) for b in bounds)
+        return as_bounds(bounds)
     return DeviceBounds(seg_ptr, int(bounds[-1]))
 
 

@@ -20,7 +20,7 @@ import torch
 from ...device import interpreting
 from ..eager import call
 from . import launch as _launch
-from .bounds import Bounds, DeviceBounds, layout, num_segments, op_args, total_rows
+from .bounds import Bounds, as_bounds, layout, num_segments, op_args, total_rows
 from .launch import ScheduleChoice, _backward, _forward, out_width, pick_schedule
 from .reference import csr_rows_torch, csr_rows_transposed_torch
 from .spec import GemmSchedule, GemmSpec, default_schedule
@@ -246,11 +246,11 @@ def segment_mm_wgrad_sums_op(x: torch.Tensor, dy: torch.Tensor, gather: Optional
                             prologue=prologue)
 
 
-segment_mm_wgrad_sums_op.register_fake(
-    lambda x, dy, gather, scatter, bounds, prologue="", seg_ptr=None: (
-        _wgrad_fake(x, dy, layout(bounds, seg_ptr)),
-        torch.empty((num_segments(layout(bounds, seg_ptr)), dy.shape[1]), dtype=x.dtype,
-                    device=x.device)))
+@segment_mm_wgrad_sums_op.register_fake
+def _(x, dy, gather, scatter, bounds, prologue="", seg_ptr=None):
+    bounds = layout(bounds, seg_ptr)
+    return (_wgrad_fake(x, dy, bounds),
+            torch.empty((num_segments(bounds), dy.shape[1]), dtype=x.dtype, device=x.device))
 
 
 @torch.library.custom_op("hector::segment_mm_csr", mutates_args=())
@@ -385,7 +385,7 @@ def segment_sums(dy: torch.Tensor, bounds: Union[Sequence[int], Bounds],
     column of ones read at stride 0 (nothing allocated for it): one launch reading ``dy`` once
     over the whole GPU (torch's one-hot product took 0.33 ms where the read takes 0.12 on
     1.9M rows, and ``index_add`` into a few rows serialises on atomics)."""
-    bounds = bounds if isinstance(bounds, DeviceBounds) else tuple(int(b) for b in bounds)
+    bounds = as_bounds(bounds)
     ones = dy.new_ones(1, 1).expand(total_rows(bounds), 1)
     host, seg_ptr = op_args(bounds)
     return call(segment_mm_wgrad_op, ones, dy.contiguous(), None, index, host, "",
@@ -405,7 +405,7 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor,
     """The Triton path of :func:`hector.kernels.segment_mm.op.segment_mm` (inputs already validated;
     ``bounds`` is ``seg_ptr`` as Python ints, or a :class:`.bounds.DeviceBounds`).  A pinned
     schedule runs the ``autograd.Function``; otherwise the ``hector::segment_mm`` custom op."""
-    bounds = bounds if isinstance(bounds, DeviceBounds) else tuple(int(b) for b in bounds)
+    bounds = as_bounds(bounds)
     host, seg_ptr = op_args(bounds)
     n = out_width(weight, transpose_weight)
     gather = gather.contiguous() if gather is not None else None

@@ -204,10 +204,10 @@ def compose(outer: WeightedCSR, inner: WeightedCSR) -> WeightedCSR:
     if outer.cols != inner.rows:
         raise ValueError(f"cannot compose a {outer.rows}x{outer.cols} movement after a "
                          f"{inner.rows}x{inner.cols} one")
-    dev = outer.ptr.device
-    k = outer.col.long()
     if outer.partition and inner.partition:
         return _compose_scatters(outer, inner)
+    dev = outer.ptr.device
+    k = outer.col.long()
     if _one_per_row(inner):      # a gather first: each outer entry is one path, through k
         val = outer.val * inner.val.index_select(0, k)
         return from_coo(outer.row_ids(), inner.col.long().index_select(0, k), val,
@@ -229,22 +229,19 @@ def _compose_scatters(outer: WeightedCSR, inner: WeightedCSR) -> WeightedCSR:
     sum per destination): each column reaches one row by one path, so the product is a
     scatter with an entry per column, sized without a read and with nothing to merge (what
     a capacity block's traversal needs; an ordinary graph saves the read too)."""
-    owner = torch.empty(inner.cols, dtype=torch.int64, device=inner.ptr.device)
-    owner.index_copy_(0, inner.col.long(), inner.row_ids())          # inner row of each col
-    via = torch.empty(outer.cols, dtype=torch.int64, device=outer.ptr.device)
-    via.index_copy_(0, outer.col.long(), torch.arange(outer.nnz, device=outer.ptr.device))
-    entry = via.index_select(0, owner)                  # outer entry each column goes through
-    val = outer.val.index_select(0, entry) * _by_col(inner)
+    first = _entry_of_col(inner)                        # the inner entry of each column
+    entry = _entry_of_col(outer).index_select(0, inner.row_ids().index_select(0, first))
+    val = outer.val.index_select(0, entry) * inner.val.index_select(0, first)
     m = from_coo(outer.row_ids().index_select(0, entry), torch.arange(inner.cols,
                  device=inner.ptr.device), val, outer.rows, inner.cols, distinct=True,
                  col_sorted=True)
     return WeightedCSR(m.ptr, m.col, m.val, m.rows, m.cols, m.bins, partition=True)
 
 
-def _by_col(m: WeightedCSR) -> torch.Tensor:
-    """A partition's values indexed by column."""
-    out = torch.empty(m.cols, dtype=m.val.dtype, device=m.val.device)
-    return out.index_copy_(0, m.col.long(), m.val)
+def _entry_of_col(m: WeightedCSR) -> torch.Tensor:
+    """``[cols]`` int64: the entry holding each column of a partition (one each)."""
+    out = torch.empty(m.cols, dtype=torch.int64, device=m.ptr.device)
+    return out.index_copy_(0, m.col.long(), torch.arange(m.nnz, device=m.ptr.device))
 
 
 def _one_per_row(m: WeightedCSR) -> bool:
