@@ -3,8 +3,7 @@ as bipartite ``Graph`` blocks every hector layer accepts (PyG's ``NeighborLoader
 blocks in one object)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 
