@@ -10,7 +10,7 @@ destinations plus one source per edge, never more than the graph's nodes.  Valid
 a prefix of every buffer; what lies past it is padding, in bounds: an edge's indexes node
 0, a node slot's names graph node ``slot % num_nodes`` (a gather by the slots stays in
 bounds, and a gradient summed back through them -- an embedding table's -- meets no hot row:
-half a million padding slots naming one node serialised that sum).
+a batch's many padding slots naming one node would serialise that sum on it).
 
 Per hop (around the seeds first, like ``NeighborLoader.num_neighbors``):
 
@@ -85,8 +85,8 @@ class Capacities:
         """Capacities for batches of ``sizes`` (per hop, as :meth:`StaticBatch.sizes` reads
         them: destinations, edges, nodes) with ``margin`` headroom (1.25: a quarter more),
         never above these (the worst case) nor below ``at_least`` (what they grow from).
-        Most of a worst-case buffer is padding on a sparse graph (mag's second hop: 16% of
-        its edge slots used), which a step's kernels walk; fitted blocks carry less, and a
+        Most of a worst-case buffer is padding on a sparse graph (figures in
+        docs/perf-notes.md), which a step's kernels walk; fitted blocks carry less, and a
         batch they would not hold is the caller's to detect (:meth:`holds`)."""
         if not margin >= 1.0:
             raise ValueError(f"margin must be >= 1, got {margin}")

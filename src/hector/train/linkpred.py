@@ -121,8 +121,8 @@ def train_link(args, out=None) -> dict:
     edge_type = torch.cat([train[1], train[1] + r])
     h = cfg["hidden"]
     embed = torch.nn.Embedding(n, h).to(device)    # the encoder's input rows, learned
-    # (glorot, not N(0, 1): unit rows through two layers gave DistMult scores in the
-    # hundreds, and a first loss of ~500 on FB15k-237)
+    # (glorot, not N(0, 1): unit rows through two layers give DistMult scores in the
+    # hundreds, so the first losses are huge)
     torch.nn.init.xavier_uniform_(embed.weight)
     net = Net(cfg["model"], n, h, h, 2 * r, h, cfg["heads"], cfg["dropout"], cfg["num_bases"],
               cfg["backend"]).to(device)

@@ -101,7 +101,7 @@ class FeaturelessRGCN(nn.Module):
         else:                             # several node types: through dst_index
             # Edges into a node that is no destination (a capacity block's padding edges
             # between sinks) land in a spare row of that node's, dropped at the end (one
-            # spare row for all of them piled half a million atomic adds onto it).
+            # spare row for all of them would pile every padding edge's atomic add on it).
             position = torch.arange(n_dst, n_dst + block.num_nodes, device=ei.device)
             position[dst] = torch.arange(n_dst, device=ei.device)
             dst_pos, dst_ids = position[ei[1]], n_id[dst]
