@@ -80,9 +80,43 @@ def test_checkpoint_holds_the_best_model(kg, tmp_path):
                      str(kg), "--hidden", "8", "--epochs", "6", "--eval-every", "2",
                      "--checkpoint", str(path)])
     state = torch.load(path, weights_only=True)
-    assert state["epoch"] == result["best_epoch"] and state["val_mrr"] == result["val_mrr"]
-    assert state["config"]["model"] == "rgcn" and state["embed"]["weight"].shape[1] == 8
-    assert set(state) == {"embed", "encoder", "decoder", "config", "epoch", "val_mrr"}
+    assert state["best"]["epoch"] == result["best_epoch"]
+    assert state["best"]["mrr"] == result["val_mrr"] and state["epoch"] == 6
+    assert state["config"]["model"] == "rgcn" and state["config"]["task"] == "link"
+    assert state["best"]["model"]["embed"]["weight"].shape[1] == 8
+    assert set(state["model"]) == {"embed", "encoder", "decoder"}
+
+
+LINK = ["--task", "link", "--dataset", "triples", "--hidden", "8", "--eval-every", "2",
+        "--dropout", "0.3"]
+
+
+@pytest.mark.parametrize("model", ["rgcn", "hgt"])
+def test_resume_continues_as_one_run(kg, tmp_path, model):
+    base = LINK + ["--root", str(kg), "--model", model]
+    whole, whole_text = run(base + ["--epochs", "6"])
+    path = tmp_path / "run.pt"
+    run(base + ["--epochs", "4", "--checkpoint", str(path)])
+    resumed, text = run(base + ["--epochs", "6", "--resume", str(path)])
+    assert "resumed from" in text and "at epoch 4" in text
+    for key in ("mrr", "hits1", "hits10", "val_mrr", "best_epoch", "epochs"):
+        assert resumed[key] == whole[key], key
+    losses = [ln.split()[3] for ln in whole_text.splitlines() if ln.startswith("epoch ")]
+    assert [ln.split()[3] for ln in text.splitlines() if ln.startswith("epoch ")] == losses[2:]
+
+
+def test_resume_refuses_what_does_not_fit(kg, tmp_path):
+    path = tmp_path / "run.pt"
+    base = LINK + ["--root", str(kg), "--model", "rgcn"]
+    run(base + ["--epochs", "2", "--checkpoint", str(path)])
+    with pytest.raises(ValueError, match="hidden=8, not 16"):
+        run(LINK[:-4] + ["--hidden", "16", "--root", str(kg), "--model", "rgcn",
+                         "--epochs", "4", "--eval-every", "2", "--resume", str(path)])
+    with pytest.raises(ValueError, match="at epoch 2 already"):
+        run(base + ["--epochs", "2", "--resume", str(path)])
+    with pytest.raises(ValueError, match="a --task link checkpoint, not --task node"):
+        run(["--model", "rgcn", "--dataset", "synthetic:aifb", "--epochs", "3",
+             "--resume", str(path)])
 
 
 def test_node_classification_refuses_link_options():
@@ -95,7 +129,7 @@ def test_node_classification_refuses_link_options():
     (["--model", "rgcn", "--decoder", "complex", "--hidden", "7"], "even --hidden"),
     (["--model", "rgcn", "--negatives", "0"], "--negatives must be a positive integer"),
     (["--model", "rgcn", "--dataset", "synthetic:cora"], "holds no triples"),
-    (["--model", "rgcn", "--resume", "x.pt"], "--resume does not apply to --task link"),
+    (["--model", "rgcn", "--resume", "missing.pt"], "--resume missing.pt: no such file"),
     (["--model", "rgcn", "--fanout", "5,5"], "--fanout does not apply"),
     (["--model", "rgcn", "--dtype", "bf16"], "fp32 only"),
 ])

@@ -57,7 +57,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("auto", "torch", "triton"),
                    help="layer backend (default: torch on cpu, auto on cuda)")
     p.add_argument("--checkpoint", help="save model, optimizer, epoch and best state here "
-                                        "after every epoch")
+                                        "after every epoch (--task link: every evaluation)")
     p.add_argument("--resume", help="continue from a checkpoint written by --checkpoint")
     p.add_argument("--batch-size", type=int,
                    help="train by mini-batches of this many seed nodes with sampled "

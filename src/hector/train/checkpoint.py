@@ -18,6 +18,9 @@ import torch
 KEYS = ("model", "optimizer", "epoch", "best", "bad_epochs", "loss_floor", "rng", "config")
 #: Settings the saved model and its parameter shapes depend on: a resumed run must agree.
 SHAPING = ("model", "dataset", "hidden", "heads", "num_bases", "first_layer", "dtype")
+#: The same for ``--task link`` checkpoints (``hector.train.linkpred``).
+LINK_KEYS = ("model", "optimizer", "epoch", "best", "bad_epochs", "rng", "config")
+LINK_SHAPING = ("model", "dataset", "hidden", "heads", "num_bases", "decoder")
 
 
 def save(path, **state) -> None:
@@ -29,16 +32,17 @@ def save(path, **state) -> None:
     tmp.replace(path)
 
 
-def _one_line(err: BaseException, limit: int = 300) -> str:
+def one_line(err: BaseException, limit: int = 300) -> str:
     text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
     text = text if len(text) <= limit else text[:limit] + "..."
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def load(path, device, cfg: dict) -> dict:
+def load(path, device, cfg: dict, keys=KEYS, shaping=SHAPING) -> dict:
     """The checkpoint at ``path`` for a run with settings ``cfg``; ValueError (one line)
-    when it cannot be read safely, is not a ``hector train`` checkpoint or is from a run
-    whose model differs."""
+    when it cannot be read safely, is not a ``hector train`` checkpoint (``keys``), is from
+    the other task (``config["task"]``, node classification when absent) or is from a run
+    whose model differs (``shaping``)."""
     where = f"--resume {path}"
     if not Path(path).is_file():
         raise ValueError(f"{where}: no such file")
@@ -47,19 +51,22 @@ def load(path, device, cfg: dict) -> dict:
             # torch warns about pickle protocols it did not write; the outcome is what counts
             warnings.simplefilter("ignore")
             ck = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as err:
+    except pickle.UnpicklingError:
         raise ValueError(f"{where}: refused: the file holds pickled objects other than tensors "
                          "(it could run code when loaded); not loaded") from None
     except Exception as err:      # noqa: BLE001 -- any other file unpickles into any error
         # (a text file: KeyError or IndexError from the unpickler; truncated: EOFError, ...)
         raise ValueError(f"{where}: not a readable checkpoint (truncated or not written by "
-                         f"torch.save: {_one_line(err)})") from None
+                         f"torch.save: {one_line(err)})") from None
     if not isinstance(ck, dict) or not isinstance(ck.get("config"), dict):
         raise ValueError(f"{where}: not a hector train checkpoint (no 'config' entry)")
-    missing = [k for k in KEYS if k not in ck]
+    task, want = ck["config"].get("task", "node"), cfg.get("task", "node")
+    if task != want:
+        raise ValueError(f"{where}: a --task {task} checkpoint, not --task {want}")
+    missing = [k for k in keys if k not in ck]
     if missing:
         raise ValueError(f"{where}: not a hector train checkpoint (missing {', '.join(missing)})")
-    for k in SHAPING:
+    for k in shaping:
         if ck["config"].get(k) != cfg.get(k):
             raise ValueError(f"{where}: the checkpoint is for {k}={ck['config'].get(k)!r}, "
                              f"not {cfg.get(k)!r}")
@@ -74,11 +81,11 @@ def restore(ck: dict, path, model, opt) -> tuple:
         opt.load_state_dict(ck["optimizer"])
     except (RuntimeError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"--resume {path}: the saved model does not fit this run's model "
-                         f"({_one_line(err)})") from None
+                         f"({one_line(err)})") from None
     try:
         out = (int(ck["epoch"]) + 1, dict(ck["best"]), int(ck["bad_epochs"]),
                float(ck["loss_floor"]))
         torch.set_rng_state(ck["rng"].cpu())
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"--resume {path}: damaged training state ({_one_line(err)})") from None
+        raise ValueError(f"--resume {path}: damaged training state ({one_line(err)})") from None
     return out

@@ -12,8 +12,11 @@ training and validation triples: the test triples are never read before the fina
 evaluation) decides early stopping (``--patience`` evaluations without a new best); the best
 model's test triples are then ranked, filtered by all three splits.  The last line is
 ``RESULT task=link ... mrr=... hits1=... hits3=... hits10=... epoch_time=<ms> ...``.
-``--checkpoint PATH`` saves the best model so far (entity table, encoder, decoder, the
-settings, its epoch and validation MRR) at every new best.
+``--checkpoint PATH`` saves the run at every evaluation: the model (entity table, encoder,
+decoder), the optimizer, the random states, the epoch, and the best model so far with its epoch
+and validation MRR (``best``).  ``--resume PATH`` continues such a run from its last
+evaluation, as if never stopped: the same losses and ranks as one uninterrupted run (on the
+CPU; on a GPU up to its atomics' order).
 """
 from __future__ import annotations
 
@@ -44,8 +47,7 @@ LINK_DEFAULTS = dict(epochs=1000, lr=0.01, hidden=200, heads=1, dropout=0.2, pat
 
 #: Node classification's options that ``--task link`` does not take (named in an error, not
 #: ignored): option -> its value when left out.
-NODE_ONLY = {"weight_decay": None, "resume": None, "fanout": None, "prefetch": None,
-             "capture": False}
+NODE_ONLY = {"weight_decay": None, "fanout": None, "prefetch": None, "capture": False}
 #: ``--task link``'s own options, which node classification does not take.
 LINK_ONLY = ("decoder", "negatives", "reg", "eval_every")
 
@@ -105,9 +107,18 @@ def train_link(args, out=None) -> dict:
     t_start = time.perf_counter()
     cfg = link_config(args)
     device = torch.device(cfg["device"])
-    ckpt = getattr(args, "checkpoint", None)
+    ckpt, resume = getattr(args, "checkpoint", None), getattr(args, "resume", None)
     if ckpt:              # (checked before the dataset load and the first epoch)
         check_output_file(ckpt, "--checkpoint", create_folders=True)
+    ck = (checkpoint.load(resume, device, dict(cfg, task="link"), checkpoint.LINK_KEYS,
+                          checkpoint.LINK_SHAPING) if resume else None)
+    if ck is not None and int(ck["epoch"]) >= cfg["epochs"]:
+        raise ValueError(f"--resume {resume}: the run is at epoch {int(ck['epoch'])} already; "
+                         f"nothing left of --epochs {cfg['epochs']} (raise it to continue)")
+    if ck is not None and int(ck["bad_epochs"]) >= cfg["patience"]:
+        raise ValueError(f"--resume {resume}: the run stopped early ({int(ck['bad_epochs'])} "
+                         f"evaluations without a better MRR, --patience {cfg['patience']}); "
+                         "raise --patience to continue it")
     print("settings task=link " + " ".join(f"{k}={v}" for k, v in cfg.items()), file=out,
           flush=True)
     torch.manual_seed(cfg["seed"])
@@ -127,6 +138,7 @@ def train_link(args, out=None) -> dict:
     net = Net(cfg["model"], n, h, h, 2 * r, h, cfg["heads"], cfg["dropout"], cfg["num_bases"],
               cfg["backend"]).to(device)
     decoder = DECODERS[cfg["decoder"]](r, h).to(device)
+    parts = {"embed": embed, "encoder": net, "decoder": decoder}
     graph = net.graph_of(edge_index, edge_type, n)
     params = [*embed.parameters(), *net.parameters(), *decoder.parameters()]
     opt = torch.optim.Adam(params, lr=cfg["lr"])
@@ -134,11 +146,14 @@ def train_link(args, out=None) -> dict:
     known_val = KnownTriples(torch.cat([train, valid], 1), n, r)
     batch = cfg["batch_size"] or train.shape[1]
     no_progress = getattr(args, "no_progress", False) or None
-    best, best_epoch, bad, epoch_times = -1.0, 0, 0, []
-    best_state = None
-    bar = tqdm(range(1, cfg["epochs"] + 1), desc=f"link {cfg['model']}/{cfg['dataset']}",
+    best = {"mrr": -1.0, "epoch": 0, "model": None}
+    bad, epoch_times, start = 0, [], 1
+    if ck is not None:
+        start, best, bad = _restore(ck, resume, parts, opt, gen, device)
+        print(f"resumed from {resume} at epoch {start - 1}", file=out, flush=True)
+    bar = tqdm(range(start, cfg["epochs"] + 1), desc=f"link {cfg['model']}/{cfg['dataset']}",
                unit="epoch", file=sys.stderr, leave=False, disable=no_progress)
-    epoch = 0
+    epoch = start - 1
     for epoch in bar:
         t0 = time.perf_counter()
         net.train()
@@ -151,27 +166,27 @@ def train_link(args, out=None) -> dict:
         print(f"epoch {epoch:4d}  loss {mean_loss:.4f}  val_mrr {val['mrr']:.4f}  "
               f"val_hits10 {val['hits10']:.4f}  time {epoch_times[-1]:.3f}s", file=out,
               flush=True)
-        if val["mrr"] > best:
-            best, best_epoch, bad = val["mrr"], epoch, 0
-            best_state = [copy.deepcopy(m.state_dict()) for m in (embed, net, decoder)]
-            if ckpt:
-                checkpoint.save(ckpt, embed=best_state[0], encoder=best_state[1],
-                                decoder=best_state[2], config=dict(cfg), epoch=epoch,
-                                val_mrr=best)
+        if val["mrr"] > best["mrr"]:
+            best = {"mrr": val["mrr"], "epoch": epoch, "model": _states(parts)}
+            bad = 0
         else:
             bad += 1
-            if bad >= cfg["patience"]:
-                break
+        if ckpt:
+            checkpoint.save(ckpt, model=_states(parts), optimizer=opt.state_dict(),
+                            epoch=epoch, best=best, bad_epochs=bad, rng=_rng_state(gen),
+                            config=dict(cfg, task="link"))
+        if bad >= cfg["patience"]:
+            break
     bar.close()
-    for m, state in zip((embed, net, decoder), best_state):
-        m.load_state_dict(state)
+    for name, m in parts.items():
+        m.load_state_dict(best["model"][name])
     known_all = KnownTriples(torch.cat([train, valid, test], 1), n, r)
     t_eval = time.perf_counter()
     result = _evaluate(embed, net, decoder, graph, test, known_all, cfg["eval_batch"])
     eval_s = time.perf_counter() - t_eval
     result.update(task="link", model=cfg["model"], decoder=cfg["decoder"],
-                  dataset=cfg["dataset"], best_epoch=best_epoch, epochs=epoch,
-                  val_mrr=best, seed=cfg["seed"], device=str(device),
+                  dataset=cfg["dataset"], best_epoch=best["epoch"], epochs=epoch,
+                  val_mrr=best["mrr"], seed=cfg["seed"], device=str(device),
                   epoch_time=1e3 * sum(epoch_times) / max(len(epoch_times), 1),
                   test_eval_time=1e3 * eval_s, total_time_s=time.perf_counter() - t_start)
     fields = ["task", "model", "decoder", "dataset", "mrr", "hits1", "hits3", "hits10",
@@ -180,6 +195,39 @@ def train_link(args, out=None) -> dict:
     print("RESULT " + " ".join(f"{k}={_fmt(k, result[k])}" for k in fields), file=out,
           flush=True)
     return result
+
+
+def _states(parts) -> dict:
+    return {name: copy.deepcopy(m.state_dict()) for name, m in parts.items()}
+
+
+def _rng_state(gen: torch.Generator) -> dict:
+    """Every random state a step draws from: the sampler's generator and torch's (dropout)."""
+    state = {"gen": gen.get_state(), "cpu": torch.get_rng_state()}
+    if gen.device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(gen.device)
+    return state
+
+
+def _restore(ck: dict, path, parts, opt, gen: torch.Generator, device) -> tuple:
+    """Load a ``--task link`` checkpoint into this run: (first epoch to run, best, bad
+    evaluations); ValueError (one line) when it does not fit."""
+    try:
+        for name, m in parts.items():
+            m.load_state_dict(ck["model"][name])
+        opt.load_state_dict(ck["optimizer"])
+        best = dict(ck["best"])
+        best = {"mrr": float(best["mrr"]), "epoch": int(best["epoch"]),
+                "model": best["model"]}
+        rng = ck["rng"]
+        gen.set_state(rng["gen"].cpu())
+        torch.set_rng_state(rng["cpu"].cpu())
+        if "cuda" in rng and torch.device(device).type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"].cpu(), torch.device(device))
+        return int(ck["epoch"]) + 1, best, int(ck["bad_epochs"])
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"--resume {path}: the saved run does not fit this one "
+                         f"({checkpoint.one_line(err)})") from None
 
 
 def link_epoch(encode, decoder, opt, train: torch.Tensor, num_entities: int, negatives: int,
