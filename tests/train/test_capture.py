@@ -66,8 +66,7 @@ def test_every_model_is_captured_on_cuda_in_fp32(model):
 def test_minibatch_capture_choice(model):
     """Mini-batches: the attention models on a graph of one node type and one relation and
     the relational models on any graph are captured on CUDA; the attention models on a
-    relational graph, several processes and featureless networks are not, with a note
-    each."""
+    relational graph and several processes are not, with a note each."""
     from hector.train.loop import CAPTURE_MINIBATCH_MODELS, ONE_RELATION_MODELS
     from hector import Graph
     p = _parser()
@@ -82,14 +81,6 @@ def test_minibatch_capture_choice(model):
         model in CAPTURE_MINIBATCH_MODELS and model not in ONE_RELATION_MODELS)
     assert set(CAPTURE_MINIBATCH_MODELS) == set(MODELS)
     assert not _capture_wanted(args, cfg, cuda_dev, out, plain, world=2)
-    assert not _capture_wanted(args, cfg, cuda_dev, out, plain, featureless=True)
-    assert "featureless" in out.getvalue()
-    forced = p.parse_args(["--model", model, "--dataset", "synthetic:cora", "--capture"])
-    assert _capture_wanted(forced, cfg, cuda_dev, out, plain, featureless=True) == (
-        model in CAPTURE_MINIBATCH_MODELS)
-    with pytest.raises(SystemExit):
-        p.parse_args(["--model", model, "--dataset", "synthetic:cora", "--capture",
-                      "--no-capture"])
     assert "--devices 2" in out.getvalue()
     assert not _capture_wanted(args, cfg, torch.device("cpu"), out, plain)
 

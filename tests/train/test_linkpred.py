@@ -131,6 +131,7 @@ def test_node_classification_refuses_link_options():
     (["--model", "rgcn", "--dataset", "synthetic:cora"], "holds no triples"),
     (["--model", "rgcn", "--resume", "missing.pt"], "--resume missing.pt: no such file"),
     (["--model", "rgcn", "--fanout", "5,5"], "--fanout does not apply"),
+    (["--model", "rgcn", "--clip", "-1"], "--clip >= 0"),
     (["--model", "rgcn", "--dtype", "bf16"], "fp32 only"),
 ])
 def test_bad_options_name_the_option(kg, argv, match):
@@ -139,3 +140,31 @@ def test_bad_options_name_the_option(kg, argv, match):
         base = ["--task", "link", "--epochs", "1"]
     with pytest.raises(ValueError, match=match):
         run(base + argv)
+
+
+@pytest.mark.parametrize("clip", [0.0, 1e-3])
+def test_link_epoch_clips_the_gradient_norm(clip):
+    import torch
+    from hector.nn import DistMult
+    torch.manual_seed(0)
+    n, dim = 30, 8
+    table = torch.nn.Parameter(torch.randn(n, dim) * 3)
+    decoder = DistMult(2, dim)
+    opt = torch.optim.SGD([table, *decoder.parameters()], lr=0.1)
+    norms = []
+    real_step = opt.step
+
+    def step(*a, **kw):      # the gradients' total norm where the optimizer reads them
+        norms.append(float(torch.cat([p.grad.reshape(-1) for g in opt.param_groups
+                                      for p in g["params"]]).norm()))
+        return real_step(*a, **kw)
+    opt.step = step
+    train = torch.stack([torch.randint(0, n, (40,)), torch.randint(0, 2, (40,)),
+                         torch.randint(0, n, (40,))])
+    linkpred.link_epoch(lambda: table * 1.0, decoder, opt, train, n, 2, 0.01, 10,
+                        torch.Generator().manual_seed(0), clip)
+    assert len(norms) == 4
+    if clip:
+        assert max(norms) <= clip * 1.001
+    else:
+        assert min(norms) > 1e-2         # (unclipped: far above the other case's bound)

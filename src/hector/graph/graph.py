@@ -298,7 +298,8 @@ class Graph:
         n, idx = self.num_nodes, self.index_dtype
         view.num_node_types, view.node_types_contiguous, view.node_perm = 1, True, None
         view.node_type = torch.zeros(n, dtype=torch.int32, device=self.device)
-        view.node_type_ptr = torch.tensor([0, n], dtype=idx, device=self.device)
+        # (made on the device, not copied from the host: a captured step derives this view)
+        view.node_type_ptr = torch.arange(2, dtype=idx, device=self.device) * n
         view.host_ptr = dict(self.host_ptr, node=[0, n])
         view.node_type_names, view.relation_names = [name], relation_names
         view._derived, view._device_copies = {}, {self.device: view}

@@ -49,7 +49,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reg", type=float,
                    help="--task link: L2 penalty on entity rows and relations (default 0.01)")
     p.add_argument("--eval-every", type=int,
-                   help="--task link: epochs between validation MRR evaluations (default 5)")
+                   help="--task link: epochs between validation MRR evaluations (default 50)")
+    p.add_argument("--clip", type=float,
+                   help="--task link: clip the gradients' total norm to this (default 1.0, "
+                        "as PyG's R-GCN example; 0: no clipping)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument("--dtype", default="fp32", choices=DTYPES,
@@ -81,14 +84,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "by the host (one sync) only at these points, where early stopping "
                         "is also noticed (the selection itself freezes on the device)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    cap = p.add_mutually_exclusive_group()
-    cap.add_argument("--no-capture", action="store_true",
-                     help="on CUDA, run the training step and the evaluation eagerly instead "
-                          "of replaying them as captured CUDA graphs (the default for every "
-                          "model in full-graph fp32 training)")
-    cap.add_argument("--capture", action="store_true",
-                     help="on CUDA, capture the mini-batch step where it is not the default "
-                          "yet (a featureless network's)")
+    p.add_argument("--no-capture", action="store_true",
+                   help="on CUDA, run the training step and the evaluation eagerly instead "
+                        "of replaying them as captured CUDA graphs (the default for every "
+                        "model in full-graph fp32 training, and for mini-batches)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -42,14 +42,14 @@ DECODERS = {"distmult": DistMult, "transe": TransE, "complex": ComplEx}
 #: smaller width: 500 there, on block-diagonal weights).
 LINK_DEFAULTS = dict(epochs=1000, lr=0.01, hidden=200, heads=1, dropout=0.2, patience=5,
                      batch_size=None, negatives=1, reg=0.01, eval_every=50, eval_batch=512,
-                     num_bases=None, decoder="distmult")
+                     num_bases=None, decoder="distmult", clip=1.0)
 
 
 #: Node classification's options that ``--task link`` does not take (named in an error, not
 #: ignored): option -> its value when left out.
-NODE_ONLY = {"weight_decay": None, "fanout": None, "prefetch": None, "capture": False}
+NODE_ONLY = {"weight_decay": None, "fanout": None, "prefetch": None}
 #: ``--task link``'s own options, which node classification does not take.
-LINK_ONLY = ("decoder", "negatives", "reg", "eval_every")
+LINK_ONLY = ("decoder", "negatives", "reg", "eval_every", "clip")
 
 
 def link_config(args) -> Dict[str, object]:
@@ -64,7 +64,7 @@ def link_config(args) -> Dict[str, object]:
                          f"{args.model!r}")
     cfg = dict(LINK_DEFAULTS)
     for key in ("epochs", "lr", "hidden", "heads", "dropout", "patience", "batch_size",
-                "negatives", "reg", "eval_every", "num_bases", "decoder"):
+                "negatives", "reg", "eval_every", "num_bases", "decoder", "clip"):
         value = getattr(args, key, None)
         if value is not None:
             cfg[key] = value
@@ -77,8 +77,9 @@ def link_config(args) -> Dict[str, object]:
                              f"{cfg[key]!r}")
     if cfg["batch_size"] is not None and cfg["batch_size"] < 1:
         raise ValueError(f"--batch-size must be a positive integer, got {cfg['batch_size']}")
-    if not cfg["lr"] > 0 or not cfg["reg"] >= 0 or not 0 <= cfg["dropout"] < 1:
-        raise ValueError("--lr must be > 0, --reg >= 0 and --dropout in [0, 1)")
+    if not cfg["lr"] > 0 or not cfg["reg"] >= 0 or not 0 <= cfg["dropout"] < 1 \
+            or not cfg["clip"] >= 0:
+        raise ValueError("--lr must be > 0, --reg >= 0, --clip >= 0 and --dropout in [0, 1)")
     if cfg["decoder"] == "complex" and cfg["hidden"] % 2:
         raise ValueError(f"--decoder complex needs an even --hidden, got {cfg['hidden']}")
     if args.model == "hgt" and cfg["hidden"] % cfg["heads"]:
@@ -158,7 +159,7 @@ def train_link(args, out=None) -> dict:
         t0 = time.perf_counter()
         net.train()
         mean_loss = link_epoch(lambda: net(embed.weight, graph), decoder, opt, train, n,
-                               cfg["negatives"], cfg["reg"], batch, gen)
+                               cfg["negatives"], cfg["reg"], batch, gen, cfg["clip"])
         epoch_times.append(time.perf_counter() - t0)
         if epoch % cfg["eval_every"] and epoch != cfg["epochs"]:
             continue
@@ -231,12 +232,13 @@ def _restore(ck: dict, path, parts, opt, gen: torch.Generator, device) -> tuple:
 
 
 def link_epoch(encode, decoder, opt, train: torch.Tensor, num_entities: int, negatives: int,
-               reg: float, batch: int, generator: torch.Generator) -> float:
+               reg: float, batch: int, generator: torch.Generator, clip: float = 1.0) -> float:
     """One epoch over the training triples ``[3, T]`` in batches of ``batch`` (shuffled by
     ``generator``): per batch, ``encode()`` (every entity's row), the decoder on the batch and
     its ``negatives`` corruptions per triple, binary cross-entropy plus ``reg`` times the
-    entity rows' and relation table's mean squares, a backward and ``opt``'s step.  The mean
-    loss (one host read, after the epoch)."""
+    entity rows' and relation table's mean squares, a backward, the gradients' total norm
+    clipped to ``clip`` (0: not clipped; computed on the device, no read) and ``opt``'s step.
+    The mean loss (one host read, after the epoch)."""
     dev = train.device
     order = torch.randperm(train.shape[1], generator=generator, device=dev)
     total = torch.zeros((), device=dev)
@@ -252,6 +254,9 @@ def link_epoch(encode, decoder, opt, train: torch.Tensor, num_entities: int, neg
         loss = loss + reg * (entity.pow(2).mean() + decoder.rel.pow(2).mean())
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]],
+                                           clip)
         opt.step()
         total += loss.detach() * pos.shape[1]
     return float(total) / max(train.shape[1], 1)

@@ -239,14 +239,10 @@ CAPTURE_MINIBATCH_MODELS = MODELS
 ONE_RELATION_MODELS = ("gat", "agnn", "transformer")
 
 
-def _capture_wanted(args, cfg, device, out, graph=None, world: int = 1,
-                    featureless: bool = False) -> bool:
+def _capture_wanted(args, cfg, device, out, graph=None, world: int = 1) -> bool:
     """Capture the step on CUDA unless ``--no-capture``: the full-graph step, or with
     ``graph`` (the sampled graph) the mini-batch step.  Models or settings that cannot be
-    captured yet train eagerly, with a note saying why.  ``featureless``: the network
-    learns node tables (an embedding, the featureless RGCN layer); its captured mini-batch
-    step is not used by default until it is measured faster than the eager one (a first
-    measurement ran slower; docs/perf-notes.md, "relational mini-batch steps captured")."""
+    captured yet train eagerly, with a note saying why."""
     if device.type != "cuda" or getattr(args, "no_capture", False):
         return False
     what, models = ("training step", CAPTURE_MODELS) if graph is None else (
@@ -259,9 +255,6 @@ def _capture_wanted(args, cfg, device, out, graph=None, world: int = 1,
     elif graph is not None and cfg["model"] in ONE_RELATION_MODELS and (
             graph.num_node_types != 1 or graph.num_relations != 1):
         why = f"model {cfg['model']} on a graph of several node types or relations"
-    elif graph is not None and featureless and not getattr(args, "capture", False):
-        why = ("a featureless dataset (node tables: not yet measured faster captured; "
-               "--capture captures it)")
     elif cfg["dtype"] != "fp32":
         why = f"--dtype {cfg['dtype']}"
     if why:
@@ -341,7 +334,7 @@ def _train(args, out=None) -> dict:
     if cfg["batch_size"] is None:
         cfg["batch_size"] = minibatch.DEFAULT_BATCH_SIZE if ctx.world > 1 else None
     batch_capture = (cfg["batch_size"] is not None and _capture_wanted(
-        args, cfg, device, out, data.graph, ctx.world, featureless=x is None))
+        args, cfg, device, out, data.graph, ctx.world))
     loader = None
     if cfg["batch_size"] is not None:
         try:
@@ -361,7 +354,8 @@ def _train(args, out=None) -> dict:
     # CUDA-graph capture of the full-graph step (one process, no mini-batches).
     capture = loader is None and ctx.world == 1 and _capture_wanted(args, cfg, device, out)
     opt = make_optimizer(model, cfg, device, capture or batch_capture)
-    batch_step = CapturedStep(net, opt, loader, x, y) if batch_capture else None
+    # (blocks on capacities fitted to the batches seen: the worst case is mostly padding)
+    batch_step = CapturedStep(net, opt, loader, x, y, fit=True) if batch_capture else None
     eval_nodes = torch.cat([i for i in (train_idx, val_idx, test_idx) if i is not None])
     # Sampled evaluation replays one graph per batch too when the training step does.
     sampled_infer = None
@@ -488,6 +482,8 @@ def _train(args, out=None) -> dict:
                   # the evaluation forward, metrics and model selection
                   eval_time=_median(eval_times),
                   captured=step is not None or batch_step is not None,
+                  # batches that outgrew the fitted capacities (each ran eagerly)
+                  capacity_growths=batch_step.grown if batch_step is not None else None,
                   # mini-batch epochs: ms per batch of each phase (median over the epochs
                   # after the first, which compiles kernels)
                   batch_ms=_batch_ms(splits),
@@ -503,6 +499,8 @@ def _train(args, out=None) -> dict:
                f"step_time={result['step_time'] * 1e3:.3f}ms "
                f"eval_time={result['eval_time'] * 1e3:.3f}ms "
                f"captured={'yes' if result['captured'] else 'no'} " if epoch_times else "")
+            + (f"capacity_growths={result['capacity_growths']} "
+               if result["capacity_growths"] is not None else "")
             + "".join(f"{k}_ms={v:.3f} " for k, v in (result["batch_ms"] or {}).items())
             + f"train_time_s={result['train_time']:.2f} total_time_s={result['total_time']:.2f}")
     print(line, file=out, flush=True)
