@@ -43,7 +43,7 @@ _HERE = Path(__file__).parent
 TEMPLATE_DIRS = (_HERE / "templates", _HERE / "attention" / "templates",
                  _HERE / "segment_mm" / "templates", _HERE / "traversal" / "templates",
                  _HERE / "edgewise" / "templates", _HERE / "stats" / "templates",
-                 _HERE / "sampling" / "templates")
+                 _HERE / "sampling" / "templates", _HERE / "ranking" / "templates")
 #: Shared macros every template may import; their text is part of every kernel's hash.
 MACROS = ("_macros.py.j2",)
 #: Default cache folder (``$HECTOR_CACHE_DIR`` overrides it).
@@ -127,6 +127,9 @@ KERNELS: Mapping[str, Entry] = MappingProxyType({
     "edge_softmax_bwd_rows": Entry("edge_softmax.py.j2", "edge_softmax_bwd_rows_kernel",
                                    _SOFTMAX),
     "edgewise": Entry("edgewise.py.j2", "edgewise_kernel", _EDGEWISE_EXAMPLE),
+    "rank_counts": Entry("rank_counts.py.j2", "rank_counts_kernel",
+                         dict(kind=("dot", "l1", "l2"), mode=("truth", "count"),
+                              input_precision=_PRECISIONS)),
 })
 
 _lock = threading.RLock()

@@ -11,7 +11,10 @@ encoder's output rows, e.g. R-GCN's) and a relation table of their own.
 Each scores given triples (``forward``) and, for link prediction's ranking, one side of a
 batch of queries against every entity at once (``score_tails`` for ``(h, r, ?)``,
 ``score_heads`` for ``(?, r, t)``): one ``[B, D] x [D, N]`` product for DistMult and ComplEx,
-``torch.cdist`` for TransE, with no ``[B, N, D]`` intermediate.
+``torch.cdist`` for TransE, with no ``[B, N, D]`` intermediate.  Each forms that table from one
+query row per query scored against the entity rows as they are (``ranking_rows``: the row and
+its score kind), so link prediction's ranking kernel can rank every entity without it
+(:mod:`hector.kernels.ranking`).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import torch
 from torch import nn
 
 from .. import checks as C
+from ..kernels.ranking.reference import scores_torch
 
 
 class _Decoder(nn.Module):
@@ -72,6 +76,18 @@ class _Decoder(nn.Module):
         self._check(rel, tail)
         return self._all(tail, self.rel[rel], entities, tails=False)
 
+    def ranking_rows(self, known: torch.Tensor, rel: torch.Tensor, tails: bool):
+        """``(q, kind)``: the all-entity scores of the queries ``(known, rel, ?)`` (``tails``)
+        or ``(?, rel, known)`` are ``scores_torch(q, entities, kind)``
+        (:func:`hector.kernels.ranking.scores_torch`), ``q`` ``[B, D']`` one row per query
+        and ``kind`` "dot", "l1" or "l2"; ``known`` ``[B, dim]`` entity rows."""
+        self._check(rel, known)
+        return self._rows(known, self.rel[rel], tails)
+
+    def _all(self, known, w, entities, tails: bool):
+        q, kind = self._rows(known, w, tails)
+        return scores_torch(q, entities, kind)
+
 
 class DistMult(_Decoder):
     r"""DistMult: :math:`\sum_i e_{h,i} w_{r,i} e_{t,i}` (diagonal relation matrices,
@@ -85,8 +101,8 @@ class DistMult(_Decoder):
     def _score(self, h, w, t):
         return (h * w * t).sum(1)
 
-    def _all(self, known, w, entities, tails: bool):
-        return (known * w) @ entities.t()
+    def _rows(self, known, w, tails: bool):
+        return known * w, "dot"
 
 
 class TransE(_Decoder):
@@ -106,10 +122,9 @@ class TransE(_Decoder):
     def _score(self, h, w, t):
         return -torch.linalg.vector_norm(h + w - t, ord=self.p, dim=1)
 
-    def _all(self, known, w, entities, tails: bool):
+    def _rows(self, known, w, tails: bool):
         # tails: |(h + w) - e|; heads: |e + w - t| = |e - (t - w)|
-        anchor = known + w if tails else known - w
-        return -torch.cdist(anchor, entities, p=float(self.p))
+        return (known + w if tails else known - w), ("l1" if self.p == 1 else "l2")
 
 
 class ComplEx(_Decoder):
@@ -131,10 +146,10 @@ class ComplEx(_Decoder):
         (hr, hi), (wr, wi), (tr, ti) = self._parts(h), self._parts(w), self._parts(t)
         return (hr * wr * tr + hi * wr * ti + hr * wi * ti - hi * wi * tr).sum(1)
 
-    def _all(self, known, w, entities, tails: bool):
+    def _rows(self, known, w, tails: bool):
         (kr, ki), (wr, wi) = self._parts(known), self._parts(w)
         if tails:      # Re((h w) conj(t)): coefficients of t's real and imaginary parts
             a, b = kr * wr - ki * wi, ki * wr + kr * wi
         else:          # Re(h (w conj(t))): coefficients of h's real and imaginary parts
             a, b = wr * kr + wi * ki, wr * ki - wi * kr
-        return torch.cat([a, b], 1) @ entities.t()
+        return torch.cat([a, b], 1), "dot"

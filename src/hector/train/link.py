@@ -14,6 +14,8 @@ from typing import Callable, Dict, Optional
 import torch
 
 from .. import checks as C
+from ..kernels import ranking
+from ..kernels.ranking.reference import ranks_from_scores
 
 #: Hits@k reported by :func:`link_metrics`.
 HITS = (1, 3, 10)
@@ -83,32 +85,40 @@ class KnownTriples:
         at = start + torch.arange(which.numel(), device=query.device)
         return which, keys[at] - query[which] * n
 
+    def filters(self, query: torch.Tensor, tails: bool):
+        """``(ptr, col)``: :meth:`answers` as a CSR over the ``[B]`` queries (query ``i``'s
+        known answers, sorted, are ``col[ptr[i]:ptr[i + 1]]``), the filter of
+        :func:`hector.kernels.ranking.filtered_ranks`; built on the device from the pairs,
+        with no host read of its own."""
+        which, answer = self.answers(query, tails)
+        # ``which`` is sorted: row i's pairs start where the first row >= i stands.
+        ptr = torch.searchsorted(which, torch.arange(query.numel() + 1, device=query.device))
+        return ptr, answer
+
 
 def filtered_ranks(scores: torch.Tensor, truth: torch.Tensor, query: torch.Tensor,
                    known: KnownTriples, tails: bool) -> torch.Tensor:
     """``[B]`` float ranks of ``truth`` (``[B]`` entity ids) in each row of ``scores``
     ``[B, N]``, the query's other known answers left out, ties counting half."""
-    which, answer = known.answers(query, tails)
-    scores = scores.clone()
-    other = answer != truth[which]
-    scores[which[other], answer[other]] = float("-inf")
-    rows = torch.arange(truth.numel(), device=truth.device)
-    mine = scores[rows, truth].unsqueeze(1)
-    greater = (scores > mine).sum(1)
-    equal = (scores == mine).sum(1) - 1
-    return 1.0 + greater.double() + equal.double() / 2
+    return ranks_from_scores(scores, truth, *known.filters(query, tails))
 
 
 def link_metrics(entity: torch.Tensor, decoder, triples: torch.Tensor, known: KnownTriples,
-                 batch_size: int = 512,
-                 progress: Optional[Callable[[int], None]] = None) -> Dict[str, float]:
+                 batch_size: int = 512, progress: Optional[Callable[[int], None]] = None,
+                 backend: str = "auto") -> Dict[str, float]:
     """Filtered ``mrr`` and ``hits1``/``hits3``/``hits10`` of ``triples`` ``[3, T]`` over every
     entity, both directions (tails of ``(h, r, ?)`` and heads of ``(?, r, t)``, 2T ranks),
     ``entity`` ``[N, dim]`` the encoder's rows and ``decoder`` a :mod:`hector.nn.kge` one.
-    Scores ``batch_size`` queries against all entities at a time (a ``[batch, N]`` table);
-    ``progress(n)`` is called with each batch's query count.  One host read at the end."""
+    Ranks ``batch_size`` queries against all entities at a time: on CUDA (``backend``
+    "auto", fp32/fp16/bf16 rows) with the fused kernel of
+    :func:`hector.kernels.ranking.filtered_ranks`, which never forms the ``[batch, N]`` score
+    table; elsewhere, or with ``backend="torch"``, through that table; ``backend="triton"``
+    runs the kernel on any device (Triton's interpreter on the CPU).  ``progress(n)`` is
+    called with each batch's query count.  One host read at the end."""
     _check_triples(triples, "triples", known.num_entities, known.num_relations)
     C.check_size(batch_size, "batch_size")
+    if backend not in ranking.BACKENDS:
+        raise ValueError(f"backend must be one of {ranking.BACKENDS}, got {backend!r}")
     if entity.dim() != 2 or entity.shape[0] != known.num_entities:
         raise ValueError(f"entity must be [num_entities={known.num_entities}, dim], got "
                          f"{tuple(entity.shape)}")
@@ -117,10 +127,12 @@ def link_metrics(entity: torch.Tensor, decoder, triples: torch.Tensor, known: Kn
     with torch.no_grad():
         for lo in range(0, triples.shape[1], batch_size):
             h, r, t = triples[:, lo:lo + batch_size].long()
-            tail_scores = decoder.score_tails(entity[h], r, entity)
-            ranks.append(filtered_ranks(tail_scores, t, h * rr + r, known, tails=True))
-            head_scores = decoder.score_heads(r, entity[t], entity)
-            ranks.append(filtered_ranks(head_scores, h, t * rr + r, known, tails=False))
+            # tails of (h, r, ?), then heads of (?, r, t)
+            for tails, given, truth in ((True, h, t), (False, t, h)):
+                q, kind = decoder.ranking_rows(entity[given], r, tails)
+                ptr, col = known.filters(given * rr + r, tails)
+                ranks.append(ranking.filtered_ranks(q, entity, kind, truth, ptr, col,
+                                                    backend=backend))
             if progress is not None:
                 progress(h.numel())
     rank = torch.cat(ranks) if ranks else torch.zeros(0, dtype=torch.float64)
