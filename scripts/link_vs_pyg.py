@@ -21,7 +21,7 @@ import torch
 from hector import Graph, datasets
 from hector.nn import DistMult, RGCNConv
 from hector.train.link import KnownTriples, link_metrics
-from hector.train.linkpred import link_epoch
+from hector.train.linkpred import link_epoch, whole_graph
 
 
 class Encoder(torch.nn.Module):
@@ -82,8 +82,8 @@ def main():
             sync(device)
             t0 = time.perf_counter()
             enc.train()
-            link_epoch(lambda: enc(graph, edge_index, edge_type), dec, opt, train, n, 1, 0.01,
-                       train.shape[1], gen)
+            link_epoch(whole_graph(lambda: enc(graph, edge_index, edge_type)), dec, opt, train,
+                       n, 1, 0.01, train.shape[1], gen)
             sync(device)
             times.append(time.perf_counter() - t0)
             trained += times[-1]

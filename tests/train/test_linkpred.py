@@ -42,10 +42,13 @@ def run(argv):
     return train(p.parse_args(argv + ["--no-progress"]), out=out), out.getvalue()
 
 
-@pytest.mark.parametrize("model", ["rgcn", "rgat", "hgt"])
-def test_a_short_run_learns(kg, model):
+@pytest.mark.parametrize("model, sampled", [("rgcn", False), ("rgat", False), ("hgt", False),
+                                            ("rgcn", True), ("hgt", True)])
+def test_a_short_run_learns(kg, model, sampled):
     base = ["--task", "link", "--model", model, "--dataset", "triples", "--root", str(kg),
             "--hidden", "16", "--eval-every", "50"]
+    if sampled:          # the encoder on sampled neighbourhoods of each batch's entities
+        base += ["--fanout", "4,3", "--batch-size", "200"]
     untrained, _ = run(base + ["--epochs", "1"])
     trained, text = run(base + ["--epochs", "300"])
     assert trained["mrr"] > 1.5 * untrained["mrr"], (untrained, trained)
@@ -91,9 +94,10 @@ LINK = ["--task", "link", "--dataset", "triples", "--hidden", "8", "--eval-every
         "--dropout", "0.3"]
 
 
-@pytest.mark.parametrize("model", ["rgcn", "hgt"])
-def test_resume_continues_as_one_run(kg, tmp_path, model):
-    base = LINK + ["--root", str(kg), "--model", model]
+@pytest.mark.parametrize("model, more", [("rgcn", []), ("hgt", []),
+                                         ("rgcn", ["--fanout", "3,3", "--batch-size", "300"])])
+def test_resume_continues_as_one_run(kg, tmp_path, model, more):
+    base = LINK + ["--root", str(kg), "--model", model] + more
     whole, whole_text = run(base + ["--epochs", "6"])
     path = tmp_path / "run.pt"
     run(base + ["--epochs", "4", "--checkpoint", str(path)])
@@ -130,7 +134,7 @@ def test_node_classification_refuses_link_options():
     (["--model", "rgcn", "--negatives", "0"], "--negatives must be a positive integer"),
     (["--model", "rgcn", "--dataset", "synthetic:cora"], "holds no triples"),
     (["--model", "rgcn", "--resume", "missing.pt"], "--resume missing.pt: no such file"),
-    (["--model", "rgcn", "--fanout", "5,5"], "--fanout does not apply"),
+    (["--model", "rgcn", "--fanout", "5"], "--fanout needs one int"),
     (["--model", "rgcn", "--clip", "-1"], "--clip >= 0"),
     (["--model", "rgcn", "--dtype", "bf16"], "fp32 only"),
 ])
@@ -161,10 +165,36 @@ def test_link_epoch_clips_the_gradient_norm(clip):
     opt.step = step
     train = torch.stack([torch.randint(0, n, (40,)), torch.randint(0, 2, (40,)),
                          torch.randint(0, n, (40,))])
-    linkpred.link_epoch(lambda: table * 1.0, decoder, opt, train, n, 2, 0.01, 10,
+    linkpred.link_epoch(linkpred.whole_graph(lambda: table * 1.0), decoder, opt, train, n, 2, 0.01, 10,
                         torch.Generator().manual_seed(0), clip)
     assert len(norms) == 4
     if clip:
         assert max(norms) <= clip * 1.001
     else:
         assert min(norms) > 1e-2         # (unclipped: far above the other case's bound)
+
+
+@pytest.mark.parametrize("model", ["rgcn", "rgat", "hgt"])
+def test_sampled_encoder_with_every_neighbour_is_the_whole_graph(model):
+    """With fan-out -1 (every neighbour) the sampled encoder gives each asked entity the row
+    the whole-graph encoder gives it (repeated ids included)."""
+    import torch
+    from hector import Graph
+    from hector.loader import NeighborLoader
+    from hector.train.models import Net
+    torch.manual_seed(0)
+    n, r, h = 40, 3, 8
+    src, dst = torch.randint(0, n, (2, 160))
+    rel = torch.randint(0, r, (160,))
+    edge_index = torch.cat([torch.stack([src, dst]), torch.stack([dst, src])], 1)
+    edge_type = torch.cat([rel, rel + r])
+    net = Net(model, n, h, h, 2 * r, h, 1, 0.0, None, "torch").eval()
+    embed = torch.nn.Embedding(n, h)
+    graph = net.graph_of(edge_index, edge_type, n)
+    ids = torch.tensor([5, 0, 17, 5, 39, 22, 0])
+    whole, _ = linkpred.whole_graph(lambda: net(embed.weight, graph))(ids)
+    loader = NeighborLoader(Graph(edge_index, edge_type=edge_type, num_nodes=n,
+                                  num_relations=2 * r), [-1, -1], seed=0)
+    rows, table = linkpred.sampled(net, embed, loader)(ids)
+    torch.testing.assert_close(rows, whole, rtol=1e-5, atol=1e-5)
+    assert table.shape == (5, h)            # each distinct entity once

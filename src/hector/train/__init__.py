@@ -68,7 +68,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "not fit on the device")
     p.add_argument("--fanout", default=None,
                    help="neighbours sampled per layer, first hop first (default 25,20; -1: "
-                        "all)")
+                        "all); --task link: the encoder on sampled neighbourhoods of each "
+                        "batch's entities")
     p.add_argument("--prefetch", type=int, default=None,
                    help="mini-batches: build this many batches ahead in a background thread "
                         "(hector.loader's prefetch; default 0).  Helps large batches on CUDA "

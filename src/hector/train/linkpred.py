@@ -5,8 +5,12 @@ relation's inverse added as its own relation), which gives every entity a row; a
 triples against negatives drawn by corrupting their heads or tails, plus an L2 penalty on the
 entity rows and relation table (PyG's R-GCN link-prediction example's setup).
 
-Every step runs the encoder on the whole training graph and scores one batch of training
-triples (``--batch-size`` triples, default all of them) and ``--negatives`` negatives each.
+Every step scores one batch of training triples (``--batch-size`` triples, default all of
+them) and ``--negatives`` negatives each.  The encoder runs on the whole training graph, or
+with ``--fanout`` on sampled neighbourhoods of the batch's entities only (the mini-batch
+machinery of :mod:`hector.loader`; the L2 penalty then covers the batch's entity rows, and
+``--batch-size`` defaults to :data:`SAMPLED_BATCH`); evaluation encodes every entity on the
+whole graph.
 Every ``--eval-every`` epochs the filtered MRR on the validation triples (filtered by the
 training and validation triples: the test triples are never read before the final
 evaluation) decides early stopping (``--patience`` evaluations without a new best); the best
@@ -32,7 +36,10 @@ from .. import datasets
 from ..checks import check_output_file
 from ..nn.kge import ComplEx, DistMult, TransE
 from . import checkpoint
+from ..graph import Graph
+from ..loader import NeighborLoader
 from .link import KnownTriples, corrupt, link_metrics
+from .minibatch import parse_fanout
 from .models import Net
 
 #: Encoders and decoders ``--task link`` takes.
@@ -42,12 +49,14 @@ DECODERS = {"distmult": DistMult, "transe": TransE, "complex": ComplEx}
 #: smaller width: 500 there, on block-diagonal weights).
 LINK_DEFAULTS = dict(epochs=1000, lr=0.01, hidden=200, heads=1, dropout=0.2, patience=5,
                      batch_size=None, negatives=1, reg=0.01, eval_every=50, eval_batch=512,
-                     num_bases=None, decoder="distmult", clip=1.0)
+                     num_bases=None, decoder="distmult", clip=1.0, fanout=None)
+#: Triples per step with ``--fanout`` when ``--batch-size`` is left out.
+SAMPLED_BATCH = 4096
 
 
 #: Node classification's options that ``--task link`` does not take (named in an error, not
 #: ignored): option -> its value when left out.
-NODE_ONLY = {"weight_decay": None, "fanout": None, "prefetch": None}
+NODE_ONLY = {"weight_decay": None, "prefetch": None}
 #: ``--task link``'s own options, which node classification does not take.
 LINK_ONLY = ("decoder", "negatives", "reg", "eval_every", "clip")
 
@@ -64,7 +73,7 @@ def link_config(args) -> Dict[str, object]:
                          f"{args.model!r}")
     cfg = dict(LINK_DEFAULTS)
     for key in ("epochs", "lr", "hidden", "heads", "dropout", "patience", "batch_size",
-                "negatives", "reg", "eval_every", "num_bases", "decoder", "clip"):
+                "negatives", "reg", "eval_every", "num_bases", "decoder", "clip", "fanout"):
         value = getattr(args, key, None)
         if value is not None:
             cfg[key] = value
@@ -75,6 +84,9 @@ def link_config(args) -> Dict[str, object]:
         if not isinstance(cfg[key], int) or cfg[key] < 1:
             raise ValueError(f"--{key.replace('_', '-')} must be a positive integer, got "
                              f"{cfg[key]!r}")
+    if cfg["fanout"] is not None:
+        cfg["fanout"] = parse_fanout(cfg["fanout"])
+        cfg["batch_size"] = cfg["batch_size"] or SAMPLED_BATCH
     if cfg["batch_size"] is not None and cfg["batch_size"] < 1:
         raise ValueError(f"--batch-size must be a positive integer, got {cfg['batch_size']}")
     if not cfg["lr"] > 0 or not cfg["reg"] >= 0 or not 0 <= cfg["dropout"] < 1 \
@@ -141,6 +153,13 @@ def train_link(args, out=None) -> dict:
     decoder = DECODERS[cfg["decoder"]](r, h).to(device)
     parts = {"embed": embed, "encoder": net, "decoder": decoder}
     graph = net.graph_of(edge_index, edge_type, n)
+    if cfg["fanout"] is None:
+        encode = whole_graph(lambda: net(embed.weight, graph))
+        loader = None
+    else:
+        loader = NeighborLoader(Graph(edge_index, edge_type=edge_type, num_nodes=n,
+                                      num_relations=2 * r), cfg["fanout"], seed=cfg["seed"])
+        encode = sampled(net, embed, loader)
     params = [*embed.parameters(), *net.parameters(), *decoder.parameters()]
     opt = torch.optim.Adam(params, lr=cfg["lr"])
     gen = torch.Generator(device=device).manual_seed(cfg["seed"])
@@ -150,7 +169,7 @@ def train_link(args, out=None) -> dict:
     best = {"mrr": -1.0, "epoch": 0, "model": None}
     bad, epoch_times, start = 0, [], 1
     if ck is not None:
-        start, best, bad = _restore(ck, resume, parts, opt, gen, device)
+        start, best, bad = _restore(ck, resume, parts, opt, gen, device, loader)
         print(f"resumed from {resume} at epoch {start - 1}", file=out, flush=True)
     bar = tqdm(range(start, cfg["epochs"] + 1), desc=f"link {cfg['model']}/{cfg['dataset']}",
                unit="epoch", file=sys.stderr, leave=False, disable=no_progress)
@@ -158,8 +177,8 @@ def train_link(args, out=None) -> dict:
     for epoch in bar:
         t0 = time.perf_counter()
         net.train()
-        mean_loss = link_epoch(lambda: net(embed.weight, graph), decoder, opt, train, n,
-                               cfg["negatives"], cfg["reg"], batch, gen, cfg["clip"])
+        mean_loss = link_epoch(encode, decoder, opt, train, n, cfg["negatives"], cfg["reg"],
+                               batch, gen, cfg["clip"])
         epoch_times.append(time.perf_counter() - t0)
         if epoch % cfg["eval_every"] and epoch != cfg["epochs"]:
             continue
@@ -174,7 +193,7 @@ def train_link(args, out=None) -> dict:
             bad += 1
         if ckpt:
             checkpoint.save(ckpt, model=_states(parts), optimizer=opt.state_dict(),
-                            epoch=epoch, best=best, bad_epochs=bad, rng=_rng_state(gen),
+                            epoch=epoch, best=best, bad_epochs=bad, rng=_rng_state(gen, loader),
                             config=dict(cfg, task="link"))
         if bad >= cfg["patience"]:
             break
@@ -202,15 +221,18 @@ def _states(parts) -> dict:
     return {name: copy.deepcopy(m.state_dict()) for name, m in parts.items()}
 
 
-def _rng_state(gen: torch.Generator) -> dict:
-    """Every random state a step draws from: the sampler's generator and torch's (dropout)."""
+def _rng_state(gen: torch.Generator, loader=None) -> dict:
+    """Every random state a step draws from: the negatives' generator, torch's (dropout) and
+    the neighbour sampler's (``--fanout``)."""
     state = {"gen": gen.get_state(), "cpu": torch.get_rng_state()}
+    if loader is not None:
+        state["sampler"] = loader.generator.get_state()
     if gen.device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(gen.device)
     return state
 
 
-def _restore(ck: dict, path, parts, opt, gen: torch.Generator, device) -> tuple:
+def _restore(ck: dict, path, parts, opt, gen: torch.Generator, device, loader=None) -> tuple:
     """Load a ``--task link`` checkpoint into this run: (first epoch to run, best, bad
     evaluations); ValueError (one line) when it does not fit."""
     try:
@@ -223,6 +245,8 @@ def _restore(ck: dict, path, parts, opt, gen: torch.Generator, device) -> tuple:
         rng = ck["rng"]
         gen.set_state(rng["gen"].cpu())
         torch.set_rng_state(rng["cpu"].cpu())
+        if loader is not None:
+            loader.generator.set_state(rng["sampler"].cpu())
         if "cuda" in rng and torch.device(device).type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"].cpu(), torch.device(device))
         return int(ck["epoch"]) + 1, best, int(ck["bad_epochs"])
@@ -231,34 +255,56 @@ def _restore(ck: dict, path, parts, opt, gen: torch.Generator, device) -> tuple:
                          f"({checkpoint.one_line(err)})") from None
 
 
+def whole_graph(encode_all):
+    """:func:`link_epoch`'s encoder from ``encode_all()``, every entity's row: the rows of the
+    asked ids, and the whole table for the L2 penalty."""
+    def encode(ids):
+        entity = encode_all()
+        return entity[ids], entity
+    return encode
+
+
+def sampled(net, embed, loader: NeighborLoader):
+    """:func:`link_epoch`'s encoder on sampled neighbourhoods: the asked entities' rows from
+    ``net`` on ``loader``'s blocks around them (each entity once), the input rows
+    ``embed``'s; the batch's entity rows for the L2 penalty."""
+    def encode(ids):
+        uniq, inverse = torch.unique(ids, return_inverse=True)
+        batch = loader.sample(uniq)
+        rows = net(embed.weight.index_select(0, batch.n_id), batch.blocks, n_id=batch.n_id)
+        return rows[inverse], rows
+    return encode
+
+
 def link_epoch(encode, decoder, opt, train: torch.Tensor, num_entities: int, negatives: int,
                reg: float, batch: int, generator: torch.Generator, clip: float = 1.0) -> float:
     """One epoch over the training triples ``[3, T]`` in batches of ``batch`` (shuffled by
-    ``generator``): per batch, ``encode()`` (every entity's row), the decoder on the batch and
-    its ``negatives`` corruptions per triple, binary cross-entropy plus ``reg`` times the
-    entity rows' and relation table's mean squares, a backward, the gradients' total norm
-    clipped to ``clip`` (0: not clipped; computed on the device, no read) and ``opt``'s step.
-    The mean loss (one host read, after the epoch)."""
+    ``generator``): per batch, the entity rows of the batch and its ``negatives`` corruptions
+    per triple from ``encode(ids)`` (``(rows of ids, the rows the L2 penalty averages)``:
+    :func:`whole_graph` or :func:`sampled`), the decoder's scores, binary cross-entropy plus
+    ``reg`` times the entity rows' and relation table's mean squares, a backward, the
+    gradients' total norm clipped to ``clip`` (0: not clipped; computed on the device, no
+    read) and ``opt``'s step.  The mean loss (one host read, after the epoch)."""
     dev = train.device
     order = torch.randperm(train.shape[1], generator=generator, device=dev)
     total = torch.zeros((), device=dev)
     for lo in range(0, order.numel(), batch):
         pos = train[:, order[lo:lo + batch]]
         neg = corrupt(pos, num_entities, negatives, generator)
-        entity = encode()
-        scores = torch.cat([decoder(entity[pos[0]], pos[1], entity[pos[2]]),
-                            decoder(entity[neg[0]], neg[1], entity[neg[2]])])
-        labels = torch.cat([torch.ones(pos.shape[1], device=dev),
-                            torch.zeros(neg.shape[1], device=dev)])
+        n_pos, n_neg = pos.shape[1], neg.shape[1]
+        rows, table = encode(torch.cat([pos[0], pos[2], neg[0], neg[2]]))
+        h_pos, t_pos, h_neg, t_neg = rows.split([n_pos, n_pos, n_neg, n_neg])
+        scores = torch.cat([decoder(h_pos, pos[1], t_pos), decoder(h_neg, neg[1], t_neg)])
+        labels = torch.cat([torch.ones(n_pos, device=dev), torch.zeros(n_neg, device=dev)])
         loss = F.binary_cross_entropy_with_logits(scores.float(), labels)
-        loss = loss + reg * (entity.pow(2).mean() + decoder.rel.pow(2).mean())
+        loss = loss + reg * (table.pow(2).mean() + decoder.rel.pow(2).mean())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if clip:
             torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]],
                                            clip)
         opt.step()
-        total += loss.detach() * pos.shape[1]
+        total += loss.detach() * n_pos
     return float(total) / max(train.shape[1], 1)
 
 
