@@ -1,0 +1,106 @@
+"""The kernels a captured mini-batch step launches, counted on the CPU by phase and by the
+hector function that calls them: a proxy for a replay's GPU time where a step is hundreds
+of small index kernels (each a few microseconds in a CUDA graph).
+
+    python scripts/step_ops.py [--profile mag] [--scale 0.01] [--batch-size 64]
+        [--fanout 25,20] [--model rgcn] [--phases sample,blocks] [--sites 12] [--worst]
+
+Counts every aten op that runs a kernel (views, slices and the like are left out) while one
+``StaticSampler`` batch is sampled (``sample``), its capacity blocks built on fitted
+capacities (``blocks``; ``--worst``: the worst-case ones), and, with ``forward`` and
+``backward`` in ``--phases``, ``hector train``'s ``--model`` network run on them (Triton
+kernels under the interpreter: set ``TRITON_INTERPRET=1``, slow).  On CUDA the sampler's
+Floyd table is one kernel where the torch reference here runs hundreds of ops: its line is
+reported apart.
+"""
+import argparse
+import collections
+import traceback
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hector.datasets import synthetic
+from hector.loader import NeighborLoader
+
+#: aten ops that launch no kernel (views, metadata, allocation without a fill).
+NO_KERNEL = {"slice", "view", "unsqueeze", "set_", "detach", "select", "expand", "alias",
+             "_unsafe_view", "t", "transpose", "squeeze", "as_strided", "empty", "new_empty",
+             "permute", "reshape", "_reshape_alias", "split", "chunk", "unbind", "lift_fresh",
+             "empty_like", "scalar_tensor", "_local_scalar_dense", "split_with_sizes",
+             "_record_function_enter_new", "_record_function_exit"}
+#: The CPU stand-in of a one-kernel CUDA op (counted apart).
+ONE_KERNEL_ON_CUDA = ("floyd_table_torch",)
+
+
+class Count(TorchDispatchMode):
+    """Kernel-launching aten ops, by the innermost hector function that called them."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ not in NO_KERNEL:
+            frames = [f for f in traceback.extract_stack() if "/hector/" in f.filename]
+            site = (frames[-1].filename.split("/hector/")[-1] + ":" + frames[-1].name
+                    if frames else "(outside hector)")
+            self.sites[site] += 1
+        return func(*args, **(kwargs or {}))
+
+    def total(self) -> int:
+        return sum(v for k, v in self.sites.items()
+                   if not k.endswith(ONE_KERNEL_ON_CUDA))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--profile", default="mag")
+    p.add_argument("--scale", type=float, default=0.01)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--fanout", default="25,20")
+    p.add_argument("--model", default="rgcn")
+    p.add_argument("--phases", default="sample,blocks")
+    p.add_argument("--sites", type=int, default=12)
+    p.add_argument("--worst", action="store_true")
+    a = p.parse_args()
+    phases = a.phases.split(",")
+    data = synthetic.load(a.profile, device="cpu", scale=a.scale)
+    fanout = [int(f) for f in a.fanout.split(",")]
+    loader = NeighborLoader(data.graph, fanout, input_nodes=data.train_idx,
+                            batch_size=a.batch_size, shuffle=True, seed=0, static=True)
+    seeds = [sc for _, sc in zip(range(2), loader.seed_batches())]
+    first = loader.static.sample(*seeds[0])
+    caps = None if a.worst else loader.static.caps.fitted(first.sizes(), 1.25)
+    counts = {}
+    with Count() as counts["sample"]:
+        sb = loader.static.sample(*seeds[1])
+    if caps is not None and not caps.holds(sb.sizes()):
+        caps = loader.static.caps.fitted(sb.sizes(), 1.25, at_least=caps)
+    with Count() as counts["blocks"]:
+        blocks = sb.capacity_blocks(loader.graph, caps)
+    if "forward" in phases or "backward" in phases:
+        from hector.train.defaults import defaults
+        from hector.train.models import build
+        x = torch.randn(data.graph.num_nodes, 64, generator=torch.Generator().manual_seed(0))
+        data.x = x
+        cfg = dict(defaults(a.model, "synthetic:" + a.profile), dropout=0.0, num_bases=None)
+        net = build(a.model, data, cfg, backend="triton")
+        n_id = sb.n_id_of(caps)
+        with Count() as counts["forward"]:
+            logits = net(x.index_select(0, n_id), blocks, n_id=n_id)
+        with Count() as counts["backward"]:
+            logits.float().square().mean().backward()
+    print(f"profile={a.profile} scale={a.scale} batch={a.batch_size} fanout={fanout} "
+          f"capacities={'worst case' if caps is None else 'fitted'}")
+    for phase, c in counts.items():
+        if phase not in phases:
+            continue
+        print(f"== {phase}: {c.total()} kernels")
+        for site, n in c.sites.most_common(a.sites):
+            note = "  (one kernel on CUDA)" if site.endswith(ONE_KERNEL_ON_CUDA) else ""
+            print(f"  {n:5d}  {site}{note}")
+
+
+if __name__ == "__main__":
+    main()
