@@ -156,14 +156,16 @@ def relational_net(kind, graph, featureless, backend="torch"):
     ("rgcn", False, "torch"), ("rgcn", True, "torch"), ("rgat", False, "torch"),
     ("hgt", False, "torch"), ("hgt", False, "triton")])
 def test_relational_step_trains_like_the_ordinary_one(kind, featureless, backend):
-    graph = hetero_graph()
-    x = None if featureless else torch.randn(graph.num_nodes, 6)
-    y = torch.randint(0, 3, (graph.num_nodes,))
-    paper = torch.arange(graph.num_nodes)[graph.node_type.long() == 1]
+    # (Triton: on the GPU where there is one, else under the interpreter)
+    dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    graph = hetero_graph().to(dev)
+    x = None if featureless else torch.randn(graph.num_nodes, 6).to(dev)
+    y = torch.randint(0, 3, (graph.num_nodes,)).to(dev)
+    paper = torch.arange(graph.num_nodes, device=dev)[graph.node_type.long() == 1]
     runs = []
     for ordinary in (True, False):
         torch.manual_seed(0)
-        model = relational_net(kind, graph, featureless, backend)
+        model = relational_net(kind, graph, featureless, backend).to(dev)
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         loader = NeighborLoader(graph, [3, 2], input_nodes=paper, batch_size=16,
                                 shuffle=True, seed=5, static=True)
