@@ -32,7 +32,9 @@ of ``Graph`` blocks with one host read (:meth:`StaticBatch.to_batch`).
 """
 from __future__ import annotations
 
+import functools
 import math
+import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -166,21 +168,12 @@ class StaticBatch:
         ``Batch.blocks``, every size a capacity: no host read.  ``graph``: the sampled graph
         (its relations, node types and names); with several of either, relational blocks.
         ``caps``: smaller capacities (:meth:`Capacities.fitted`) that the caller knows hold
-        this batch (:meth:`Capacities.holds`): the buffers' prefixes; default the buffers'."""
-        from ..graph.capacity import capacity_block
-        caps = caps or self.caps
-        relational = graph.num_node_types > 1 or graph.num_relations > 1
-        blocks = []
-        for h, hop in reversed(list(enumerate(self.hops))):
-            d, e = caps.dst[h], caps.edges[h]
-            blocks.append(capacity_block(
-                hop.ptr[:d + 1], hop.src[:e], caps.nodes[h], caps.nodes[h] - caps.sinks[h],
-                caps.width[h], False, graph.node_type_names, graph.relation_names,
-                **(dict(rel=hop.rel[:e], dst_node=hop.dst_local[:d], type_ptr=hop.type_ptr,
-                        num_relations=graph.num_relations,
-                        num_node_types=graph.num_node_types, dst_count=hop.num_dst)
-                   if relational else {})))
-        return blocks
+        this batch (:meth:`Capacities.holds`): the buffers' prefixes; default the buffers'.
+
+        On CUDA with ``HECTOR_COMPILE_BLOCKS=1`` (opt-in, see :func:`compile_blocks`) the
+        build runs as one ``torch.compile``'d function."""
+        build = _compiled_build() if self.seeds.is_cuda and compile_blocks() else _build_blocks
+        return build(self, graph, caps or self.caps)
 
     def n_id_of(self, caps: Optional[Capacities] = None) -> torch.Tensor:
         """:attr:`n_id` for blocks of ``caps`` (its prefix)."""
@@ -365,3 +358,37 @@ class StaticSampler:
         type_ptr = torch.searchsorted(types, torch.arange(self.num_types + 1, device=dev))
         return StaticHop(ptr, torch.where(idx[n:] - n < ptr[-1], local[n:], 0), rel, node_ids,
                          num_nodes, n_dst, torch.where(idx[:n] < n_dst, local[:n], 0), type_ptr)
+
+
+def _build_blocks(sb: StaticBatch, graph, caps: Capacities) -> list:
+    """:meth:`StaticBatch.capacity_blocks`' build: one capacity block per hop, outermost
+    first."""
+    from ..graph.capacity import capacity_block
+    relational = graph.num_node_types > 1 or graph.num_relations > 1
+    blocks = []
+    for h, hop in reversed(list(enumerate(sb.hops))):
+        d, e = caps.dst[h], caps.edges[h]
+        blocks.append(capacity_block(
+            hop.ptr[:d + 1], hop.src[:e], caps.nodes[h], caps.nodes[h] - caps.sinks[h],
+            caps.width[h], False, graph.node_type_names, graph.relation_names,
+            **(dict(rel=hop.rel[:e], dst_node=hop.dst_local[:d], type_ptr=hop.type_ptr,
+                    num_relations=graph.num_relations,
+                    num_node_types=graph.num_node_types, dst_count=hop.num_dst)
+               if relational else {})))
+    return blocks
+
+
+def compile_blocks() -> bool:
+    """Whether CUDA batches build their capacity blocks through ``torch.compile``
+    (``HECTOR_COMPILE_BLOCKS=1``).  The build is a few hundred small index ops (about 250
+    for a relational two-hop batch: ``scripts/step_ops.py``), each its own kernel in a
+    replayed step; compiled, Inductor fuses its elementwise chains around the sorts, scans
+    and binary searches (on the CPU: 23 fused kernels and 22 of those, 45 in all).  Opt-in
+    until timed on a GPU: the first batch of each capacity set pays the compilation."""
+    return os.environ.get("HECTOR_COMPILE_BLOCKS", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_build():
+    # (dynamic=False: one specialisation per capacity set; a fitted run has one or a few)
+    return torch.compile(_build_blocks, fullgraph=True, dynamic=False)
