@@ -170,9 +170,10 @@ class StaticBatch:
         ``caps``: smaller capacities (:meth:`Capacities.fitted`) that the caller knows hold
         this batch (:meth:`Capacities.holds`): the buffers' prefixes; default the buffers'.
 
-        On CUDA with ``HECTOR_COMPILE_BLOCKS=1`` (opt-in, see :func:`compile_blocks`) the
+        On CUDA with ``HECTOR_COMPILE_INDEX=1`` (opt-in, see :func:`compile_index`) the
         build runs as one ``torch.compile``'d function."""
-        build = _compiled_build() if self.seeds.is_cuda and compile_blocks() else _build_blocks
+        build = (_compiled(_build_blocks) if self.seeds.is_cuda and compile_index()
+                 else _build_blocks)
         return build(self, graph, caps or self.caps)
 
     def n_id_of(self, caps: Optional[Capacities] = None) -> torch.Tensor:
@@ -326,38 +327,12 @@ class StaticSampler:
         return bounds[:, :-1], gdeg, k.expand_as(gdeg)
 
     def _relabel(self, h: int, dst, n_dst, ptr, src_global, rel) -> StaticHop:
-        caps, node_type = self.caps, self.index.node_type
-        n, n_cap = caps.dst[h], caps.nodes[h] - caps.sinks[h]
-        dev = dst.device
-        cand = torch.cat([dst, src_global])
-        c = cand.numel()
-        idx = torch.arange(c, device=dev)
-        valid = torch.cat([idx[:n] < n_dst, idx[n:] - n < ptr[-1]])
-        # Invalid candidates get a spare table entry each: on one shared entry their atomics
-        # serialise, and most slots are padding on sparse graphs (docs/perf-notes.md,
-        # "Mini-batches: one captured step per batch").
-        key_node = torch.where(valid, cand, self.num_nodes + idx)
-        # First candidate naming each node (destinations come first, so they win).
-        first = torch.full((self.num_nodes + c,), c, dtype=torch.int64, device=dev)
-        first.scatter_reduce_(0, key_node, idx, reduce="amin")
-        is_first = valid & (first[key_node] == idx)
-        span = n + self.num_nodes
-        order_key = torch.where(idx < n, idx, n + cand)
-        order_key = torch.where(is_first, node_type[cand] * span + order_key,
-                                self.num_types * span)
-        order = torch.sort(order_key).indices
-        rank = torch.empty_like(order)
-        rank[order] = idx
-        num_nodes = is_first.sum()
-        local = rank[first[key_node]]           # (an invalid candidate: itself, masked below)
-        slots = torch.arange(caps.nodes[h], device=dev)
-        spread = slots % self.num_nodes        # padding and the sinks (see the module's doc)
-        node_ids = torch.cat([cand[order[:n_cap]], spread[n_cap:]])
-        node_ids = torch.where(slots < num_nodes, node_ids, spread)
-        types = torch.where(slots < num_nodes, node_type[node_ids], self.num_types)
-        type_ptr = torch.searchsorted(types, torch.arange(self.num_types + 1, device=dev))
-        return StaticHop(ptr, torch.where(idx[n:] - n < ptr[-1], local[n:], 0), rel, node_ids,
-                         num_nodes, n_dst, torch.where(idx[:n] < n_dst, local[:n], 0), type_ptr)
+        caps = self.caps
+        fn = _compiled(relabel) if dst.is_cuda and compile_index() else relabel
+        src, node_ids, num_nodes, dst_local, type_ptr = fn(
+            self.index.node_type, self.num_nodes, self.num_types, caps.dst[h],
+            caps.nodes[h] - caps.sinks[h], caps.nodes[h], dst, n_dst, ptr, src_global)
+        return StaticHop(ptr, src, rel, node_ids, num_nodes, n_dst, dst_local, type_ptr)
 
 
 def _build_blocks(sb: StaticBatch, graph, caps: Capacities) -> list:
@@ -378,17 +353,58 @@ def _build_blocks(sb: StaticBatch, graph, caps: Capacities) -> list:
     return blocks
 
 
-def compile_blocks() -> bool:
-    """Whether CUDA batches build their capacity blocks through ``torch.compile``
-    (``HECTOR_COMPILE_BLOCKS=1``).  The build is a few hundred small index ops (about 250
-    for a relational two-hop batch: ``scripts/step_ops.py``), each its own kernel in a
-    replayed step; compiled, Inductor fuses its elementwise chains around the sorts, scans
-    and binary searches (on the CPU: 23 fused kernels and 22 of those, 45 in all).  Opt-in
-    until timed on a GPU: the first batch of each capacity set pays the compilation."""
-    return os.environ.get("HECTOR_COMPILE_BLOCKS", "0") not in ("", "0")
+def compile_index() -> bool:
+    """Whether CUDA batches build their index arrays through ``torch.compile``
+    (``HECTOR_COMPILE_INDEX=1``): the sampler's relabelling and the capacity blocks.  They
+    are a few hundred small index ops a batch (about 80 and 250 for a relational two-hop
+    batch: ``scripts/step_ops.py``), each its own kernel in a replayed step; compiled,
+    Inductor fuses their elementwise chains around the sorts, scans and binary searches (the
+    blocks on the CPU: 23 fused kernels and 22 of those, 45 in all).  Opt-in until timed on a
+    GPU: the first batch of each capacity set pays the compilation."""
+    return os.environ.get("HECTOR_COMPILE_INDEX", "0") not in ("", "0")
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled_build():
+def _compiled(fn):
     # (dynamic=False: one specialisation per capacity set; a fitted run has one or a few)
-    return torch.compile(_build_blocks, fullgraph=True, dynamic=False)
+    return torch.compile(fn, fullgraph=True, dynamic=False)
+
+
+def relabel(node_type: torch.Tensor, num_graph_nodes: int, num_types: int, n: int, n_cap: int,
+            num_slots: int, dst: torch.Tensor, n_dst: torch.Tensor, ptr: torch.Tensor,
+            src_global: torch.Tensor):
+    """A hop's local ids: (each pick's local source ``[edges]``, the ``[num_slots]`` local
+    nodes' global ids, their valid count (0-d), each destination's local id ``[n]``, the
+    local nodes' type pointers).  ``n`` destination slots, ``n_cap`` sampled-node slots of
+    ``num_slots``; the rest (padding and sinks) name ``slot % num_graph_nodes``.  Static
+    shapes, no host read."""
+    dev = dst.device
+    cand = torch.cat([dst, src_global])
+    c = cand.numel()
+    idx = torch.arange(c, device=dev)
+    valid = torch.cat([idx[:n] < n_dst, idx[n:] - n < ptr[-1]])
+    # Invalid candidates get a spare table entry each: on one shared entry their atomics
+    # serialise, and most slots are padding on sparse graphs (docs/perf-notes.md,
+    # "Mini-batches: one captured step per batch").
+    key_node = torch.where(valid, cand, num_graph_nodes + idx)
+    # First candidate naming each node (destinations come first, so they win).
+    first = torch.full((num_graph_nodes + c,), c, dtype=torch.int64, device=dev)
+    first.scatter_reduce_(0, key_node, idx, reduce="amin")
+    is_first = valid & (first[key_node] == idx)
+    span = n + num_graph_nodes
+    order_key = torch.where(idx < n, idx, n + cand)
+    order_key = torch.where(is_first, node_type[cand] * span + order_key,
+                            num_types * span)
+    order = torch.sort(order_key).indices
+    rank = torch.empty_like(order)
+    rank[order] = idx
+    num_nodes = is_first.sum()
+    local = rank[first[key_node]]           # (an invalid candidate: itself, masked below)
+    slots = torch.arange(num_slots, device=dev)
+    spread = slots % num_graph_nodes        # padding and the sinks (see the module's doc)
+    node_ids = torch.cat([cand[order[:n_cap]], spread[n_cap:]])
+    node_ids = torch.where(slots < num_nodes, node_ids, spread)
+    types = torch.where(slots < num_nodes, node_type[node_ids], num_types)
+    type_ptr = torch.searchsorted(types, torch.arange(num_types + 1, device=dev))
+    return (torch.where(idx[n:] - n < ptr[-1], local[n:], 0), node_ids, num_nodes,
+            torch.where(idx[:n] < n_dst, local[:n], 0), type_ptr)
