@@ -301,7 +301,7 @@ def test_bad_input_is_refused():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("kind", ["gat", "agnn", "transformer"])
-@pytest.mark.parametrize("capturable", [True, False])
+@pytest.mark.parametrize("capturable", [True, False, "fused"])
 def test_captured_step_replays_the_eager_step(kind, capturable):
     graph = graph_with_loops(num_nodes=400, num_edges=4000).to("cuda")
     x = torch.randn(graph.num_nodes, 6, device="cuda")
@@ -314,12 +314,14 @@ def _same_with_and_without_capture(make_model, graph, x, y, capturable, batch_si
                                    fit=False):
     """Train one epoch eagerly, then one captured (same seeds): equal losses and parameters,
     every batch after the two warm-up steps replayed (``fit``: but those whose sizes grew
-    the fitted capacities, which run eagerly)."""
+    the fitted capacities, which run eagerly).  ``capturable="fused"``: torch's fused Adam
+    (one kernel per group, its step count on the device) inside the graph."""
     runs = []
     for capture in (False, True):
         torch.manual_seed(0)
         model = make_model()
-        opt = torch.optim.Adam(model.parameters(), lr=0.01, capturable=capturable)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01, capturable=bool(capturable),
+                               fused=True if capturable == "fused" else None)
         loader = NeighborLoader(graph, [4, 3], batch_size=batch_size, shuffle=True, seed=5,
                                 static=True)
         step = CapturedStep(model, opt, loader, x, y, capture=capture, fit=fit,
@@ -336,10 +338,16 @@ def _same_with_and_without_capture(make_model, graph, x, y, capturable, batch_si
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("kind,featureless,fit", [
-    ("rgcn", False, False), ("rgcn", True, False), ("rgat", False, False),
-    ("hgt", False, False), ("rgcn", False, True), ("gat", False, True)])
-def test_relational_captured_step_replays_the_eager_step(kind, featureless, fit):
+@pytest.mark.parametrize("kind,featureless,fit,compiled", [
+    ("rgcn", False, False, False), ("rgcn", True, False, False), ("rgat", False, False, False),
+    ("hgt", False, False, False), ("rgcn", False, True, False), ("gat", False, True, False),
+    ("rgcn", True, True, True), ("hgt", False, True, True), ("gat", False, False, True)])
+def test_relational_captured_step_replays_the_eager_step(kind, featureless, fit, compiled,
+                                                         monkeypatch):
+    """The relational networks' captured steps (and GAT's on fitted capacities) replay the
+    eager ones; ``compiled``: with the index building through ``torch.compile``
+    (``HECTOR_COMPILE_INDEX=1``) inside the captured graph."""
+    monkeypatch.setenv("HECTOR_COMPILE_INDEX", "1" if compiled else "0")
     graph = (graph_with_loops(num_nodes=400, num_edges=4000) if kind == "gat"
              else hetero_graph()).to("cuda")
     x = None if featureless else torch.randn(graph.num_nodes, 6, device="cuda")
