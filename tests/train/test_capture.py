@@ -66,7 +66,7 @@ def test_every_model_is_captured_on_cuda_in_fp32(model):
 def test_minibatch_capture_choice(model):
     """Mini-batches: the attention models on a graph of one node type and one relation and
     the relational models on any graph are captured on CUDA; the attention models on a
-    relational graph and several processes are not, with a note each."""
+    relational graph are not, with a note (a full-graph step of several processes neither)."""
     from hector.train.loop import CAPTURE_MINIBATCH_MODELS, ONE_RELATION_MODELS
     from hector import Graph
     p = _parser()
@@ -80,8 +80,12 @@ def test_minibatch_capture_choice(model):
     assert _capture_wanted(args, cfg, cuda_dev, out, relational) == (
         model in CAPTURE_MINIBATCH_MODELS and model not in ONE_RELATION_MODELS)
     assert set(CAPTURE_MINIBATCH_MODELS) == set(MODELS)
-    assert not _capture_wanted(args, cfg, cuda_dev, out, plain, world=2)
-    assert "--devices 2" in out.getvalue()
+    # several processes: the mini-batch step is captured, the full-graph one not yet
+    assert _capture_wanted(args, cfg, cuda_dev, out, plain, world=2) == (
+        model in CAPTURE_MINIBATCH_MODELS)
+    full = io.StringIO()
+    assert not _capture_wanted(args, cfg, cuda_dev, full, None, world=2)
+    assert "--devices 2" in full.getvalue()
     assert not _capture_wanted(args, cfg, torch.device("cpu"), out, plain)
 
 

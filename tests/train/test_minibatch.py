@@ -118,6 +118,49 @@ def test_two_gloo_processes_give_the_union_batch_gradients(tmp_path, model_name,
                                   _one_rank_grad(data, ranks[0]["seed"]), rtol=1e-3)
 
 
+def _captured_ddp_worker(rank, world, folder, model_name, features):
+    from hector.train.captured import CapturedStep
+    distributed.init(torch.device("cpu"), rank, world)
+    try:
+        data = tiny_data(features)
+        model = tiny_model(model_name, data)
+        net = distributed.wrap(model, torch.device("cpu"))
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)     # (the gradients stay)
+        loader = NeighborLoader(data.graph, [-1, -1], input_nodes=data.train_idx, batch_size=4,
+                                shuffle=True, seed=3, num_parts=world, part=rank, static=True)
+        step = CapturedStep(net, opt, loader, data.x, data.y)
+        seeds, count = next(iter(loader.seed_batches()))
+        step.step(seeds, count)
+        torch.save({"seed": seeds[:int(count)],
+                    "grads": {n: p.grad for n, p in model.named_parameters()}},
+                   f"{folder}/rank{rank}.pt")
+    finally:
+        distributed.shutdown()
+
+
+# The captured step's path with several processes (eager on the CPU): the ranks' gradients
+# are the union batch's, dense ones and node tables alike, as DDP's are above.
+@pytest.mark.parametrize("model_name,features", [("rgcn", True), ("rgcn", False),
+                                                 ("rgat", True)])
+def test_captured_step_with_two_gloo_processes_gives_the_union_batch_gradients(
+        tmp_path, model_name, features):
+    distributed.spawn(_captured_ddp_worker, 2, str(tmp_path), model_name, features)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    seeds = torch.cat([r["seed"] for r in ranks])
+    assert seeds.unique().numel() == 8                     # disjoint shares of 4
+    data = tiny_data(features)
+    model = tiny_model(model_name, data)
+    batch = NeighborLoader(data.graph, [-1, -1], input_nodes=seeds).sample(seeds)
+    x = None if data.x is None else data.x[batch.n_id]
+    F.cross_entropy(model(x, batch.blocks, n_id=batch.n_id), data.y[seeds]).backward()
+    for name, p in model.named_parameters():
+        for r in ranks:
+            if p.grad is None:
+                assert r["grads"][name] is None, name
+            else:
+                torch.testing.assert_close(r["grads"][name], p.grad, rtol=1e-4, atol=1e-6)
+
+
 def _one_rank_grad(data, seeds):
     model = tiny_model("rgcn", data)
     batch = NeighborLoader(data.graph, [-1, -1], input_nodes=seeds).sample(seeds)
@@ -431,6 +474,38 @@ def test_hector_train_runs_the_captured_step_path(model, monkeypatch):
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert result["captured"] and result["batch_size"] == 64
     assert 0.0 <= result["test_acc"] <= 1.0
+
+
+def _captured_train_worker(rank, world, folder):
+    import json
+    from hector.train import loop
+    # (the CUDA choice, taken on the CPU: the captured step's path, run eagerly)
+    loop._capture_wanted = lambda args, cfg, device, out, graph=None, world=1: graph is not None
+    distributed.init(torch.device("cpu"), rank, world)
+    try:
+        out = io.StringIO()
+        result = train(parse("--model", "rgcn", "--dataset", "synthetic:aifb", "--epochs", "3",
+                             "--hidden", "8", "--batch-size", "32", "--fanout", "5,5",
+                             "--log-every", "1", "--dropout", "0", "--devices", "2"), out=out)
+        with open(f"{folder}/rank{rank}.json", "w") as f:
+            json.dump({"result": result, "log": out.getvalue()}, f)
+    finally:
+        distributed.shutdown()
+
+
+def test_hector_train_runs_the_captured_step_path_in_two_processes(tmp_path):
+    """``hector train --devices 2`` on the captured mini-batch step's path: it trains (the
+    loss falls), reports two devices and a captured step, and both ranks end with the same
+    model (the gradients are averaged over them): the same accuracies."""
+    import json
+    distributed.spawn(_captured_train_worker, 2, str(tmp_path))
+    runs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for run in runs:
+        assert run["result"]["captured"] and run["result"]["devices"] == 2
+    losses = re.findall(r"^epoch\s+\d+\s+loss\s+([0-9.]+)", runs[0]["log"], re.M)
+    assert len(losses) == 3 and float(losses[-1]) < float(losses[0])
+    for key in ("train_acc", "test_acc"):
+        assert runs[0]["result"][key] == runs[1]["result"][key], key
 
 
 def test_static_buffers_that_would_not_fit_fall_back_to_eager_batches(monkeypatch):

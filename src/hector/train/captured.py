@@ -34,6 +34,9 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from .distributed import average_gradients
 
 #: Eager steps before the capture (side-stream warm-up, as torch's CUDA-graph docs advise).
 WARMUP = 2
@@ -86,8 +89,13 @@ class CapturedStep:
 
     Args:
         model: called as ``model(x_b, blocks, n_id=n_id)``, returning one row of logits per
-            seed slot (``hector train``'s networks do).
-        optimizer: its step runs inside the graph when every group is capturable.
+            seed slot (``hector train``'s networks do).  A ``DistributedDataParallel`` (each
+            rank with its share of the seeds: ``NeighborLoader(num_parts=, part=)``): its
+            module runs the step, and the gradients are averaged over the ranks after it,
+            outside the graph (:func:`hector.train.distributed.average_gradients`), before
+            the optimizer's step.
+        optimizer: its step runs inside the graph when every group is capturable (and the
+            model is not distributed).
         loader: a ``NeighborLoader(static=True)`` (relations and node types: its blocks are
             relational capacity blocks, which RGCN and RGAT run on).
         x: node features (``None``: featureless, the model embeds ``n_id``); y: labels.
@@ -104,10 +112,13 @@ class CapturedStep:
                  fit: bool = False, margin: float = 1.25):
         graph = loader.graph
         self.capture = _capture_choice(loader, capture)
-        self.model, self.optimizer, self.loader = model, optimizer, loader
+        #: The distributed wrapper (its module is what runs), or None.
+        self.ddp = model if isinstance(model, DistributedDataParallel) else None
+        self.model = model.module if self.ddp is not None else model
+        self.optimizer, self.loader = optimizer, loader
         self.x, self.y, self.loss_fn = x, y, loss
-        self.in_graph_optimizer = all(g.get("capturable", False)
-                                      for g in optimizer.param_groups)
+        self.in_graph_optimizer = self.ddp is None and all(
+            g.get("capturable", False) for g in optimizer.param_groups)
         dev = graph.device
         self.seeds = torch.zeros(loader.batch_size, dtype=torch.int64, device=dev)
         self.count = torch.zeros((), dtype=torch.int64, device=dev)
@@ -123,7 +134,7 @@ class CapturedStep:
         self.caps = None
         self.grown = 0
         self._sampling: Optional[torch.cuda.CUDAGraph] = None
-        self._sb = self._blocks = None
+        self._sb = self._blocks = self._n_id = None
 
     def _fit_to(self, sb) -> bool:
         """(``fit``) Read the batch's sizes and grow the capacities if they do not hold it;
@@ -150,12 +161,18 @@ class CapturedStep:
         loss.backward()
         # The captured blocks stay alive with the step: hector's ops name their graphs by
         # handles that live as long as the graph does.
-        self._blocks = blocks
+        self._blocks, self._n_id = blocks, n_id
         return loss.detach()
+
+    def _average(self) -> None:
+        """(distributed) The gradients averaged over the ranks, outside any graph."""
+        if self.ddp is not None:
+            average_gradients(self.ddp, self._n_id)
 
     def _eager(self, sb=None) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self._forward_backward(sb)
+        self._average()
         self.optimizer.step()
         self.eager_steps += 1
         return loss
@@ -174,6 +191,7 @@ class CapturedStep:
             self.graph, self.loss = _captured(self.loader, lambda: self._step_graph(sb))
         self.graph.replay()
         if not self.in_graph_optimizer:
+            self._average()
             self.optimizer.step()
         self.replays += 1
         return self.loss.clone()

@@ -138,6 +138,27 @@ class RowSparseDDP(DDP):
             p.grad.index_copy_(d, rows, flat_part.view(part.shape))
 
 
+def average_gradients(ddp: DDP, n_id: torch.Tensor) -> None:
+    """What ``ddp``'s backward hooks and :meth:`RowSparseDDP.sync_rows` do, for a step that
+    ran ``ddp.module`` directly (a captured mini-batch step: the graph holds the forward and
+    backward, and the all-reduces run after each replay, outside it): every gradient
+    averaged over the ranks, the dense ones in one flat all-reduce, node tables by the rows
+    the ranks' batches touched (``n_id``: this rank's batch's node ids).  Parameters no rank
+    reached keep no gradient (the model's structure decides which, the same on every
+    rank)."""
+    tables = {id(p) for p, _ in getattr(ddp, "_tables", [])}
+    dense = [p for p in ddp.module.parameters()
+             if p.grad is not None and id(p) not in tables]
+    if dense:
+        flat = torch.cat([p.grad.reshape(-1) for p in dense])
+        dist.all_reduce(flat)
+        flat.div_(dist.get_world_size())
+        for p, part in zip(dense, flat.split([p.numel() for p in dense])):
+            p.grad.copy_(part.view_as(p.grad))
+    if tables:
+        ddp.sync_rows(n_id)
+
+
 def wrap(model: torch.nn.Module, device: torch.device, unused_parameters: bool = False):
     """``DistributedDataParallel`` around ``model``.  ``unused_parameters``: the model has
     parameters its forward never reads (RGAT keeps PyG's ``mod`` weights), which DDP must

@@ -248,8 +248,8 @@ def _capture_wanted(args, cfg, device, out, graph=None, world: int = 1) -> bool:
     what, models = ("training step", CAPTURE_MODELS) if graph is None else (
         "mini-batch step", CAPTURE_MINIBATCH_MODELS)
     why = None
-    if world > 1:
-        why = f"--devices {world} (one process only so far)"
+    if world > 1 and graph is None:
+        why = f"--devices {world} (the full-graph step: one process only so far)"
     elif cfg["model"] not in models:
         why = f"model {cfg['model']} (capture supports {', '.join(models)})"
     elif graph is not None and cfg["model"] in ONE_RELATION_MODELS and (
