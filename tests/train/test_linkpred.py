@@ -42,13 +42,14 @@ def run(argv):
     return train(p.parse_args(argv + ["--no-progress"]), out=out), out.getvalue()
 
 
-@pytest.mark.parametrize("model, sampled", [("rgcn", False), ("rgat", False), ("hgt", False),
-                                            ("rgcn", True), ("hgt", True)])
-def test_a_short_run_learns(kg, model, sampled):
+# (--fanout: the encoder on sampled neighbourhoods of each batch's entities; --num-blocks:
+# block-diagonal relation weights)
+@pytest.mark.parametrize("model, more", [
+    ("rgcn", []), ("rgat", []), ("hgt", []), ("rgcn", ["--fanout", "4,3", "--batch-size", "200"]),
+    ("hgt", ["--fanout", "4,3", "--batch-size", "200"]), ("rgcn", ["--num-blocks", "4"])])
+def test_a_short_run_learns(kg, model, more):
     base = ["--task", "link", "--model", model, "--dataset", "triples", "--root", str(kg),
-            "--hidden", "16", "--eval-every", "50"]
-    if sampled:          # the encoder on sampled neighbourhoods of each batch's entities
-        base += ["--fanout", "4,3", "--batch-size", "200"]
+            "--hidden", "16", "--eval-every", "50"] + more
     untrained, _ = run(base + ["--epochs", "1"])
     trained, text = run(base + ["--epochs", "300"])
     assert trained["mrr"] > 1.5 * untrained["mrr"], (untrained, trained)
@@ -136,6 +137,9 @@ def test_node_classification_refuses_link_options():
     (["--model", "rgcn", "--resume", "missing.pt"], "--resume missing.pt: no such file"),
     (["--model", "rgcn", "--fanout", "5"], "--fanout needs one int"),
     (["--model", "rgcn", "--clip", "-1"], "--clip >= 0"),
+    (["--model", "rgcn", "--num-blocks", "3", "--hidden", "16"], "must divide --hidden"),
+    (["--model", "hgt", "--num-blocks", "2"], "rgcn's and rgat's, not hgt's"),
+    (["--model", "rgcn", "--num-blocks", "0"], "--num-blocks must be a positive integer"),
     (["--model", "rgcn", "--dtype", "bf16"], "fp32 only"),
 ])
 def test_bad_options_name_the_option(kg, argv, match):
@@ -198,3 +202,11 @@ def test_sampled_encoder_with_every_neighbour_is_the_whole_graph(model):
     rows, table = linkpred.sampled(net, embed, loader)(ids)
     torch.testing.assert_close(rows, whole, rtol=1e-5, atol=1e-5)
     assert table.shape == (5, h)            # each distinct entity once
+
+
+@pytest.mark.parametrize("model", ["rgcn", "rgat"])
+def test_num_blocks_makes_block_diagonal_relation_weights(model):
+    from hector.train.models import Net
+    net = Net(model, 10, 16, 16, 3, 16, 1, 0.0, None, "torch", num_blocks=4)
+    for conv in (net.conv1, net.conv2):
+        assert conv.num_blocks == 4 and conv.weight.shape == (3, 4, 4, 4)

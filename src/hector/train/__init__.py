@@ -50,6 +50,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="--task link: L2 penalty on entity rows and relations (default 0.01)")
     p.add_argument("--eval-every", type=int,
                    help="--task link: epochs between validation MRR evaluations (default 50)")
+    p.add_argument("--num-blocks", type=int,
+                   help="--task link: block-diagonal relation weights of this many blocks "
+                        "(rgcn, rgat; R-GCN's setting; it must divide --hidden)")
     p.add_argument("--clip", type=float,
                    help="--task link: clip the gradients' total norm to this (default 1.0, "
                         "as PyG's R-GCN example; 0: no clipping)")

@@ -20,7 +20,7 @@ KEYS = ("model", "optimizer", "epoch", "best", "bad_epochs", "loss_floor", "rng"
 SHAPING = ("model", "dataset", "hidden", "heads", "num_bases", "first_layer", "dtype")
 #: The same for ``--task link`` checkpoints (``hector.train.linkpred``).
 LINK_KEYS = ("model", "optimizer", "epoch", "best", "bad_epochs", "rng", "config")
-LINK_SHAPING = ("model", "dataset", "hidden", "heads", "num_bases", "decoder")
+LINK_SHAPING = ("model", "dataset", "hidden", "heads", "num_bases", "num_blocks", "decoder")
 
 
 def save(path, **state) -> None:

@@ -49,7 +49,7 @@ DECODERS = {"distmult": DistMult, "transe": TransE, "complex": ComplEx}
 #: smaller width: 500 there, on block-diagonal weights).
 LINK_DEFAULTS = dict(epochs=1000, lr=0.01, hidden=200, heads=1, dropout=0.2, patience=5,
                      batch_size=None, negatives=1, reg=0.01, eval_every=50, eval_batch=512,
-                     num_bases=None, decoder="distmult", clip=1.0, fanout=None)
+                     num_bases=None, decoder="distmult", clip=1.0, fanout=None, num_blocks=None)
 #: Triples per step with ``--fanout`` when ``--batch-size`` is left out.
 SAMPLED_BATCH = 4096
 
@@ -58,7 +58,7 @@ SAMPLED_BATCH = 4096
 #: ignored): option -> its value when left out.
 NODE_ONLY = {"weight_decay": None, "prefetch": None}
 #: ``--task link``'s own options, which node classification does not take.
-LINK_ONLY = ("decoder", "negatives", "reg", "eval_every", "clip")
+LINK_ONLY = ("decoder", "negatives", "reg", "eval_every", "clip", "num_blocks")
 
 
 def link_config(args) -> Dict[str, object]:
@@ -73,7 +73,8 @@ def link_config(args) -> Dict[str, object]:
                          f"{args.model!r}")
     cfg = dict(LINK_DEFAULTS)
     for key in ("epochs", "lr", "hidden", "heads", "dropout", "patience", "batch_size",
-                "negatives", "reg", "eval_every", "num_bases", "decoder", "clip", "fanout"):
+                "negatives", "reg", "eval_every", "num_bases", "decoder", "clip", "fanout",
+                "num_blocks"):
         value = getattr(args, key, None)
         if value is not None:
             cfg[key] = value
@@ -92,6 +93,16 @@ def link_config(args) -> Dict[str, object]:
     if not cfg["lr"] > 0 or not cfg["reg"] >= 0 or not 0 <= cfg["dropout"] < 1 \
             or not cfg["clip"] >= 0:
         raise ValueError("--lr must be > 0, --reg >= 0, --clip >= 0 and --dropout in [0, 1)")
+    if cfg["num_blocks"] is not None:
+        if not isinstance(cfg["num_blocks"], int) or cfg["num_blocks"] < 1:
+            raise ValueError(f"--num-blocks must be a positive integer, got "
+                             f"{cfg['num_blocks']!r}")
+        if args.model not in ("rgcn", "rgat"):
+            raise ValueError(f"--num-blocks: block-diagonal relation weights are rgcn's and "
+                             f"rgat's, not {args.model}'s")
+        if cfg["hidden"] % cfg["num_blocks"] or (cfg["hidden"] * cfg["heads"]) % cfg["num_blocks"]:
+            raise ValueError(f"--num-blocks ({cfg['num_blocks']}) must divide --hidden "
+                             f"({cfg['hidden']})")
     if cfg["decoder"] == "complex" and cfg["hidden"] % 2:
         raise ValueError(f"--decoder complex needs an even --hidden, got {cfg['hidden']}")
     if args.model == "hgt" and cfg["hidden"] % cfg["heads"]:
@@ -149,7 +160,7 @@ def train_link(args, out=None) -> dict:
     # hundreds, so the first losses are huge)
     torch.nn.init.xavier_uniform_(embed.weight)
     net = Net(cfg["model"], n, h, h, 2 * r, h, cfg["heads"], cfg["dropout"], cfg["num_bases"],
-              cfg["backend"]).to(device)
+              cfg["backend"], num_blocks=cfg["num_blocks"]).to(device)
     decoder = DECODERS[cfg["decoder"]](r, h).to(device)
     parts = {"embed": embed, "encoder": net, "decoder": decoder}
     graph = net.graph_of(edge_index, edge_type, n)

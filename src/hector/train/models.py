@@ -128,7 +128,8 @@ class Net(nn.Module):
 
     def __init__(self, model: str, num_nodes: int, in_channels: Optional[int], num_classes: int,
                  num_relations: int, hidden: int, heads: int, dropout: float,
-                 num_bases: Optional[int], backend: str, first_layer: str = "embedding"):
+                 num_bases: Optional[int], backend: str, first_layer: str = "embedding",
+                 num_blocks: Optional[int] = None):
         super().__init__()
         if first_layer not in ("embedding", "rgcn"):
             raise ValueError(f"first_layer must be 'embedding' or 'rgcn', got {first_layer!r}")
@@ -137,6 +138,10 @@ class Net(nn.Module):
         self.featureless = in_channels is None
         H, C, R = hidden, num_classes, num_relations
         comp = dict(backend=backend)
+        # block-diagonal relation weights (R-GCN's link prediction): rgcn and rgat only
+        blocks = {} if num_blocks is None else dict(num_blocks=num_blocks)
+        if blocks and model not in ("rgcn", "rgat"):
+            raise ValueError(f"num_blocks: rgcn and rgat only, not {model}")
         self.embed = None
         # Featureless RGAT/HGT: the first message-passing layer is either the model's own
         # layer on a learned embedding table ("embedding") or RGCN's one-hot layer
@@ -147,14 +152,14 @@ class Net(nn.Module):
             in_channels = H
         if model == "rgcn":
             self.conv1 = (FeaturelessRGCN(num_nodes, H, R, num_bases) if self.featureless else
-                          RGCNConv(in_channels, H, R, num_bases=num_bases, **comp))
-            self.conv2 = RGCNConv(H, C, R, num_bases=num_bases, **comp)
+                          RGCNConv(in_channels, H, R, num_bases=num_bases, **blocks, **comp))
+            self.conv2 = RGCNConv(H, C, R, num_bases=num_bases, **blocks, **comp)
         elif model == "rgat":
             self.conv1 = (FeaturelessRGCN(num_nodes, H * heads, R, num_bases) if self.rgcn_input
                           else RGATConv(in_channels, H, R, num_bases=num_bases, heads=heads,
-                                        **comp))
+                                        **blocks, **comp))
             self.conv2 = RGATConv(H * heads, C, R, num_bases=num_bases, heads=1, concat=False,
-                                  **comp)
+                                  **blocks, **comp)
         elif model == "hgt":
             if H % heads:
                 raise ValueError(f"--hidden ({H}) must be divisible by --heads ({heads}) for hgt")
