@@ -193,7 +193,8 @@ def train_link(args, out=None) -> dict:
         epoch_times.append(time.perf_counter() - t0)
         if epoch % cfg["eval_every"] and epoch != cfg["epochs"]:
             continue
-        val = _evaluate(embed, net, decoder, graph, valid, known_val, cfg["eval_batch"])
+        val = _evaluate(embed, net, decoder, graph, valid, known_val, cfg["eval_batch"],
+                        "validation", no_progress)
         print(f"epoch {epoch:4d}  loss {mean_loss:.4f}  val_mrr {val['mrr']:.4f}  "
               f"val_hits10 {val['hits10']:.4f}  time {epoch_times[-1]:.3f}s", file=out,
               flush=True)
@@ -213,7 +214,8 @@ def train_link(args, out=None) -> dict:
         m.load_state_dict(best["model"][name])
     known_all = KnownTriples(torch.cat([train, valid, test], 1), n, r)
     t_eval = time.perf_counter()
-    result = _evaluate(embed, net, decoder, graph, test, known_all, cfg["eval_batch"])
+    result = _evaluate(embed, net, decoder, graph, test, known_all, cfg["eval_batch"], "test",
+                       no_progress)
     eval_s = time.perf_counter() - t_eval
     result.update(task="link", model=cfg["model"], decoder=cfg["decoder"],
                   dataset=cfg["dataset"], best_epoch=best["epoch"], epochs=epoch,
@@ -327,8 +329,14 @@ def _fmt(key: str, value) -> str:
     return str(value)
 
 
-def _evaluate(embed, net, decoder, graph, triples, known, batch: int) -> Dict[str, float]:
+def _evaluate(embed, net, decoder, graph, triples, known, batch: int, what: str,
+              no_progress=None) -> Dict[str, float]:
+    """Filtered metrics of ``triples`` with every entity encoded on the whole graph; a
+    progress bar over the triples ranked (stderr, gone when done)."""
+    from tqdm import tqdm
     net.eval()
-    with torch.no_grad():
+    with torch.no_grad(), tqdm(total=triples.shape[1], desc=f"ranking {what}", unit="triple",
+                               file=sys.stderr, leave=False, disable=no_progress) as bar:
         entity = net(embed.weight, graph).float()
-        return link_metrics(entity, decoder, triples, known, batch_size=batch)
+        return link_metrics(entity, decoder, triples, known, batch_size=batch,
+                            progress=bar.update)
