@@ -17,9 +17,10 @@ from ... import checks as C
 from ...device import BACKENDS, TRITON_DTYPES, choose_backend
 from .. import registry
 from ..eager import call
+from ..ptr import rows_of_entries
 from ..segment_mm.spec import fp32_dot
 from ..sizes import cdiv
-from .reference import KINDS, csr_rows, filtered_ranks_torch
+from .reference import KINDS, filtered_ranks_torch
 
 #: Tile sizes (BQ queries, BN entities, BD features a step) by score kind: "dot" multiplies
 #: with tl.dot (sizes of at least 16); "l1"/"l2" broadcast a [BQ, BN, BD] difference.
@@ -100,7 +101,7 @@ def block_offsets(filt_ptr: torch.Tensor, filt_col: torch.Tensor, n: int, bn: in
     binary search per (query, block), on the device."""
     b = filt_ptr.numel() - 1
     dev = filt_col.device
-    rows = csr_rows(filt_ptr, filt_col.numel())
+    rows = rows_of_entries(filt_ptr, filt_col.numel())
     keys = torch.sort(rows * n + filt_col.long()).values
     starts = torch.clamp(torch.arange(cdiv(n, bn) + 1, device=dev) * bn, max=n)
     bounds = torch.arange(b, device=dev)[:, None] * n + starts[None, :]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from ..ptr import rows_of_entries
+
 #: Score kinds: ``q . e``, ``-|q - e|_1``, ``-|q - e|_2``.
 KINDS = ("dot", "l1", "l2")
 #: Scores a reference chunk holds at most (its queries times the entities).
@@ -27,20 +29,13 @@ def scores_torch(q: torch.Tensor, entities: torch.Tensor, kind: str) -> torch.Te
     return -torch.cdist(q, entities, p=p, compute_mode="donot_use_mm_for_euclid_dist")
 
 
-def csr_rows(ptr: torch.Tensor, nnz: int) -> torch.Tensor:
-    """``[nnz]`` int64: the row of each entry of a CSR with row pointers ``ptr`` (on the
-    device, without reading ``ptr`` back)."""
-    at = torch.arange(nnz, device=ptr.device)
-    return torch.searchsorted(ptr[1:].long(), at, right=True)
-
-
 def ranks_from_scores(scores: torch.Tensor, truth: torch.Tensor, filt_ptr: torch.Tensor,
                       filt_col: torch.Tensor) -> torch.Tensor:
     """``[B]`` float64 ranks of ``truth`` (``[B]`` entity ids) in each row of ``scores``
     ``[B, N]``: ``1 + #greater + #equal / 2`` over the entities other than the truth and the
     row's filtered ones (row ``i``'s are ``filt_col[filt_ptr[i]:filt_ptr[i + 1]]``; the truth
     among them changes nothing)."""
-    return _ranks(scores, truth, csr_rows(filt_ptr, filt_col.numel()), filt_col)
+    return _ranks(scores, truth, rows_of_entries(filt_ptr, filt_col.numel()), filt_col)
 
 
 def _ranks(scores: torch.Tensor, truth: torch.Tensor, rows: torch.Tensor,
@@ -69,7 +64,7 @@ def filtered_ranks_torch(q: torch.Tensor, entities: torch.Tensor, kind: str,
         q, entities = q.float(), entities.float()
     b, n = q.shape[0], entities.shape[0]
     step = max(1, CHUNK_ELEMENTS // max(n, 1))
-    rows = csr_rows(filt_ptr, filt_col.numel())
+    rows = rows_of_entries(filt_ptr, filt_col.numel())
     out = []
     for lo in range(0, b, step):
         hi = min(b, lo + step)
