@@ -34,10 +34,9 @@ import torch.nn.functional as F
 
 from .. import datasets
 from ..checks import check_output_file
+from ..loader import NeighborLoader
 from ..nn.kge import ComplEx, DistMult, TransE
 from . import checkpoint
-from ..graph import Graph
-from ..loader import NeighborLoader
 from .link import KnownTriples, corrupt, link_metrics
 from .minibatch import parse_fanout
 from .models import Net
@@ -100,7 +99,7 @@ def link_config(args) -> Dict[str, object]:
         if args.model not in ("rgcn", "rgat"):
             raise ValueError(f"--num-blocks: block-diagonal relation weights are rgcn's and "
                              f"rgat's, not {args.model}'s")
-        if cfg["hidden"] % cfg["num_blocks"] or (cfg["hidden"] * cfg["heads"]) % cfg["num_blocks"]:
+        if cfg["hidden"] % cfg["num_blocks"]:
             raise ValueError(f"--num-blocks ({cfg['num_blocks']}) must divide --hidden "
                              f"({cfg['hidden']})")
     if cfg["decoder"] == "complex" and cfg["hidden"] % 2:
@@ -167,9 +166,8 @@ def train_link(args, out=None) -> dict:
     if cfg["fanout"] is None:
         encode = whole_graph(lambda: net(embed.weight, graph))
         loader = None
-    else:
-        loader = NeighborLoader(Graph(edge_index, edge_type=edge_type, num_nodes=n,
-                                      num_relations=2 * r), cfg["fanout"], seed=cfg["seed"])
+    else:        # (sampling the encoder's own graph)
+        loader = NeighborLoader(graph, cfg["fanout"], seed=cfg["seed"])
         encode = sampled(net, embed, loader)
     params = [*embed.parameters(), *net.parameters(), *decoder.parameters()]
     opt = torch.optim.Adam(params, lr=cfg["lr"])
@@ -252,9 +250,9 @@ def _restore(ck: dict, path, parts, opt, gen: torch.Generator, device, loader=No
         for name, m in parts.items():
             m.load_state_dict(ck["model"][name])
         opt.load_state_dict(ck["optimizer"])
-        best = dict(ck["best"])
-        best = {"mrr": float(best["mrr"]), "epoch": int(best["epoch"]),
-                "model": best["model"]}
+        saved = ck["best"]
+        best = {"mrr": float(saved["mrr"]), "epoch": int(saved["epoch"]),
+                "model": saved["model"]}
         rng = ck["rng"]
         gen.set_state(rng["gen"].cpu())
         torch.set_rng_state(rng["cpu"].cpu())
