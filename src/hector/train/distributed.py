@@ -130,12 +130,18 @@ class RowSparseDDP(DDP):
             if p.grad is None:            # a table this step did not reach
                 p.grad = torch.zeros_like(p)
             parts.append(p.grad.index_select(d, rows))
-        flat = torch.cat([t.reshape(-1) for t in parts])
-        dist.all_reduce(flat)
-        flat.div_(dist.get_world_size())
-        for (p, d), part, flat_part in zip(self._tables, parts,
-                                           flat.split([t.numel() for t in parts])):
-            p.grad.index_copy_(d, rows, flat_part.view(part.shape))
+        for (p, d), part in zip(self._tables, rank_means(parts)):
+            p.grad.index_copy_(d, rows, part)
+
+
+def rank_means(tensors) -> list:
+    """Each tensor's mean over the ranks (new tensors of the same shapes), the whole list
+    in one all-reduce of their concatenation."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat)
+    flat.div_(dist.get_world_size())
+    sizes = [t.numel() for t in tensors]
+    return [part.view(t.shape) for t, part in zip(tensors, flat.split(sizes))]
 
 
 def average_gradients(ddp: DDP, n_id: torch.Tensor) -> None:
@@ -150,11 +156,8 @@ def average_gradients(ddp: DDP, n_id: torch.Tensor) -> None:
     dense = [p for p in ddp.module.parameters()
              if p.grad is not None and id(p) not in tables]
     if dense:
-        flat = torch.cat([p.grad.reshape(-1) for p in dense])
-        dist.all_reduce(flat)
-        flat.div_(dist.get_world_size())
-        for p, part in zip(dense, flat.split([p.numel() for p in dense])):
-            p.grad.copy_(part.view_as(p.grad))
+        for p, mean in zip(dense, rank_means([p.grad for p in dense])):
+            p.grad.copy_(mean)
     if tables:
         ddp.sync_rows(n_id)
 
