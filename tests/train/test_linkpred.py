@@ -169,8 +169,8 @@ def test_link_epoch_clips_the_gradient_norm(clip):
     opt.step = step
     train = torch.stack([torch.randint(0, n, (40,)), torch.randint(0, 2, (40,)),
                          torch.randint(0, n, (40,))])
-    linkpred.link_epoch(linkpred.whole_graph(lambda: table * 1.0), decoder, opt, train, n, 2, 0.01, 10,
-                        torch.Generator().manual_seed(0), clip)
+    linkpred.link_epoch(linkpred.whole_graph(lambda: table * 1.0), decoder, opt, train, n, 2,
+                        0.01, 10, torch.Generator().manual_seed(0), clip)
     assert len(norms) == 4
     if clip:
         assert max(norms) <= clip * 1.001

@@ -18,8 +18,9 @@ captured with: a learning-rate schedule reaches it only through a tensor ``lr`` 
 accepts one), not by assigning a new float to ``param_groups``.
 
 Fitted capacities (``fit=True``): the worst-case capacities are mostly padding on sparse
-graphs (docs/perf-notes.md), and the step's kernels walk all of it.  With ``fit``, the sampling is one graph and the rest of the step another, built on
-blocks of capacities fitted to the batches seen (``Capacities.fitted``, a margin on top).
+graphs (docs/perf-notes.md), and the step's kernels walk all of it.  With ``fit``, the
+sampling is one graph and the rest of the step another, built on blocks of capacities
+fitted to the batches seen (``Capacities.fitted``, a margin on top).
 Between the two replays the batch's sizes are read back (one small read; the host then
 waits for the sampling, not for the step): a batch the blocks would not hold grows the
 capacities and runs eagerly on the new ones, and the next batch captures the step again
