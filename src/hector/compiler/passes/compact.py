@@ -10,6 +10,13 @@ on the destination side with ``graph.compact_dst`` (RGAT's ``x_v W_r q``).
 edge-wise value that contains a typed linear (the work worth saving) and lifts by
 ``gather(lift(v), compact -> edge)``.  Bottom-up, so chains compact as a whole: the
 gather of a lifted child lifts back to the child itself.
+
+A value whose weights are all shared (none picked by relation) depends on its end node
+alone -- GAT's ``z_u a_src`` on the edges out of ``u`` -- and is lifted further, onto the
+node rows themselves (``at_nodes``): PyG's layers compute it there too, a homogeneous
+graph's compact rows are its nodes over again, and terms on node rows let the attention
+backward run as one operator (``fuse_attention.fused_backward``) instead of through its
+unfused operators.
 """
 from __future__ import annotations
 
@@ -51,6 +58,29 @@ def lift(v: Value, end: str) -> Optional[Value]:
     return None
 
 
+def at_nodes(v: Value, end: str) -> Optional[Value]:
+    """``v`` (edge-wise) recomputed on node rows, or None when it depends on more than its
+    ``end`` node (an edge, the other end, a weight picked per relation or node type)."""
+    if v.kind == WEIGHT:
+        return v if v.per is None else None
+    if v.kind != EDGE:
+        return None
+    a = v.args
+    if v.op == Op.GATHER:
+        ok = a[0].kind == NODE and v.attr("end") == end and v.attr("norm") is None
+        return a[0] if ok else None
+    if v.op == Op.LINEAR or v.op in N.BINARY or v.op == Op.DOT or v.op in _LIFTABLE:
+        xs = [at_nodes(x, end) for x in a]
+        if any(x is None for x in xs):
+            return None
+        if v.op == Op.LINEAR:
+            return N.linear(xs[0], xs[1], v.attr("heads"))
+        if v.op in _LIFTABLE:
+            return Value(v.op, (xs[0],), NODE, v.shape, v.attrs)
+        return N.dot(*xs) if v.op == Op.DOT else N.binary(v.op, *xs)
+    return None
+
+
 def _has_linear(v: Value) -> bool:
     """Does ``v`` hold a typed linear, or read one already compacted (so that, say, a
     per-relation bias added to compact rows is added there too, where the GEMM's epilogue can
@@ -69,6 +99,12 @@ def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
         if v.kind != EDGE or v.op == Op.GATHER or not _has_linear(v):
             return None
         for end in ("src", "dst"):
+            node_value = at_nodes(v, end)
+            if node_value is not None:
+                what = f"{v.op} {list(v.shape)} on edges depends only on its {end} node"
+                decisions.append(Decision(NAME, what, True, "computed once per node (no weight "
+                                          "picked per relation), read per edge by the gather"))
+                return N.gather(node_value, EDGE, end)
             lifted = lift(v, end)
             if lifted is None:
                 continue
