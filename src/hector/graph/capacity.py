@@ -94,7 +94,9 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
     if relational and self_loops:
         raise ValueError("self_loops: only on a block of one relation and node type")
     pos = torch.arange(e_cap, device=dev)
-    row = torch.searchsorted(ptr[1:], pos, right=True)        # num_dst past the valid edges
+    # (searchsorted over a whole pointer array, less one, equals it over ptr[1:] as ptr[0] = 0:
+    # torch 2.11's Inductor cannot lower a search over a slice, HECTOR_COMPILE_INDEX's case)
+    row = torch.searchsorted(ptr, pos, right=True) - 1        # num_dst past the valid edges
     valid = pos < ptr[-1]
     if self_loops:
         valid &= src.long() != row
@@ -134,7 +136,7 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
         nodes = torch.arange(num_nodes, device=dev)
         col.scatter_(0, gptr[1:] - 1, nodes)
     col = col[:total]
-    dst = torch.searchsorted(gptr[1:], torch.arange(total, device=dev), right=True)
+    dst = torch.searchsorted(gptr, torch.arange(total, device=dev), right=True) - 1
     capacity = Capacity(ptr, src, num_nodes, first_sink, width, self_loops, rel, dst_node,
                         type_ptr, num_relations, num_node_types, dst_count)
     g = _graph(gptr, col, dst, num_nodes, num_dst, width + int(self_loops), capacity,
@@ -167,7 +169,8 @@ def _relational(g: Graph, etype: torch.Tensor, c: Capacity) -> None:
     g.compact_src, g.compact_dst = (m.narrowed(idx) for m in maps)
     nodes = torch.arange(n, device=dev)
     type_ptr = c.type_ptr.long()
-    g.node_type = torch.searchsorted(type_ptr[1:t], nodes, right=True).to(torch.int32)
+    g.node_type = (torch.searchsorted(type_ptr, nodes, right=True) - 1).clamp_(max=t - 1).to(
+        torch.int32)
     g.node_type_ptr = torch.cat([type_ptr[:t], type_ptr.new_full((1,), n)]).to(idx)
     g.host_ptr = {"edge": DeviceBounds(g.rel_ptr, total),
                   "compact_src": DeviceBounds(g.compact_src.rel_ptr, total),
