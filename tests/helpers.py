@@ -182,3 +182,15 @@ def aten_ops(fn, nested: bool = False):
     for root in prof.profiler.kineto_results.experimental_event_tree():
         walk(root)
     return out, ops
+
+
+def grads_by_pyg_name(module, loss, inputs, names):
+    """Gradients of ``loss`` for ``inputs`` and then for ``module``'s parameters under PyG's
+    ``names`` (HGTConv packs PyG's per-type parameters; ``in_pyg_layout`` slices them back),
+    None where unused."""
+    params = dict(module.named_parameters())
+    got = torch.autograd.grad(loss, list(inputs) + list(params.values()), allow_unused=True)
+    named = dict(zip(params, got[len(inputs):]))
+    if hasattr(module, "in_pyg_layout"):
+        named = module.in_pyg_layout(named)
+    return list(got[:len(inputs)]) + [named[n] for n in names]

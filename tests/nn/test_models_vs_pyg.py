@@ -13,7 +13,8 @@ from hector.nn.rgcn import RGCNConv
 
 pyg = pytest.importorskip("torch_geometric.nn")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
-from helpers import device_for, random_hetero, random_relational, rel_err  # noqa: E402
+from helpers import (device_for, grads_by_pyg_name, random_hetero,  # noqa: E402
+                     random_relational, rel_err)
 
 from helpers import SHARED_DATA as DATA  # noqa: E402
 TOL = 1e-4
@@ -34,8 +35,7 @@ def _compare(ref, ours, run, tol=TOL):
     b, xs_b = run(ours)
     ga = torch.autograd.grad(a, xs_a + [dict(ref.named_parameters())[n] for n in names],
                              allow_unused=True)
-    gb = torch.autograd.grad(b, xs_b + [dict(ours.named_parameters())[n] for n in names],
-                             allow_unused=True)
+    gb = grads_by_pyg_name(ours, b, xs_b, names)
     assert rel_err(b.detach(), a.detach()) < tol
     for n, u, v in zip(["x"] * len(xs_a) + names, gb, ga):
         if v is None:
@@ -226,3 +226,24 @@ def test_hgt_prebuilt_graph_checked_against_metadata():
                                relation_names=g.relation_names)
     with pytest.raises(ValueError, match="not contiguous id ranges"):
         layer(xs, interleaved)
+
+
+def test_hgt_packs_pyg_parameters_and_speaks_pyg_state_dicts():
+    """One parameter per family (types stacked), whatever the number of types and
+    relations; state_dict() has PyG's keys and shapes, and loads strictly both ways."""
+    _, _, meta = random_hetero()
+    ref = pyg.HGTConv(8, 8, meta, heads=2)
+    _perturb(ref)
+    ours = HGTConv(8, 8, meta, heads=2)
+    assert len(list(ours.parameters())) == 8 < len(list(ref.parameters()))
+    ours.load_state_dict(ref.state_dict())                   # strict
+    mine, theirs = ours.state_dict(), ref.state_dict()
+    assert list(mine) != [] and sorted(mine) == sorted(theirs)
+    for k, v in theirs.items():
+        assert mine[k].shape == v.shape and torch.equal(mine[k], v), k
+    again = pyg.HGTConv(8, 8, meta, heads=2)
+    again.load_state_dict(mine)                              # strict, the other way
+    for k, v in again.state_dict().items():
+        assert torch.equal(v, theirs[k]), k
+    with pytest.raises(RuntimeError, match="Missing key"):
+        ours.load_state_dict({k: v for k, v in theirs.items() if not k.startswith("skip.")})

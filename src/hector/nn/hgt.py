@@ -17,14 +17,6 @@ from ..compiler.warm import graphed
 from .rgcn import compiler_options
 
 
-class _Lins(nn.Module):
-    """PyG ``HeteroDictLinear``'s parameter layout (``lins.<type>.weight/bias``)."""
-
-    def __init__(self, types, in_dim: int, out_dim: int):
-        super().__init__()
-        self.lins = nn.ModuleDict({t: nn.Linear(in_dim, out_dim) for t in types})
-
-
 class _Typed(nn.Module):
     """PyG ``HeteroLinear``'s parameter layout (``weight [types, in, out]``)."""
 
@@ -52,6 +44,26 @@ def _pieces(out: torch.Tensor, slices) -> Dict[str, torch.Tensor]:
     return {t: parts[i] for t, i in index.items()}
 
 
+def _pyg_state(module, state, prefix, local_metadata) -> None:
+    """``state_dict`` hook: the packed parameters under PyG's per-type keys."""
+    names = module.pyg_keys()
+    packed = {n: state.pop(prefix + n) for n in names if prefix + n in state}
+    for key, t in module.in_pyg_layout(packed).items():
+        state[prefix + key] = t
+
+
+def _packed_state(module, state, prefix, local_metadata, strict, missing, unexpected,
+                  errors) -> None:
+    """``load_state_dict`` pre-hook: PyG's per-type entries stacked into the packed ones
+    (a family with any of its keys absent is left as it is: reported missing)."""
+    for name, keys in module.pyg_keys().items():
+        full = [prefix + k for k in keys]
+        if full and all(k in state for k in full):
+            parts = [state.pop(k) for k in full]
+            state[prefix + name] = torch.cat(parts) if name in ("skip", "p_rel") \
+                else torch.stack(parts)
+
+
 class HGTConv(nn.Module):
     r"""Heterogeneous graph transformer, per head:
 
@@ -63,6 +75,12 @@ class HGTConv(nn.Module):
     with PyG's gated skip connection when in and out widths agree.  Compiled from
     :func:`hector.compiler.models.hgt`: ``k W^{att}_r`` and ``v W^{msg}_r`` run once per unique
     (src, relation) pair, then one attention traversal.
+
+    Parameters are packed one tensor per family, node types or relations stacked in
+    metadata order (``kqv_weight [T, 3F, in]``, ``kqv_bias``, ``out_weight``, ``out_bias``,
+    ``skip [T]``, ``p_rel [R, heads]``, and PyG's own ``k_rel`` / ``v_rel``), where PyG keeps
+    one per type: ``state_dict()`` and ``load_state_dict()`` use PyG's keys and shapes, and
+    :meth:`in_pyg_layout` maps packed tensors (or their gradients) to them.
 
     Args:
         in_channels (int, or a dict of equal ints), out_channels, metadata, heads: as in PyG.
@@ -94,53 +112,79 @@ class HGTConv(nn.Module):
         self.node_types, self.edge_types = node_types, edge_types
         self.dst_node_types = {e[-1] for e in edge_types}
         d = out_channels // heads
-        self.kqv_lin = _Lins(node_types, in_channels, 3 * out_channels)
-        self.out_lin = _Lins(node_types, out_channels, out_channels)
-        self.k_rel = _Typed(heads * len(edge_types), d)
-        self.v_rel = _Typed(heads * len(edge_types), d)
-        self.skip = nn.ParameterDict({t: nn.Parameter(torch.ones(1)) for t in node_types})
-        self.p_rel = nn.ParameterDict({"__".join(e): nn.Parameter(torch.ones(1, heads))
-                                       for e in edge_types})
+        T, R = len(node_types), len(edge_types)
+        # One parameter per family, types stacked: PyG keeps one per node type and relation
+        # (about a hundred on an RDF graph), and every parameter costs a warm training step
+        # its own gradient accumulation and optimizer slot on the host, and a cold one the
+        # stacking of the slices.  state_dict() and load_state_dict() speak PyG's keys.
+        self.kqv_weight = nn.Parameter(torch.empty(T, 3 * out_channels, in_channels))
+        self.kqv_bias = nn.Parameter(torch.empty(T, 3 * out_channels))
+        self.out_weight = nn.Parameter(torch.empty(T, out_channels, out_channels))
+        self.out_bias = nn.Parameter(torch.empty(T, out_channels))
+        self.k_rel = _Typed(heads * R, d)
+        self.v_rel = _Typed(heads * R, d)
+        self.skip = nn.Parameter(torch.ones(T))
+        self.p_rel = nn.Parameter(torch.ones(R, heads))
+        self.register_state_dict_post_hook(_pyg_state)
+        self.register_load_state_dict_pre_hook(_packed_state)
         self.program = Program(models.hgt, in_dim=in_channels, out_dim=out_channels, heads=heads,
                                num_relations=len(edge_types), num_node_types=len(node_types),
                                **compiler_options(**compiler))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for lins in (self.kqv_lin, self.out_lin):
-            for lin in lins.lins.values():
-                bound = 1.0 / math.sqrt(lin.in_features)   # PyG Linear's kaiming_uniform
-                nn.init.uniform_(lin.weight, -bound, bound)
-                nn.init.uniform_(lin.bias, -bound, bound)
+        for w, b, fan_in in ((self.kqv_weight, self.kqv_bias, self.in_channels),
+                             (self.out_weight, self.out_bias, self.out_channels)):
+            bound = 1.0 / math.sqrt(fan_in)        # PyG Linear's kaiming_uniform, per type
+            nn.init.uniform_(w, -bound, bound)
+            nn.init.uniform_(b, -bound, bound)
         for rel in (self.k_rel, self.v_rel):
             bound = 1.0 / math.sqrt(rel.weight.size(1))
             nn.init.uniform_(rel.weight, -bound, bound)
-        for p in list(self.skip.values()) + list(self.p_rel.values()):
-            nn.init.ones_(p)
+        nn.init.ones_(self.skip)
+        nn.init.ones_(self.p_rel)
+
+    def pyg_keys(self) -> Dict[str, list]:
+        """Each packed parameter's PyG keys, one per slice along its first axis."""
+        types, rels = self.node_types, ["__".join(e) for e in self.edge_types]
+        return {"kqv_weight": [f"kqv_lin.lins.{t}.weight" for t in types],
+                "kqv_bias": [f"kqv_lin.lins.{t}.bias" for t in types],
+                "out_weight": [f"out_lin.lins.{t}.weight" for t in types],
+                "out_bias": [f"out_lin.lins.{t}.bias" for t in types],
+                "skip": [f"skip.{t}" for t in types], "p_rel": [f"p_rel.{r}" for r in rels]}
+
+    def in_pyg_layout(self, tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """``{packed name: tensor}`` (parameters, their gradients) -> PyG's names and shapes
+        (views; None stays None: an unused parameter's gradient); other names pass
+        through."""
+        keys = self.pyg_keys()
+        out = {}
+        for name, t in tensors.items():
+            if name not in keys:
+                out[name] = t
+                continue
+            for i, key in enumerate(keys[name]):   # (skip and p_rel keep a leading axis of 1)
+                out[key] = None if t is None else t[i:i + 1] if name in ("skip", "p_rel") \
+                    else t[i]
+        return out
 
     # -- PyG parameters -> the DSL's per-type stacks (differentiable views) ----------------
     def _weights(self) -> Dict[str, torch.Tensor]:
-        # One stack per parameter family, then views: a stack of per-type slices made
-        # autograd zero-fill and copy every slice's gradient and sum three per Linear, some
-        # 460 tiny kernels per backward on a 27-type graph (bgs: half its eager training step).
+        """The DSL's per-type stacks: views of the packed parameters, no copy."""
         F, H, R = self.out_channels, self.heads, len(self.edge_types)
         d = F // H
-        kqv = [self.kqv_lin.lins[t] for t in self.node_types]
-        kqv_w = torch.stack([lin.weight for lin in kqv])          # [T, 3F, in]
-        kqv_b = torch.stack([lin.bias for lin in kqv])            # [T, 3F]
         out = {}
         for i, name in enumerate(("k", "q", "v")):
-            out[name] = kqv_w[:, i * F:(i + 1) * F].transpose(1, 2)
-            out[name + "_bias"] = kqv_b[:, i * F:(i + 1) * F]
+            out[name] = self.kqv_weight[:, i * F:(i + 1) * F].transpose(1, 2)
+            out[name + "_bias"] = self.kqv_bias[:, i * F:(i + 1) * F]
         for name, rel in (("k_rel", self.k_rel), ("v_rel", self.v_rel)):
             # PyG's type index is head * R + relation.
             out[name] = rel.weight.view(H, R, d, d).transpose(0, 1)
-        out["p_rel"] = torch.stack([self.p_rel["__".join(e)] for e in self.edge_types]).view(R, H, 1)
-        lins = [self.out_lin.lins[t] for t in self.node_types]
-        out["a"] = torch.stack([lin.weight for lin in lins]).transpose(1, 2)
-        out["a_bias"] = torch.stack([lin.bias for lin in lins])
+        out["p_rel"] = self.p_rel.view(R, H, 1)
+        out["a"] = self.out_weight.transpose(1, 2)
+        out["a_bias"] = self.out_bias
         if self.in_channels == self.out_channels:
-            out["skip"] = torch.stack([self.skip[t] for t in self.node_types])
+            out["skip"] = self.skip.view(-1, 1)
         return out
 
     def graph_of(self, x_dict, edge_index_dict) -> Graph:
