@@ -13,6 +13,7 @@ import hector
 from hector.compiler import models
 from hector.compiler.ir import NODE, Op
 from hector.graph import with_self_loops
+from hector.nn import GATConv
 
 pyg = pytest.importorskip("torch_geometric.nn")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
@@ -73,3 +74,67 @@ def test_the_pipeline_fuses_it_into_one_attention_on_node_rows():
     assert {s.spec[1].rows for s in fwd if s.template == "gemm"} == {NODE}
     bwd = [s for s in cp.backward_plan.steps if s.template == "attention"]
     assert len(bwd) == 1 and bwd[0].body.op == Op.ATTENTION_BWD
+
+
+def _twins(backend, dropout=0.5, heads=2, F=6, C=4, **kw):
+    """hector.nn.GATConv with attention dropout and the DSL program with the same parameters."""
+    torch.manual_seed(0)
+    layer = GATConv(F, C, heads=heads, dropout=dropout, backend="torch")
+    prog = hector.compile(models.gat, in_dim=F, out_dim=C, heads=heads, dropout=dropout,
+                          backend=backend, **kw)
+    with torch.no_grad():
+        layer.bias.normal_()
+        prog.lin.copy_(layer.lin.weight.t())
+        prog.att_src.copy_(layer.att_src.view(heads, C, 1))
+        prog.att_dst.copy_(layer.att_dst.view(heads, C, 1))
+        prog.bias.copy_(layer.bias)
+    return layer, prog
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("autodiff", ["ir", "torch"])
+def test_attention_dropout_drops_what_the_layer_drops(backend, autodiff):
+    """In training calls the program's attention weights are dropped by the same mask as
+    GATConv's (a hash of the seed each call draws from torch's generator: same torch seed,
+    same mask): output and every gradient equal; the mask changes between calls; in eval
+    calls nothing is dropped."""
+    dev = device_for(backend)
+    layer, prog = _twins(backend, autodiff=autodiff)
+    layer, prog = layer.to(dev), prog.to(dev)
+    graph = with_self_loops(hector.Graph(_edges().to(dev), num_nodes=30))
+    x = torch.randn(30, 6, generator=torch.Generator().manual_seed(2)).to(dev)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.manual_seed(11)
+    a = layer(xa, graph)
+    torch.manual_seed(11)
+    b = prog(graph, x=xb)
+    assert rel_err(b.detach(), a.detach()) < 1e-5
+    w = torch.randn(a.shape, generator=torch.Generator().manual_seed(3)).to(dev)
+    ga = torch.autograd.grad((a * w).sum(), [xa, layer.lin.weight, layer.att_src,
+                                             layer.att_dst, layer.bias])
+    gb = torch.autograd.grad((b * w).sum(), [xb, prog.lin, prog.att_src, prog.att_dst,
+                                             prog.bias])
+    wants = [ga[0], ga[1].t(), ga[2].view_as(gb[2]), ga[3].view_as(gb[3]), ga[4]]
+    for name, got, want in zip(["x", "lin", "att_src", "att_dst", "bias"], gb, wants):
+        assert rel_err(got, want) < 1e-5, name
+    with torch.no_grad():
+        torch.manual_seed(12)
+        assert not torch.allclose(prog(graph, x=x), b)          # another call, another mask
+        prog.eval()
+        layer.eval()
+        assert rel_err(prog(graph, x=x), layer(x, graph)) < 1e-5
+        assert not torch.allclose(prog(graph, x=x), b)
+
+
+def test_only_a_fused_attention_drops():
+    """A dropout that stays its own operator (fusion off) is refused by name, not run
+    undropped; eval calls of the same program need no fusion of it and run."""
+    _, prog = _twins("torch", fuse=False)
+    graph = with_self_loops(hector.Graph(_edges(), num_nodes=30))
+    x = torch.randn(30, 6)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        prog(graph, x=x)
+    prog.eval()
+    assert prog(graph, x=x).shape == (30, 8)
+    assert prog.program.training_program is not None
+    assert hector.compile(models.gat, in_dim=6, out_dim=4).program.training_program is None

@@ -80,14 +80,19 @@ class Traced:
     outputs: Tuple[Value, ...]
     inputs: Dict[str, Value]
     weights: Dict[str, WeightDecl]
+    #: the function asked for a dropout (``m.dropout`` with p > 0): a training call is a
+    #: different program (traced with ``training=True``)
+    dropout: bool = False
 
 
 class Model:
     """The builder passed to a DSL function.  ``num_relations`` / ``num_node_types`` size the
-    per-relation / per-node-type weights."""
+    per-relation / per-node-type weights; ``training``: the trace of a training call (where
+    ``dropout`` drops)."""
 
-    def __init__(self, num_relations: int = 1, num_node_types: int = 1):
+    def __init__(self, num_relations: int = 1, num_node_types: int = 1, training: bool = False):
         self.num_relations, self.num_node_types = num_relations, num_node_types
+        self.training, self.uses_dropout = training, False
         self.inputs: Dict[str, Value] = {}
         self.weights: Dict[str, WeightDecl] = {}
 
@@ -148,6 +153,17 @@ class Model:
     def edge_softmax(self, s: Sym) -> Sym:
         return self._s(N.edge_softmax(self._v(s)))
 
+    def dropout(self, x: Sym, p: float) -> Sym:
+        """Edge values (attention weights, say) zeroed with probability ``p`` in a training
+        call, the rest scaled by ``1 / (1 - p)``; ``x`` itself otherwise.  Applied to an
+        edge softmax that fusion makes an attention, the fused kernels drop as they go."""
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout: p must be a number in [0, 1), got {p!r}")
+        if p == 0:
+            return x
+        self.uses_dropout = True
+        return self._s(N.dropout(self._v(x), float(p))) if self.training else x
+
     def leaky_relu(self, x: Sym, negative_slope: float = 0.01) -> Sym:
         return self._s(N.unary(Op.LEAKY_RELU, self._v(x), slope=float(negative_slope)))
 
@@ -185,12 +201,14 @@ class Model:
         return self._s(N.blockdiag(self._v(w)))
 
 
-def trace(fn: Callable, num_relations: int = 1, num_node_types: int = 1, **dims) -> Traced:
-    """Run the DSL function ``fn(m, **dims)`` once and capture its IR.  Only the keywords
-    ``fn`` declares are passed; a missing one raises a ``TypeError`` naming it."""
+def trace(fn: Callable, num_relations: int = 1, num_node_types: int = 1, training: bool = False,
+          **dims) -> Traced:
+    """Run the DSL function ``fn(m, **dims)`` once and capture its IR (``training``: as a
+    training call, dropouts included).  Only the keywords ``fn`` declares are passed; a
+    missing one raises a ``TypeError`` naming it."""
     if not callable(fn):
         raise TypeError(f"fn must be a DSL function, got {type(fn).__name__}")
-    m = Model(num_relations, num_node_types)
+    m = Model(num_relations, num_node_types, training)
     params = inspect.signature(fn).parameters
     takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in dims.items() if takes_all or k in params}
@@ -206,4 +224,5 @@ def trace(fn: Callable, num_relations: int = 1, num_node_types: int = 1, **dims)
         if not isinstance(o, Sym) or o.value.kind != NODE:
             raise TypeError(f"{getattr(fn, '__name__', 'fn')} must return node-wise DSL values, "
                             f"got {o!r}")
-    return Traced(tuple(o.value for o in outs), dict(m.inputs), dict(m.weights))
+    return Traced(tuple(o.value for o in outs), dict(m.inputs), dict(m.weights),
+                  m.uses_dropout)

@@ -40,6 +40,7 @@ class Op:
     # leaves
     INPUT, PARAM, CONST = "input", "param", "const"
     SAVED, GRAD_OUTPUT = "saved", "grad_output"     # leaves of a backward IR
+    SEED = "seed"          # the dropout seed a training call draws (one per program)
     ARG = "arg"                                     # a kernel body's i-th input
     # row operators
     LINEAR, GATHER, SCATTER = "linear", "gather", "scatter"
@@ -48,6 +49,7 @@ class Op:
     ADD, SUB, MUL = "add", "sub", "mul"
     NEG, EXP, SIGMOID, TANH, GELU, RELU = "neg", "exp", "sigmoid", "tanh", "gelu", "relu"
     LEAKY_RELU, SCALE = "leaky_relu", "scale"
+    DROPOUT = "dropout"    # edge values zeroed by a hash of (seed, edge, head), others / (1-p)
     LEAKY_RELU_GRAD, GELU_GRAD = "leaky_relu_grad", "gelu_grad"   # derivatives for autodiff
     # weight operators
     WMUL, WCOMBINE, BLOCKDIAG, WT, WGRAD, WSUM = ("wmul", "wcombine", "blockdiag", "wT",
@@ -73,9 +75,9 @@ BINARY = (Op.ADD, Op.SUB, Op.MUL)
 WEIGHT_OPS = (Op.PARAM, Op.WMUL, Op.WCOMBINE, Op.BLOCKDIAG, Op.WT, Op.WSCALE, Op.WSRC,
               Op.WCAT, Op.WHEADS, Op.WCOLS)
 #: Values with no computation of their own: passes leave them alone, lowering makes no step.
-LEAVES = (Op.INPUT, Op.PARAM, Op.CONST, Op.SAVED, Op.GRAD_OUTPUT, Op.ARG)
+LEAVES = (Op.INPUT, Op.PARAM, Op.CONST, Op.SAVED, Op.GRAD_OUTPUT, Op.ARG, Op.SEED)
 #: The score terms a fused ``attention`` node can read, in the order its arguments hold them.
-ATTENTION_ROLES = ("v", "q", "k", "a_src", "a_dst", "p", "bias")
+ATTENTION_ROLES = ("v", "q", "k", "a_src", "a_dst", "p", "bias", "seed")
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,23 @@ def param(name: str, shape: Tuple[int, ...], per: Optional[str] = None) -> Value
     _need(all(isinstance(s, int) and s > 0 for s in shape),
           f"weight {name!r}: shape must be positive ints, got {shape}")
     return Value(Op.PARAM, (), WEIGHT, tuple(shape), _attrs(name=name, per=per))
+
+
+def seed() -> Value:
+    """The dropout seed leaf: a one-element int64 device tensor that a training call draws
+    (``attention.op.draw_seed``) and its backward reads again (no gradient)."""
+    return Value(Op.SEED, (), WEIGHT, (1,))
+
+
+def dropout(x: Value, p: float) -> Value:
+    """``x`` with each (edge, head) zeroed with probability ``p`` and the rest scaled by
+    ``1 / (1 - p)``: the keep-mask is a hash of (seed, canonical edge id, head)
+    (``kernels.attention.reference.dropout_keep``), so both backends and the backward draw
+    the same one without storing it."""
+    _need(x.kind == EDGE, f"dropout: only edge values (the mask is per edge and head), got "
+          f"{x.kind}")
+    _need(isinstance(p, float) and 0.0 < p < 1.0, f"dropout: p must be in (0, 1), got {p!r}")
+    return Value(Op.DROPOUT, (x, seed()), EDGE, x.shape, _attrs(p=p))
 
 
 def saved(v: Value, key: int) -> Value:
@@ -402,18 +421,22 @@ def const(kind: str, shape: Tuple[int, ...], value: float) -> Value:
 
 # -- made by fusion ------------------------------------------------------------------------
 def attention(roles: Dict[str, Value], shape: Tuple[int, int], scale: float,
-              slope: Optional[float]) -> Value:
+              slope: Optional[float], dropout: float = 0.0) -> Value:
     """The fused ``attention`` operator: ``sum over incoming edges of softmax(act(score)) *
     v_src [+ bias]`` with ``score = scale <q_dst, k_src> [* p] + a_src + a_dst``; ``roles``
     maps the terms present (:data:`ATTENTION_ROLES`) to their values (``bias``: a weight row
     of ``heads * dim`` added to every output row by the kernel's epilogue, rows without
-    edges included).  Read them back with :func:`attention_roles`."""
+    edges included; ``seed``: the dropout seed leaf, with ``dropout`` > 0: the attention
+    weights dropped as :func:`dropout` drops edge values).  Read them back with
+    :func:`attention_roles`."""
     _need("v" in roles and set(roles) <= set(ATTENTION_ROLES),
           f"attention: roles must include 'v' and be among {ATTENTION_ROLES}, got {sorted(roles)}")
     _need(("q" in roles) == ("k" in roles), "attention: q and k come together")
+    _need(("seed" in roles) == (dropout > 0), "attention: a dropout needs its seed role")
     order = tuple(r for r in ATTENTION_ROLES if r in roles)
+    attrs = (("roles", order), ("scale", scale), ("slope", slope))
     return Value(Op.ATTENTION, tuple(roles[r] for r in order), NODE, tuple(shape),
-                 (("roles", order), ("scale", scale), ("slope", slope)))
+                 attrs + ((("dropout", dropout),) if dropout > 0 else ()))
 
 
 def attention_roles(v: Value, items: Optional[Sequence] = None) -> Dict[str, Any]:

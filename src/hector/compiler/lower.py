@@ -62,6 +62,12 @@ def lower(outputs: Sequence[Value], dtype: torch.dtype = torch.float32) -> Plan:
             continue
         k = v if v.op == Op.KERNEL else single_kernel(v)
         template, body = k.attr("template"), k.attr("body")
+        if any(b.op == Op.DROPOUT for b in toposort([body])):
+            raise NotImplementedError(
+                "dropout: only the weights of an attention that fusion makes one operator "
+                "can be dropped (m.dropout(m.edge_softmax(score), p) times source-side "
+                "messages, aggregated by sum, with fuse=True); this dropout stayed a "
+                f"separate {template} operator")
         spec, note = _spec(template, body, dtype)
         # A forward attention also writes its log-sum-exp (a fused backward may read it).
         extra = attention_lse(v) if body.op == Op.ATTENTION else None
@@ -258,5 +264,5 @@ def attention_spec(body: Value, dtype: torch.dtype) -> Tuple[AttentionSpec, Atte
     spec = AttentionSpec(heads=v.heads, dim_qk=q.dim if has_qk else 0, dim_v=v.dim,
                          has_qk=has_qk, has_src=has_src, has_dst=has_dst,
                          negative_slope=None if slope is None else float(slope),
-                         has_dropout=False, dtype=dtype, dst_edge=rows.dst_edge)
+                         has_dropout="seed" in roles, dtype=dtype, dst_edge=rows.dst_edge)
     return spec, rows

@@ -32,7 +32,8 @@ from ..device import BACKENDS, resolve_backend
 from ..graph import Graph
 from .dsl import Traced, trace
 from .execute import execute
-from .ir import NODE, Op, Value, toposort
+from .ir import NODE, Op, Value, seed as seed_leaf, toposort
+from ..kernels.attention.op import draw_seed
 from .passes.common import GraphStats
 from .pipeline import (CompiledPlan, ForwardStage, check_same_plan, compile_backward,
                        compile_forward)
@@ -58,7 +59,7 @@ class Program:
     def __init__(self, fn: Callable, *, reorder: bool = True, compact: bool = True,
                  fuse: bool = True, backend: str = "auto", autodiff: str = "ir",
                  num_relations: int = 1, num_node_types: int = 1,
-                 plan_cache_size: Optional[int] = None, **dims):
+                 plan_cache_size: Optional[int] = None, training: bool = False, **dims):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if autodiff not in AUTODIFF:
@@ -73,7 +74,16 @@ class Program:
         self.backend, self.autodiff = backend, autodiff
         self.num_relations, self.num_node_types = num_relations, num_node_types
         self.traced: Traced = trace(fn, num_relations=num_relations,
-                                    num_node_types=num_node_types, **dims)
+                                    num_node_types=num_node_types, training=training, **dims)
+        #: A layer with dropout is another program in a training call (its dropouts in the
+        #: IR, a seed drawn per call): traced and compiled beside this one, caches its own.
+        self.training_program: Optional["Program"] = None
+        if self.traced.dropout and not training:
+            self.training_program = Program(
+                fn, reorder=reorder, compact=compact, fuse=fuse, backend=backend,
+                autodiff=autodiff, num_relations=num_relations, num_node_types=num_node_types,
+                plan_cache_size=plan_cache_size, training=True, **dims)
+        self._seeded = any(v.op == Op.SEED for v in toposort(self.traced.outputs))
         # Only per-node-type weights can be re-sliced per relation (reorder's typed fold):
         # other programs never ask a graph for its relations' source types (one host read
         # of the edges for a new graph without names: every mini-batch block).
@@ -179,10 +189,15 @@ class Program:
                 raise ValueError(f"weight {name!r} is on {w.device} but the graph is on "
                                  f"{graph.device}; move one of them with .to(device)")
             out[decl.value] = w
+        if self._seeded:          # drawn on the device: a captured call draws anew each replay
+            out[seed_leaf()] = draw_seed(graph.device)
         return out
 
     def __call__(self, graph, inputs: Dict[str, torch.Tensor],
-                 weights: Dict[str, torch.Tensor]) -> List[torch.Tensor]:
+                 weights: Dict[str, torch.Tensor], training: bool = False) -> List[torch.Tensor]:
+        """The layer's outputs on ``graph``; ``training``: a training call (dropouts drop)."""
+        if training and self.training_program is not None:
+            return self.training_program(graph, inputs, weights)
         self.check_graph(graph)
         leaves = self.leaves(graph, inputs, weights)
         dtype = next(iter(self.leaves_dtype(leaves)))
@@ -191,7 +206,7 @@ class Program:
         half = dtype in (torch.float16, torch.bfloat16)
         backend = resolve_backend(self.backend, graph.device, dtype)
         work = torch.float32 if half and backend == "torch" else dtype
-        leaves = {v: t.to(work) for v, t in leaves.items()}
+        leaves = {v: t if v.op == Op.SEED else t.to(work) for v, t in leaves.items()}
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in leaves.values())
         backward = needs_grad and self.autodiff == "ir"
         key = (self.stats(graph), work)
@@ -261,7 +276,7 @@ class CompiledModule(nn.Module):
     @graphed        # (warm calls on CUDA replay CUDA graphs, as hector.nn's layers do)
     def forward(self, graph, **inputs):
         weights = {n: getattr(self, n) for n in self.program.traced.weights}
-        outs = self.program(graph, inputs, weights)
+        outs = self.program(graph, inputs, weights, training=self.training)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 

@@ -15,6 +15,7 @@ from ..graph.build import (counts_of, counts_to_ptr, host_constant, sort_key, so
                            take_rows)
 from ..kernels.activations import gelu_grad
 from ..kernels.traversal.reference import edge_softmax_torch
+from ..kernels.attention.reference import dropout_keep
 from .ir import (CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, attention_roles, place_tiles,
                  toposort)
 
@@ -484,11 +485,25 @@ def attention_torch_lse(v: Value, a: List[torch.Tensor], ix: GraphIndex):
     alpha = torch.exp(_acc(score) - lse[dst][..., None]).to(score.dtype)
     roles = attention_roles(v, tuple(zip(v.args, a)))
     value, t = roles["v"]
+    z = _kept(v, roles, ix)
+    alpha = alpha if z is None else alpha * z.to(alpha.dtype)
     msg = alpha * edge_side(t, value, "src", ix)
     out = msg.new_zeros((ix.rows[NODE],) + tuple(msg.shape[1:])).index_add(0, dst, msg)
     if "bias" in roles:         # the epilogue bias (fuse: RGAT's output bias)
         out = out + roles["bias"][1].reshape(out.shape[1:]).to(out.dtype)
     return out, lse
+
+
+def _kept(att: Value, roles, ix: GraphIndex):
+    """The attention's dropout as a per-edge factor ``[E, H, 1]``: 0 for a dropped (edge,
+    head), ``1 / (1 - p)`` for a kept one (the kernels' mask: a hash of the seed and the
+    canonical edge id, which is the edge row); None without dropout."""
+    p = att.attr("dropout", 0.0)
+    if p == 0:
+        return None
+    eid = torch.arange(ix.rows[EDGE], device=ix.graph.device)
+    keep = dropout_keep(roles["seed"][1], eid, att.heads, p)
+    return (keep.to(torch.float32) / (1.0 - p))[..., None]
 
 
 def _activated(v: Value, score: torch.Tensor) -> torch.Tensor:
@@ -513,7 +528,9 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
     alpha = torch.exp(_acc(_activated(att, s)) - lse[dst][..., None])
     g_e = _acc(grad.index_select(0, dst))
     value, vt = roles["v"]
-    d_alpha = (g_e * _acc(edge_side(vt, value, "src", ix))).sum(-1, keepdim=True)
+    z = _kept(att, roles, ix)                     # d out / d alpha carries the mask too
+    z = 1.0 if z is None else z
+    d_alpha = z * (g_e * _acc(edge_side(vt, value, "src", ix))).sum(-1, keepdim=True)
     if "bias" in roles:         # ``out`` includes the epilogue bias; delta is <g, attention>
         out = out - roles["bias"][1].reshape(out.shape[1:]).to(out.dtype)
     delta = (_acc(grad) * _acc(out)).sum(-1, keepdim=True).index_select(0, dst)
@@ -522,7 +539,7 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
     if slope is not None:
         ds = torch.where(s > 0, ds, ds * slope)
     scale = att.attr("scale")
-    per_edge = {"v": (alpha * g_e, "src"), "a_src": (ds, "src"), "a_dst": (ds, "dst")}
+    per_edge = {"v": (alpha * z * g_e, "src"), "a_src": (ds, "src"), "a_dst": (ds, "dst")}
     if "q" in roles:
         q_e = _acc(edge_side(roles["q"][1], roles["q"][0], "dst", ix))
         k_e = _acc(edge_side(roles["k"][1], roles["k"][0], "src", ix))

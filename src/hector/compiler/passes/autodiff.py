@@ -106,6 +106,8 @@ def _adjoints(v: Value, g: Value) -> List[Tuple[Value, Value]]:
         return [(p, N.cols(g, s, p.shape)) for p, s in zip(a, v.attr("starts"))]
     if op == Op.ATTENTION:
         return _attention_adjoints(v, g)
+    if op == Op.DROPOUT:     # the same mask (same seed) on the gradient
+        return [(a[0], Value(Op.DROPOUT, (g, a[1]), g.kind, g.shape, v.attrs))]
     raise NotImplementedError(f"autodiff: no adjoint for IR op {op!r}")
 
 
@@ -115,7 +117,8 @@ def _attention_adjoints(v: Value, g: Value) -> List[Tuple[Value, Value]]:
     (``k' = k p_r``), so ``dk = dk' p_r`` and ``dp_r = sum over rows of relation r of
     <dk', k>``; an epilogue ``bias``'s gradient is the output gradient summed over rows."""
     roles = N.attention_roles(v)
-    needs = tuple(r for r, a in roles.items() if r not in ("p", "bias") and a.op != Op.CONST)
+    needs = tuple(r for r, a in roles.items()
+                  if r not in ("p", "bias", "seed") and a.op != Op.CONST)
     bwd = N.attention_bwd(v, g, N.attention_lse(v), needs)
     pairs = [(roles["bias"], _unbroadcast(N.reshape(g, 1), roles["bias"]))] \
         if "bias" in roles else []
@@ -147,8 +150,9 @@ def weight_roots(outputs: Sequence[Value]) -> List[Value]:
     """Weight-only expressions read by row operators (the weight-side gradient targets)."""
     roots = []
     for v in toposort(outputs):
-        if v.kind != WEIGHT:
-            roots.extend(a for a in v.args if a.kind == WEIGHT and a not in roots)
+        if v.kind != WEIGHT:        # (a dropout's seed is no weight: it has no gradient)
+            roots.extend(a for a in v.args if a.kind == WEIGHT and a.op != Op.SEED
+                         and a not in roots)
     return roots
 
 

@@ -1,6 +1,7 @@
 """Fusion's attention pattern (the ``fuse`` module's point 1 and 4): the match of
 ``scatter_sum_dst(edge_softmax(act(score)) * gather_src(v))`` to one ``attention`` operator
-(its score's terms read into roles), whether autodiff differentiates it as one operator
+(its score's terms read into roles; a dropout of the softmax's weights becomes the
+attention's own, with its seed as a role), whether autodiff differentiates it as one operator
 (its backward kernels), and the fold of an output bias into the attention's epilogue."""
 from __future__ import annotations
 
@@ -47,14 +48,22 @@ def _qk(t: Value):
     return q, k, p, c
 
 
+def _weights_of(a: Value) -> Optional[Value]:
+    """The edge softmax ``a`` is, or drops out of (``dropout(edge_softmax(...))``), or None."""
+    inner = a.args[0] if a.op == Op.DROPOUT else a
+    return inner if inner.op == Op.EDGE_SOFTMAX else None
+
+
 def match_attention(v: Value) -> Tuple[Optional[Value], str]:
     """The fused ``attention`` operator equal to ``v``, or (None, why not)."""
     if not (v.op == Op.SCATTER and v.kind == NODE and v.attr("end") == "dst"
             and v.attr("reduce") == "sum" and v.args[0].op == Op.MUL):
         return None, "not a sum over incoming edges of a product"
     a, b = v.args[0].args
-    alpha, msg = (a, b) if a.op == Op.EDGE_SOFTMAX else (b, a)
-    if alpha.op != Op.EDGE_SOFTMAX:
+    alpha, msg = (a, b) if _weights_of(a) is not None else (b, a)
+    dropped = alpha if alpha.op == Op.DROPOUT else None
+    alpha = _weights_of(alpha)
+    if alpha is None:
         return None, "no edge softmax in the product"
     if alpha.heads != msg.heads:
         return None, f"softmax heads {alpha.heads} != message heads {msg.heads}"
@@ -62,6 +71,8 @@ def match_attention(v: Value) -> Tuple[Optional[Value], str]:
     if s.op == Op.LEAKY_RELU:
         s, slope = s.args[0], s.attr("slope")
     roles: Dict[str, Value] = {"v": _side(msg, "src") or msg}
+    if dropped is not None:
+        roles["seed"] = dropped.args[1]
     if roles["v"].kind == N.CDST or (roles["v"].kind == NODE and _side(msg, "src") is None):
         return None, "message is not a source-side value"
     scale = 1.0
@@ -81,7 +92,8 @@ def match_attention(v: Value) -> Tuple[Optional[Value], str]:
             return None, f"score term {t.op} is not a q.k, source or destination term"
     if "q" in roles and roles["q"].kind != NODE:
         return None, "query depends on the relation (compact dst rows)"
-    return N.attention(roles, msg.shape, scale, slope), ""
+    return N.attention(roles, msg.shape, scale, slope,
+                       dropped.attr("p") if dropped is not None else 0.0), ""
 
 
 def fused_backward(att: Value) -> Tuple[bool, str]:
@@ -122,7 +134,8 @@ def _fold_bias(outputs, memo: Dict[Value, Value], decisions: List[Decision]):
                                   "the attention kernel adds the bias row as it stores each "
                                   "output row (no pass over the node rows)"))
         roles = dict(N.attention_roles(att), bias=b)
-        fused = N.attention(roles, att.shape, att.attr("scale"), att.attr("slope"))
+        fused = N.attention(roles, att.shape, att.attr("scale"), att.attr("slope"),
+                            att.attr("dropout", 0.0))
         return Value(x.op, (fused,), x.kind, x.shape, x.attrs) if x is not att else fused
 
     return _rewrite_after(outputs, fold, memo)

@@ -283,11 +283,13 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
                                 dst_index: Optional[torch.Tensor] = None,
                                 joint_kv: bool = False,
                                 bias: Optional[torch.Tensor] = None,
-                                into_kv: bool = False) -> List[torch.Tensor]:
+                                into_kv: bool = False, dropout: float = 0.0,
+                                seed: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """The fused backward as the ``hector::edge_attention_backward`` op, called directly by
     the compiler's backward plan (whose IR autodiff differentiated the attention as one
     operator): ``[dv, dq, dk, d a_src, d a_dst]`` for ``needs`` (same order), an empty tensor
-    where not asked for.  ``out``, ``lse``: the forward's (``return_lse`` below); no dropout.
+    where not asked for.  ``out``, ``lse``: the forward's (``return_lse`` below).
+    ``dropout``, ``seed``: the forward's (its seed tensor: the same mask is drawn again).
     ``dst_index``: see :func:`attention_backward`.  ``k``, ``v``: any row stride (column
     slices of one K|V GEMM output are not copied: :func:`rows_dense`).  ``joint_kv``: dk and
     dv as one ``[n_src, H*DK + H*DV]`` tensor in dk's slot, an empty one in dv's (see the
@@ -299,6 +301,8 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
     copy and not overlap); the same return value, the gradients being those tensors (with
     ``joint_kv``, :func:`joint_of` them: the buffer they are column slices of)."""
     _check_joint(joint_kv, needs[2], needs[0])
+    if dropout > 0 and into_kv:
+        raise ValueError("into_kv: the in-place backward takes no dropout")
     # (k and v go in as they are when written over: the op refuses what it would copy)
     tensors = [t if into_kv and name in ("k", "v") else _operand(t, name)
                for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
@@ -315,9 +319,10 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
             dv, dk = v.new_empty(0), joint_of(dk, dv)
         return [dv, dq, dk, da_src, da_dst]
     return call(edge_attention_backward_op, graph_handle(graph), dout.contiguous(), *tensors,
-                out.contiguous(), lse.contiguous(), float(scale), negative_slope, 0.0, 0,
-                "auto", launch_handle(graph, spec, plan), list(needs), dst_index=dst_index,
-                joint_kv=joint_kv, bias=bias)
+                out.contiguous(), lse.contiguous(), float(scale), negative_slope,
+                float(dropout), 0, "auto", launch_handle(graph, spec, plan), list(needs),
+                seed_tensor=seed_tensor(seed, v.device) if dropout > 0 else None,
+                dst_index=dst_index, joint_kv=joint_kv, bias=bias)
 
 
 _OPERANDS = ("v", "q", "k", "a_src", "a_dst")
