@@ -1,4 +1,4 @@
-"""RGCN, RGAT, HGT and GAT written in the DSL (DESIGN.md section 3).  Weight names and slice
+"""RGCN, RGAT, HGT, GAT and TransformerConv written in the DSL (DESIGN.md section 3).  Weight names and slice
 layouts are PyG's, so ``hector.nn`` layers feed PyG-shaped parameters straight in."""
 import math
 
@@ -76,3 +76,31 @@ def gat(m, in_dim, out_dim, heads=1, negative_slope=0.2, concat=True, bias=True,
     out = m.heads(out, 1) if concat else m.head_mean(out)
     width = heads * out_dim if concat else out_dim
     return out + m.weight("bias", (width,), init="zeros") if bias else out
+
+
+def transformer(m, in_dim, out_dim, heads=1, concat=True, beta=False, dropout=0.0, bias=True,
+                root_weight=True):
+    """PyG ``TransformerConv``: scaled dot-product attention over incoming edges plus the root
+    projection, mixed by PyG's gate with ``beta`` (its three-part weight given as the slices
+    ``beta_out``, ``beta_root``, ``beta_diff`` of ``lin_beta.weight``)."""
+    x = m.node_input("x", in_dim)
+    width = heads * out_dim if concat else out_dim
+
+    def proj(name):        # W x (+ b): heads of out_dim
+        y = m.linear(x, m.weight(name, (in_dim, heads * out_dim)), heads=heads)
+        return y + m.weight(name + "_bias", (heads, out_dim), init="zeros") if bias else y
+    q, k, v = proj("query"), proj("key"), proj("value")
+    alpha = m.edge_softmax(m.dot(m.dst(q), m.src(k)) / math.sqrt(out_dim))
+    out = m.aggregate(m.dropout(alpha, dropout) * m.src(v), "sum")
+    out = m.heads(out, 1) if concat else m.head_mean(out)
+    if not root_weight:
+        return out
+    r = m.linear(x, m.weight("skip", (in_dim, width)))
+    if bias:
+        r = r + m.weight("skip_bias", (width,), init="zeros")
+    if not beta:
+        return out + r
+    gate = m.sigmoid(m.linear(out, m.weight("beta_out", (width, 1)))
+                     + m.linear(r, m.weight("beta_root", (width, 1)))
+                     + m.linear(out - r, m.weight("beta_diff", (width, 1))))
+    return out + gate * (r - out)                    # = gate r + (1 - gate) out

@@ -1,7 +1,9 @@
-"""GAT as a DSL program (``hector.compiler.models.gat``) compiled by the pipeline, against
-PyG's ``GATConv`` with the same parameters: output and the gradients of x and of every
-parameter, on both backends, several heads, heads concatenated and averaged.  And what the
-pipeline makes of it: every score term on node rows, score + softmax + aggregation as one
+"""The attention layers as DSL programs (``hector.compiler.models.gat`` and ``transformer``)
+compiled by the pipeline, against PyG's ``GATConv`` and ``TransformerConv`` with the same
+parameters: output and the gradients of x and of every parameter, on both backends, several
+heads, heads concatenated and averaged, the transformer's gate and root options; attention
+dropout against hector.nn's layers (the same mask at the same torch seed).  And what the
+pipeline makes of them: every score term on node rows, score + softmax + aggregation as one
 attention operator, the bias in its epilogue, its backward as one operator."""
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ import hector
 from hector.compiler import models
 from hector.compiler.ir import NODE, Op
 from hector.graph import with_self_loops
-from hector.nn import GATConv
+from hector.nn import GATConv, TransformerConv
 
 pyg = pytest.importorskip("torch_geometric.nn")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
@@ -138,3 +140,121 @@ def test_only_a_fused_attention_drops():
     assert prog(graph, x=x).shape == (30, 8)
     assert prog.program.training_program is not None
     assert hector.compile(models.gat, in_dim=6, out_dim=4).program.training_program is None
+
+
+def _transformer_pair(heads, concat, beta, bias=True, root_weight=True, backend="auto",
+                      dropout=0.0, F=6, C=4):
+    """PyG's TransformerConv (randomised parameters) and the program holding them."""
+    torch.manual_seed(0)
+    ref = pyg.TransformerConv(F, C, heads=heads, concat=concat, beta=beta, bias=bias,
+                              root_weight=root_weight, dropout=dropout)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(std=0.5)
+    ours = hector.compile(models.transformer, in_dim=F, out_dim=C, heads=heads, concat=concat,
+                          beta=beta, bias=bias, root_weight=root_weight, dropout=dropout,
+                          backend=backend)
+    with torch.no_grad():
+        for name, t in _transformer_views(ref, heads, C).items():
+            getattr(ours, name).copy_(t)
+    return ref, ours
+
+
+def _transformer_views(ref, heads, C):
+    """The program's weights as views of PyG's parameters (what a layer shell would pass)."""
+    out = {n: getattr(ref, "lin_" + n).weight.t() for n in ("query", "key", "value")}
+    if ref.lin_query.bias is not None:
+        out.update({n + "_bias": getattr(ref, "lin_" + n).bias.view(heads, C)
+                    for n in ("query", "key", "value")})
+    if ref.root_weight:
+        out["skip"] = ref.lin_skip.weight.t()
+        if ref.lin_skip.bias is not None:
+            out["skip_bias"] = ref.lin_skip.bias
+        if ref.lin_beta is not None:
+            w = ref.lin_beta.weight.t()
+            third = w.shape[0] // 3
+            out.update(beta_out=w[:third], beta_root=w[third:2 * third],
+                       beta_diff=w[2 * third:])
+    return out
+
+
+TRANSFORMER_CASES = [dict(heads=1, concat=True, beta=False), dict(heads=3, concat=True, beta=False),
+                     dict(heads=2, concat=False, beta=False), dict(heads=2, concat=True, beta=True),
+                     dict(heads=2, concat=False, beta=True),
+                     dict(heads=2, concat=True, beta=False, root_weight=False),
+                     dict(heads=1, concat=True, beta=False, bias=False)]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("case", TRANSFORMER_CASES, ids=str)
+def test_the_compiled_program_is_pyg_transformerconv(case, backend):
+    dev = device_for(backend)
+    ref, ours = _transformer_pair(backend=backend, **case)
+    ref, ours = ref.to(dev), ours.to(dev)
+    ei = _edges().to(dev)
+    graph = hector.Graph(ei, num_nodes=30)                 # (no self loops: PyG adds none)
+    x = torch.randn(30, 6, generator=torch.Generator().manual_seed(2)).to(dev)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    a, b = ref(xa, ei), ours(graph, x=xb)
+    assert a.shape == b.shape and rel_err(b.detach(), a.detach()) < 1e-5
+    w = torch.randn(a.shape, generator=torch.Generator().manual_seed(3)).to(dev)
+    names = list(_transformer_views(ref, case["heads"], 4))
+    # PyG's gradients through the same views (a view's gradient: autograd through it)
+    views = _transformer_views(ref, case["heads"], 4)
+    ga = torch.autograd.grad((a * w).sum(), [xa] + list(ref.parameters()), allow_unused=True)
+    grads = {n: g for (n, _), g in zip(ref.named_parameters(), ga[1:]) if g is not None}
+    gb = torch.autograd.grad((b * w).sum(), [xb] + [getattr(ours, n) for n in names])
+    assert rel_err(gb[0], ga[0]) < 1e-5, "x"
+    pyg_grads = _transformer_views(_Grads(grads), case["heads"], 4)
+    # The key bias's gradient is zero in exact arithmetic (it shifts every score of a row
+    # alike, which softmax ignores) and holds only rounding noise: errors are measured
+    # against at least a hundredth of the largest gradient.
+    floor = 1e-2 * max(float(g.abs().max()) for g in pyg_grads.values())
+    for name, got in zip(names, gb[1:]):
+        want = pyg_grads[name]
+        assert got.shape == views[name].shape == want.shape
+        err = float((got - want).abs().max()) / max(float(want.abs().max()), floor)
+        assert err < 1e-4, (name, err)
+
+
+class _Grads:
+    """PyG's gradients laid out like the module (``lin_query.weight`` ...), so
+    :func:`_transformer_views` takes them apart as it does the parameters."""
+
+    def __init__(self, grads):
+        self.root_weight = any(k.startswith("lin_skip") for k in grads)
+
+        class Lin:
+            pass
+        for lin in ("query", "key", "value", "skip", "beta"):
+            m = Lin()
+            m.weight = grads.get(f"lin_{lin}.weight")
+            m.bias = grads.get(f"lin_{lin}.bias")
+            setattr(self, "lin_" + lin, m if m.weight is not None else None)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_transformer_dropout_drops_what_the_layer_drops(backend):
+    """hector.nn.TransformerConv with attention dropout and the program at the same torch
+    seed: the same output (the same mask) in training calls."""
+    dev = device_for(backend)
+    torch.manual_seed(0)
+    layer = TransformerConv(6, 4, heads=2, dropout=0.5, backend="torch", reorder=False)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(std=0.5)
+    ours = hector.compile(models.transformer, in_dim=6, out_dim=4, heads=2, dropout=0.5,
+                          backend=backend)
+    with torch.no_grad():
+        for name, t in _transformer_views(layer, 2, 4).items():
+            getattr(ours, name).copy_(t)
+    layer, ours = layer.to(dev), ours.to(dev)
+    graph = hector.Graph(_edges().to(dev), num_nodes=30)
+    x = torch.randn(30, 6, generator=torch.Generator().manual_seed(2)).to(dev)
+    torch.manual_seed(5)
+    a = layer(x, graph)
+    torch.manual_seed(5)
+    b = ours(graph, x=x)
+    assert rel_err(b.detach(), a.detach()) < 1e-5
+    torch.manual_seed(6)
+    assert not torch.allclose(ours(graph, x=x), b)
