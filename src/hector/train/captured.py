@@ -254,7 +254,10 @@ class CapturedInference:
         # One spare row past the nodes: a short batch's padded seed slots write there.
         self.out = torch.zeros(n + 1, num_classes, device=dev)
         self._slots = torch.arange(loader.batch_size, device=dev)
+        # Where the sampler draws from a torch.Generator (the CPU without Triton's
+        # interpreter) its state is the seed: both are restored before every call.
         self._seed0 = loader.static.seed.clone()
+        self._state0 = loader.static.generator.get_state()
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         self.batches = self.replays = 0
 
@@ -272,6 +275,7 @@ class CapturedInference:
     def __call__(self) -> torch.Tensor:
         """``[num_nodes, num_classes]`` logits (a view of a buffer the next call rewrites)."""
         self.loader.static.seed.copy_(self._seed0)
+        self.loader.static.generator.set_state(self._state0)
         self.out.zero_()
         for seeds, count in self.loader.seed_batches():
             self.seeds.copy_(seeds)
