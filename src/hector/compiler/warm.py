@@ -364,6 +364,24 @@ def _retained() -> bool:
     return getattr(_RETAIN, "on", False)
 
 
+def overlapping(tensors) -> bool:
+    """Whether two of ``tensors`` share memory: a replay copies each into a buffer of its
+    own, so inputs that alias would no longer alias.  Distinct views of one storage whose
+    elements do not overlap (the per-type pieces of one split feature tensor, as HGT's
+    ``x_dict`` often is) are separate inputs."""
+    spans = {}
+    for t in tensors:
+        start = t.data_ptr()
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else -1
+        spans.setdefault(t.untyped_storage().data_ptr(), []).append(
+            (start, start + (last + 1) * t.element_size()))
+    for group in spans.values():
+        group.sort()
+        if any(b[0] < a[1] for a, b in zip(group, group[1:])):
+            return True
+    return False
+
+
 def warm_call(module, forward: Callable, args: tuple, kwargs: dict):
     """``forward(module, *args, **kwargs)``, replayed from CUDA graphs once warm."""
     if not _eligible():
@@ -376,7 +394,7 @@ def warm_call(module, forward: Callable, args: tuple, kwargs: dict):
     if sum(edges) > MAX_EDGES:
         return forward(module, *args, **kwargs)
     table = _table(module)
-    if len({t.untyped_storage().data_ptr() for t in leaves}) != len(leaves):
+    if overlapping(leaves):
         return forward(module, *args, **kwargs)   # (aliased inputs: copies would not be)
     key = (sig, _settings(module), torch.is_grad_enabled(), _precision(),
            tuple(p.requires_grad for p in table.params))
