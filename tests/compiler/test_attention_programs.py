@@ -1,10 +1,11 @@
-"""The attention layers as DSL programs (``hector.compiler.models.gat`` and ``transformer``)
-compiled by the pipeline, against PyG's ``GATConv`` and ``TransformerConv`` with the same
-parameters: output and the gradients of x and of every parameter, on both backends, several
-heads, heads concatenated and averaged, the transformer's gate and root options; attention
-dropout against hector.nn's layers (the same mask at the same torch seed).  And what the
-pipeline makes of them: every score term on node rows, score + softmax + aggregation as one
-attention operator, the bias in its epilogue, its backward as one operator."""
+"""The attention layers as DSL programs (``hector.compiler.models.gat``, ``agnn``,
+``transformer``) compiled by the pipeline, against PyG's ``GATConv``, ``AGNNConv`` and
+``TransformerConv`` with the same parameters: output and the gradients of x and of every
+parameter, on both backends, several heads, heads concatenated and averaged, the
+transformer's gate and root options; attention dropout against hector.nn's layers (the same
+mask at the same torch seed). And what the pipeline makes of them: every score term on node
+rows, score + softmax + aggregation as one attention operator, the bias in its epilogue, its
+backward as one operator."""
 import sys
 from pathlib import Path
 
@@ -258,3 +259,49 @@ def test_transformer_dropout_drops_what_the_layer_drops(backend):
     assert rel_err(b.detach(), a.detach()) < 1e-5
     torch.manual_seed(6)
     assert not torch.allclose(ours(graph, x=x), b)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_the_compiled_program_is_pyg_agnnconv(backend):
+    """AGNN (cosine attention, ``m.normalize``) against PyG's AGNNConv, a row of zeros
+    among the features (the norm's eps branch): output, x's and beta's gradients; one fused
+    attention (q and k on node rows) with a fused backward."""
+    dev = device_for(backend)
+    ref = pyg.AGNNConv(requires_grad=True).to(dev)
+    ours = hector.compile(models.agnn, in_dim=6, backend=backend).to(dev)
+    with torch.no_grad():
+        ref.beta.fill_(0.7)
+        ours.beta.fill_(0.7)
+    ei = _edges().to(dev)
+    graph = with_self_loops(hector.Graph(ei, num_nodes=30))
+    x = torch.randn(30, 6, generator=torch.Generator().manual_seed(2)).to(dev)
+    x[4] = 0.0
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    a, b = ref(xa, ei), ours(graph, x=xb)
+    assert rel_err(b.detach(), a.detach()) < 1e-5
+    w = torch.randn(a.shape, generator=torch.Generator().manual_seed(3)).to(dev)
+    ga = torch.autograd.grad((a * w).sum(), [xa, ref.beta])
+    gb = torch.autograd.grad((b * w).sum(), [xb, ours.beta])
+    for name, got, want in zip(["x", "beta"], gb, ga):
+        assert rel_err(got, want) < 1e-5, name
+    cp = ours.program.compile_exact(graph)
+    att = [s for s in cp.forward_plan.steps if s.template == "attention"]
+    assert len(att) == 1 and set(att[0].body.attr("roles")) == {"v", "q", "k"}
+    assert any(s.template == "attention" and s.body.op == Op.ATTENTION_BWD
+               for s in cp.backward_plan.steps)
+
+
+def test_normalize_gradient_is_torchs():
+    """``normalize_grad`` (the IR's adjoint of ``normalize``) equals torch autograd through
+    F.normalize, zero and tiny rows included."""
+    from hector.compiler import ir
+    from hector.compiler.steps_torch import eval_op
+    x = torch.randn(5, 2, 4, dtype=torch.float64)
+    x[1] = 0.0
+    x[2, 0] = 1e-14
+    g = torch.randn_like(x)
+    xr = x.clone().requires_grad_()
+    want, = torch.autograd.grad(torch.nn.functional.normalize(xr, dim=-1), xr, g)
+    v = ir.input_("x", 4, heads=2)
+    got = eval_op(ir.normalize_grad(v, v), [g, x], None)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)

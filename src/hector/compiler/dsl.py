@@ -153,6 +153,11 @@ class Model:
     def edge_softmax(self, s: Sym) -> Sym:
         return self._s(N.edge_softmax(self._v(s)))
 
+    def normalize(self, x: Sym) -> Sym:
+        """Each row's features (per head) divided by their L2 norm (at least 1e-12), as
+        ``torch.nn.functional.normalize``: AGNN's cosine similarity is ``dot`` of two."""
+        return self._s(N.normalize(self._v(x)))
+
     def dropout(self, x: Sym, p: float) -> Sym:
         """Edge values (attention weights, say) zeroed with probability ``p`` in a training
         call, the rest scaled by ``1 / (1 - p)``; ``x`` itself otherwise.  Applied to an

@@ -50,6 +50,8 @@ class Op:
     NEG, EXP, SIGMOID, TANH, GELU, RELU = "neg", "exp", "sigmoid", "tanh", "gelu", "relu"
     LEAKY_RELU, SCALE = "leaky_relu", "scale"
     DROPOUT = "dropout"    # edge values zeroed by a hash of (seed, edge, head), others / (1-p)
+    # each row's features per head over their L2 norm (at least eps), and its derivative
+    NORMALIZE, NORMALIZE_GRAD = "normalize", "normalize_grad"
     LEAKY_RELU_GRAD, GELU_GRAD = "leaky_relu_grad", "gelu_grad"   # derivatives for autodiff
     # weight operators
     WMUL, WCOMBINE, BLOCKDIAG, WT, WGRAD, WSUM = ("wmul", "wcombine", "blockdiag", "wT",
@@ -266,6 +268,23 @@ def unary(op: str, x: Value, **attrs) -> Value:
     _need(op in UNARY, f"unknown unary op {op!r}")
     return Value(op, (x,), x.kind, x.shape, _attrs(per=x.per, **attrs) if x.kind == WEIGHT
                  else _attrs(**attrs))
+
+
+#: The smallest norm ``normalize`` divides by (``torch.nn.functional.normalize``'s default).
+NORMALIZE_EPS = 1e-12
+
+
+def normalize(x: Value) -> Value:
+    """``x / max(||x||, eps)`` per row and head, the norm over the features."""
+    _need(x.kind in ROW_KINDS, f"normalize: row values only, got {x.kind}")
+    return Value(Op.NORMALIZE, (x,), x.kind, x.shape)
+
+
+def normalize_grad(g: Value, x: Value) -> Value:
+    """The gradient of :func:`normalize` at ``x`` given its output's gradient ``g``:
+    ``(g - y <g, y>) / ||x||`` with ``y = normalize(x)`` (``g / eps`` where ``||x|| <= eps``)."""
+    _need(g.kind == x.kind and g.shape == x.shape, "normalize_grad: g and x must match")
+    return Value(Op.NORMALIZE_GRAD, (g, x), x.kind, x.shape)
 
 
 def head_mean(x: Value) -> Value:

@@ -1,4 +1,4 @@
-"""RGCN, RGAT, HGT, GAT and TransformerConv written in the DSL (DESIGN.md section 3).  Weight names and slice
+"""RGCN, RGAT, HGT, GAT, AGNN and TransformerConv written in the DSL (DESIGN.md section 3).  Weight names and slice
 layouts are PyG's, so ``hector.nn`` layers feed PyG-shaped parameters straight in."""
 import math
 
@@ -104,3 +104,14 @@ def transformer(m, in_dim, out_dim, heads=1, concat=True, beta=False, dropout=0.
                      + m.linear(r, m.weight("beta_root", (width, 1)))
                      + m.linear(out - r, m.weight("beta_diff", (width, 1))))
     return out + gate * (r - out)                    # = gate r + (1 - gate) out
+
+
+def agnn(m, in_dim):
+    """PyG ``AGNNConv`` on a graph whose self loops the caller arranged: softmax over
+    incoming edges of ``beta cos(x_v, x_u)``, then the sum of ``x_u`` (``beta``: a one-element
+    weight; a fixed 1 is passed as such)."""
+    x = m.node_input("x", in_dim)
+    k = m.normalize(x)
+    q = k * m.weight("beta", (1,), init="ones")
+    alpha = m.edge_softmax(m.dot(m.dst(q), m.src(k)))
+    return m.aggregate(alpha * m.src(x), "sum")

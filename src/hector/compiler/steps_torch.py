@@ -16,8 +16,8 @@ from ..graph.build import (counts_of, counts_to_ptr, host_constant, sort_key, so
 from ..kernels.activations import gelu_grad
 from ..kernels.traversal.reference import edge_softmax_torch
 from ..kernels.attention.reference import dropout_keep
-from .ir import (CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, attention_roles, place_tiles,
-                 toposort)
+from .ir import (CDST, CSRC, EDGE, NODE, NORMALIZE_EPS, Op, Value, WEIGHT, attention_roles,
+                 place_tiles, toposort)
 
 
 class GraphIndex:
@@ -274,6 +274,14 @@ def eval_op(v: Value, a: List[torch.Tensor], ix: GraphIndex) -> torch.Tensor:
         return x + y if op == Op.ADD else x - y if op == Op.SUB else x * y
     if op == Op.HEAD_MEAN:
         return a[0].mean(1, keepdim=True)
+    if op == Op.NORMALIZE:
+        return F.normalize(a[0], p=2.0, dim=-1, eps=NORMALIZE_EPS)
+    if op == Op.NORMALIZE_GRAD:
+        g, x = a
+        norm = x.norm(dim=-1, keepdim=True)
+        y = x / norm.clamp_min(NORMALIZE_EPS)
+        projected = (g - y * (g * y).sum(-1, keepdim=True)) / norm.clamp_min(NORMALIZE_EPS)
+        return torch.where(norm > NORMALIZE_EPS, projected, g / NORMALIZE_EPS)
     if op == Op.RESHAPE:
         return a[0].reshape((a[0].shape[0],) + v.shape)
     if op == Op.COLS:      # a view: the rows keep their stride

@@ -25,6 +25,10 @@ def _infer(v: Value) -> Value:
         return N.binary(op, *a)
     if op == Op.HEAD_MEAN:
         return N.head_mean(a[0])
+    if op == Op.NORMALIZE:
+        return N.normalize(a[0])
+    if op == Op.NORMALIZE_GRAD:
+        return N.normalize_grad(*a)
     if op == Op.RESHAPE:
         return N.reshape(a[0], v.heads)
     if op == Op.WMUL:

@@ -106,6 +106,8 @@ def _adjoints(v: Value, g: Value) -> List[Tuple[Value, Value]]:
         return [(p, N.cols(g, s, p.shape)) for p, s in zip(a, v.attr("starts"))]
     if op == Op.ATTENTION:
         return _attention_adjoints(v, g)
+    if op == Op.NORMALIZE:
+        return [(a[0], N.normalize_grad(g, a[0]))]
     if op == Op.DROPOUT:     # the same mask (same seed) on the gradient
         return [(a[0], Value(Op.DROPOUT, (g, a[1]), g.kind, g.shape, v.attrs))]
     raise NotImplementedError(f"autodiff: no adjoint for IR op {op!r}")
