@@ -74,3 +74,20 @@ def test_cli_functions(capsys, monkeypatch):
         ["rgcn", "--dataset", "synthetic:aifb", "--in-dim", "4", "--out-dim", "4"])
     assert run(args) == 0
     assert "== kernel launches per training step" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model,roles", [("gat", "('v', 'a_src', 'a_dst')"),
+                                         ("agnn", "('v', 'q', 'k')"),
+                                         ("transformer", "('v', 'q', 'k')")])
+def test_cli_explains_an_attention_layers_program(model, roles, capsys):
+    """``hector explain gat|agnn|transformer --program``: the layer's DSL program through the
+    passes, fused into one attention with its backward as one operator."""
+    args = configure(argparse.ArgumentParser()).parse_args(
+        [model, "--dataset", "synthetic:cora", "--program", "--no-launches",
+         "--in-dim", "8", "--out-dim", "4"])
+    assert run(args) == 0
+    out = capsys.readouterr().out
+    assert f"== hector.explain: {model} (options" in out
+    assert f"score + edge_softmax + aggregate -> attention -- one traversal, roles {roles}" in out
+    assert "[autodiff] applied: attention backward as one operator" in out
+    assert "== backward plan" in out

@@ -325,6 +325,10 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--forward-only", action="store_true", help="skip the backward plan")
     parser.add_argument("--no-launches", action="store_true",
                         help="do not run the layer once to count its kernel launches")
+    parser.add_argument("--program", action="store_true",
+                        help="gat, agnn, transformer: explain the layer's DSL program "
+                             "(hector.compiler.models) through the compiler's passes instead "
+                             "of hector.nn's layer")
     return parser
 
 
@@ -333,6 +337,16 @@ def run(args, attention_layer: Optional[Callable] = None) -> int:
     attention model (the command line passes it: ``nn`` sits above the compiler)."""
     ds = datasets.load(args.dataset, root=args.root)
     graph = ds.graph
+    if args.model in ATTENTION_MODELS and getattr(args, "program", False):
+        # (one node set; GAT and AGNN add one self loop per node, as their layers do)
+        homo = Graph(graph.input_edge_index(), num_nodes=graph.num_nodes)
+        homo = homo if args.model == "transformer" else with_self_loops(homo)
+        opts = {k: not getattr(args, f"no_{k}") for k in ("reorder", "compact", "fuse")}
+        program = Program(getattr(models, args.model), **opts, in_dim=args.in_dim,
+                          out_dim=args.out_dim, heads=args.heads)
+        print(explain(program, homo, backward=not args.forward_only,
+                      launches=not args.no_launches and not args.forward_only))
+        return 0
     if args.model in ATTENTION_MODELS:
         if attention_layer is None:
             raise ValueError(f"hector explain {args.model}: no attention layer builder given")
