@@ -30,10 +30,10 @@ from torch import nn
 from .. import checks as C
 from ..device import BACKENDS, resolve_backend
 from ..graph import Graph
+from ..kernels.attention.op import draw_seed
 from .dsl import Traced, trace
 from .execute import execute
 from .ir import NODE, Op, Value, seed as seed_leaf, toposort
-from ..kernels.attention.op import draw_seed
 from .passes.common import GraphStats
 from .pipeline import (CompiledPlan, ForwardStage, check_same_plan, compile_backward,
                        compile_forward)
