@@ -23,18 +23,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
 from helpers import device_for, rel_err  # noqa: E402
 
 
-def _pair(heads, concat, backend="auto", F=6, C=4, seed=0):
+def _pair(heads, concat, backend="auto", residual=False, F=6, C=4, seed=0):
     torch.manual_seed(seed)
-    ref = pyg.GATConv(F, C, heads=heads, concat=concat)
+    ref = pyg.GATConv(F, C, heads=heads, concat=concat, residual=residual)
     with torch.no_grad():
         ref.bias.normal_()
     ours = hector.compile(models.gat, in_dim=F, out_dim=C, heads=heads, concat=concat,
-                          backend=backend)
+                          residual=residual, backend=backend)
     with torch.no_grad():
         ours.lin.copy_(ref.lin.weight.t())
         ours.att_src.copy_(ref.att_src.view(heads, C, 1))
         ours.att_dst.copy_(ref.att_dst.view(heads, C, 1))
         ours.bias.copy_(ref.bias)
+        if residual:
+            ours.res.copy_(ref.res.weight.t())
     return ref, ours
 
 
@@ -44,10 +46,12 @@ def _edges(num_nodes=30, num_edges=120, seed=1):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("heads,concat", [(1, True), (3, True), (2, False)])
-def test_the_compiled_program_is_pyg_gatconv(heads, concat, backend):
+@pytest.mark.parametrize("heads,concat,residual", [(1, True, False), (3, True, False),
+                                                   (2, False, False), (2, True, True),
+                                                   (2, False, True)])
+def test_the_compiled_program_is_pyg_gatconv(heads, concat, residual, backend):
     dev = device_for(backend)
-    ref, ours = _pair(heads, concat, backend)
+    ref, ours = _pair(heads, concat, backend, residual)
     ref, ours = ref.to(dev), ours.to(dev)
     ei = _edges().to(dev)
     graph = with_self_loops(hector.Graph(ei, num_nodes=30))     # PyG adds them itself
@@ -57,12 +61,14 @@ def test_the_compiled_program_is_pyg_gatconv(heads, concat, backend):
     assert a.shape == b.shape
     assert rel_err(b.detach(), a.detach()) < 1e-5
     w = torch.randn(a.shape, generator=torch.Generator().manual_seed(3)).to(dev)
+    res = ([ref.res.weight], [ours.res]) if residual else ([], [])
     ga = torch.autograd.grad((a * w).sum(), [xa, ref.lin.weight, ref.att_src, ref.att_dst,
-                                             ref.bias])
+                                             ref.bias] + res[0])
     gb = torch.autograd.grad((b * w).sum(), [xb, ours.lin, ours.att_src, ours.att_dst,
-                                             ours.bias])
+                                             ours.bias] + res[1])
     wants = [ga[0], ga[1].t(), ga[2].view_as(gb[2]), ga[3].view_as(gb[3]), ga[4]]
-    for name, got, want in zip(["x", "lin", "att_src", "att_dst", "bias"], gb, wants):
+    wants += [ga[5].t()] if residual else []
+    for name, got, want in zip(["x", "lin", "att_src", "att_dst", "bias", "res"], gb, wants):
         assert rel_err(got, want) < 1e-5, name
 
 

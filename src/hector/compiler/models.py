@@ -63,10 +63,12 @@ def hgt(m, in_dim, out_dim, heads=1):
     return x + gate * (out - x)                          # = g * out + (1 - g) * x
 
 
-def gat(m, in_dim, out_dim, heads=1, negative_slope=0.2, concat=True, bias=True, dropout=0.0):
+def gat(m, in_dim, out_dim, heads=1, negative_slope=0.2, concat=True, bias=True, dropout=0.0,
+        residual=False):
     """PyG ``GATConv`` on a graph whose self loops the caller arranged; the attention vectors
     are per-head ``(C, 1)`` weights (PyG's ``att_src [1, H, C]`` viewed ``[H, C, 1]``);
-    ``dropout`` on the attention weights in training calls."""
+    ``dropout`` on the attention weights in training calls; ``residual``: plus ``x W_res``
+    (PyG's ``res``, no bias), before the bias."""
     x = m.node_input("x", in_dim)
     z = m.linear(x, m.weight("lin", (in_dim, heads * out_dim)), heads=heads)   # Theta x
     a_src = m.linear(z, m.weight("att_src", (heads, out_dim, 1)))             # <a_s, z_h>
@@ -75,6 +77,8 @@ def gat(m, in_dim, out_dim, heads=1, negative_slope=0.2, concat=True, bias=True,
     out = m.aggregate(m.dropout(alpha, dropout) * m.src(z), "sum")
     out = m.heads(out, 1) if concat else m.head_mean(out)
     width = heads * out_dim if concat else out_dim
+    if residual:
+        out = out + m.linear(x, m.weight("res", (in_dim, width)))
     return out + m.weight("bias", (width,), init="zeros") if bias else out
 
 
