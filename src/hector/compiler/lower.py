@@ -53,7 +53,10 @@ def single_kernel(v: Value) -> Value:
     return kernel(template_of(v), body, v.args)
 
 
-def lower(outputs: Sequence[Value], dtype: torch.dtype = torch.float32) -> Plan:
+def lower(outputs: Sequence[Value], dtype: torch.dtype = torch.float32,
+          strategy: str = "auto") -> Plan:
+    """The fused IR as a plan of steps with their kernel specs; ``strategy``: the fused
+    attentions' schedule ('auto', 'node' or 'edge': :class:`~hector.compiler.plan.AttentionRows`)."""
     steps: List[Step] = []
     leaves: List[Value] = []
     for v in toposort(outputs):
@@ -68,7 +71,7 @@ def lower(outputs: Sequence[Value], dtype: torch.dtype = torch.float32) -> Plan:
                 "can be dropped (m.dropout(m.edge_softmax(score), p) times source-side "
                 "messages, aggregated by sum, with fuse=True); this dropout stayed a "
                 f"separate {template} operator")
-        spec, note = _spec(template, body, dtype)
+        spec, note = _spec(template, body, dtype, strategy)
         # A forward attention also writes its log-sum-exp (a fused backward may read it).
         extra = attention_lse(v) if body.op == Op.ATTENTION else None
         steps.append(Step(name=_name(template, body), template=template, body=body,
@@ -201,7 +204,8 @@ def _name(template: str, body: Value) -> str:
     return f"{template}_{body.kind}_" + "_".join(dict.fromkeys(ops))
 
 
-def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
+def _spec(template: str, body: Value, dtype: torch.dtype,
+          strategy: str = "auto") -> Tuple[object, str]:
     if template == "gemm":
         return gemm_spec(body, dtype)
     if template == "select":
@@ -210,7 +214,7 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
                       else "the k and v gradients of the attention backward, side by side in "
                       "one buffer (no kernel)")
     if template == "attention" and body.op == Op.ATTENTION_BWD:
-        spec, rows = attention_spec(attention_of_bwd(body), dtype)
+        spec, rows = attention_spec(attention_of_bwd(body), dtype, strategy)
         joint = "; k and v side by side in one buffer" if body.attr("joint") else ""
         over = [r for r in ("v", "k") if r in body.attr("needs")]
         over = (f"; on Triton, d{' and d'.join(over)} written over the saved "
@@ -219,7 +223,7 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
                               f"sources: {rows.source} rows): gradients of "
                               f"{', '.join(body.attr('needs'))}{joint}{over}")
     if template == "attention":
-        spec, rows = attention_spec(body, dtype)
+        spec, rows = attention_spec(body, dtype, strategy)
         return (spec, rows), f"op graph: {rows.graph}, sources: {rows.source} rows" + (
             "; score folded into a per-edge source term (an edgewise map program)"
             if rows.score_on_edges else "") + (
@@ -232,7 +236,8 @@ def _spec(template: str, body: Value, dtype: torch.dtype) -> Tuple[object, str]:
     return traversal_spec(body), ""
 
 
-def attention_spec(body: Value, dtype: torch.dtype) -> Tuple[AttentionSpec, AttentionRows]:
+def attention_spec(body: Value, dtype: torch.dtype,
+                   strategy: str = "auto") -> Tuple[AttentionSpec, AttentionRows]:
     """The spec of the op call an attention step makes, and the graph it makes it on.
 
     The op reads per-node terms; relational terms live on compact or edge rows, so the call
@@ -247,7 +252,8 @@ def attention_spec(body: Value, dtype: torch.dtype) -> Tuple[AttentionSpec, Atte
     source = EDGE if EDGE in source_terms else CSRC if CSRC in source_terms else NODE
     if q is None and "a_dst" in roles and roles["a_dst"].kind == CDST \
             and all(k in (NODE, CSRC, EDGE) for k in source_terms):
-        rows = AttentionRows("graph" if source == NODE else "derived", source, dst_edge=True)
+        rows = AttentionRows("graph" if source == NODE else "derived", source, dst_edge=True,
+                             strategy=strategy)
         has_qk, has_src, has_dst = False, "a_src" in roles, True
     else:
         dst_per_node = all(roles[r].kind == NODE for r in ("q", "a_dst") if r in roles)
@@ -257,7 +263,7 @@ def attention_spec(body: Value, dtype: torch.dtype) -> Tuple[AttentionSpec, Atte
             source = CSRC   # p_r is folded into each compact row's key
         on_edges = source == EDGE and not dst_per_node
         graph = "graph" if source == NODE and p is None else "derived"
-        rows = AttentionRows(graph, source, on_edges)
+        rows = AttentionRows(graph, source, on_edges, strategy=strategy)
         has_qk, has_src = q is not None and not on_edges, "a_src" in roles or on_edges
         has_dst = "a_dst" in roles and not on_edges
     slope = body.attr("slope")

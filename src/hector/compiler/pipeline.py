@@ -79,7 +79,7 @@ class ForwardStage:
     deterministic and see the graph only through those questions), so one stage serves
     every such graph -- every batch of a mini-batch loop, typically."""
     dtype: torch.dtype
-    options: Dict[str, bool]                 # reorder / compact / fuse switches
+    options: Dict[str, object]               # reorder / compact / fuse switches, strategy
     questions: Tuple[Tuple[Cheaper, bool], ...]
     forward_ir: Tuple[Value, ...]            # fused forward IR (kernel nodes)
     forward_plan: Plan
@@ -224,9 +224,11 @@ def optimize(outputs: Sequence[Value], stats: Optional[GraphStats], *, reorder_o
 def compile_forward(outputs: Sequence[Value], stats: Optional[GraphStats],
                     dtype: torch.dtype = torch.float32, *, reorder: bool = True,
                     compact: bool = True, fuse: bool = True,
-                    differentiable: bool = False) -> CompiledPlan:
+                    differentiable: bool = False, strategy: str = "auto") -> CompiledPlan:
     """Stage 1: passes 1-4 and lowering of the forward IR; returns the compiled entry.
-    ``differentiable``: :func:`compile_backward` may later add the backward to it."""
+    ``differentiable``: :func:`compile_backward` may later add the backward to it.
+    ``strategy``: the fused attentions' schedule ('auto': dynamic fusion's choice per graph,
+    'node' or 'edge'), forward and backward."""
     log: List[PassRecord] = []
     if debug_enabled():
         verify(outputs, where="captured IR")
@@ -235,8 +237,9 @@ def compile_forward(outputs: Sequence[Value], stats: Optional[GraphStats],
     materialised: Dict[Value, Value] = {}   # unfused value -> plan value holding it
     fused = _run("fuse", functools.partial(fusion.run, mapping=materialised), optimized,
                  stats, fuse, log)
-    stage = ForwardStage(dtype, dict(reorder=reorder, compact=compact, fuse=fuse),
-                         _questions(log), tuple(fused), lower(fused, dtype), log,
+    stage = ForwardStage(dtype, dict(reorder=reorder, compact=compact, fuse=fuse,
+                                     strategy=strategy),
+                         _questions(log), tuple(fused), lower(fused, dtype, strategy), log,
                          differentiable, tuple(optimized), materialised)
     return CompiledPlan(stats, stage)
 
@@ -272,7 +275,7 @@ def _backward_stage(stage: ForwardStage, stats: GraphStats) -> BackwardStage:
                      compact_on=opts["compact"], fuse_on=opts["fuse"], log=log,
                      prefix="backward/")
     b_out = _run("backward/fuse", fusion.run, b_out, stats, opts["fuse"], log)
-    plan = schedule.for_memory(lower(b_out, stage.dtype))
+    plan = schedule.for_memory(lower(b_out, stage.dtype, opts.get("strategy", "auto")))
     return BackwardStage(_questions(log), plan, bwd.saved_values,
                          bwd.saved_leaves, bwd.grad_leaves, bwd.targets, tuple(log))
 

@@ -64,11 +64,13 @@ class AttentionRows:
     'edge'; ``dst_edge``: the destination term is per (dst, relation) row (RGAT's), read
     per edge through the edge's compact row; ``score_on_edges``: the destination side
     depends on the relation otherwise (with q.k), so the whole score is one per-edge source
-    term (no q.k, no destination term in the launched spec)."""
+    term (no q.k, no destination term in the launched spec).  ``strategy``: the schedule the
+    op call runs ('auto': dynamic fusion's choice on the graph, 'node' or 'edge')."""
     graph: str
     source: str
     score_on_edges: bool = False
     dst_edge: bool = False
+    strategy: str = "auto"
 
 
 @dataclass(frozen=True)

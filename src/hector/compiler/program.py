@@ -30,7 +30,7 @@ from torch import nn
 from .. import checks as C
 from ..device import BACKENDS, resolve_backend
 from ..graph import Graph
-from ..kernels.attention.op import draw_seed
+from ..kernels.attention.op import STRATEGIES, draw_seed
 from .dsl import Traced, trace
 from .execute import execute
 from .ir import NODE, Op, Value, seed as seed_leaf, toposort
@@ -59,9 +59,12 @@ class Program:
     def __init__(self, fn: Callable, *, reorder: bool = True, compact: bool = True,
                  fuse: bool = True, backend: str = "auto", autodiff: str = "ir",
                  num_relations: int = 1, num_node_types: int = 1,
-                 plan_cache_size: Optional[int] = None, training: bool = False, **dims):
+                 plan_cache_size: Optional[int] = None, training: bool = False,
+                 strategy: str = "auto", **dims):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if autodiff not in AUTODIFF:
             raise ValueError(f"autodiff must be one of {AUTODIFF}, got {autodiff!r}")
         for name in ("reorder", "compact", "fuse"):
@@ -70,7 +73,7 @@ class Program:
         C.check_count(num_relations, "num_relations")
         C.check_count(num_node_types, "num_node_types")
         self.fn, self.dims = fn, dict(dims)
-        self.options = dict(reorder=reorder, compact=compact, fuse=fuse)
+        self.options = dict(reorder=reorder, compact=compact, fuse=fuse, strategy=strategy)
         self.backend, self.autodiff = backend, autodiff
         self.num_relations, self.num_node_types = num_relations, num_node_types
         self.traced: Traced = trace(fn, num_relations=num_relations,
@@ -82,7 +85,7 @@ class Program:
             self.training_program = Program(
                 fn, reorder=reorder, compact=compact, fuse=fuse, backend=backend,
                 autodiff=autodiff, num_relations=num_relations, num_node_types=num_node_types,
-                plan_cache_size=plan_cache_size, training=True, **dims)
+                plan_cache_size=plan_cache_size, training=True, strategy=strategy, **dims)
         self._seeded = any(v.op == Op.SEED for v in toposort(self.traced.outputs))
         # Only per-node-type weights can be re-sliced per relation (reorder's typed fold):
         # other programs never ask a graph for its relations' source types (one host read
@@ -287,7 +290,8 @@ def node_type_bounds(graph: Graph) -> List[int]:
 
 
 def compile(fn: Callable, *, reorder: bool = True, compact: bool = True, fuse: bool = True,
-            backend: str = "auto", autodiff: str = "ir", **dims) -> CompiledModule:
+            backend: str = "auto", autodiff: str = "ir", strategy: str = "auto",
+            **dims) -> CompiledModule:
     """Compile DSL function ``fn(m, **dims)`` into a module.
 
     Args:
@@ -295,8 +299,11 @@ def compile(fn: Callable, *, reorder: bool = True, compact: bool = True, fuse: b
         backend: 'auto' (Triton on CUDA or under ``TRITON_INTERPRET=1``, else torch),
             'torch' or 'triton'.
         autodiff: 'ir' (backward plan from the IR-level autodiff) or 'torch'.
+        strategy: the fused attentions' schedule: 'auto' (chosen per graph from its degree
+            statistics), 'node' or 'edge'.
         dims: the function's dimensions, plus ``num_relations`` / ``num_node_types`` sizing
             per-relation / per-node-type weights.
     """
     return CompiledModule(Program(fn, reorder=reorder, compact=compact, fuse=fuse,
-                                  backend=backend, autodiff=autodiff, **dims))
+                                  backend=backend, autodiff=autodiff, strategy=strategy,
+                                  **dims))

@@ -77,7 +77,7 @@ def attention_launch(step, ix: GraphIndex) -> Tuple[AttentionSpec, AttentionPlan
     spec, rows = step.spec
     key = ("attention_plan", spec, rows)
     if key not in ix.memo:
-        ix.memo[key] = make_plan(attention_graph(rows, ix), spec)
+        ix.memo[key] = make_plan(attention_graph(rows, ix), spec, rows.strategy)
     return spec, ix.memo[key]
 
 
