@@ -337,31 +337,25 @@ def run(args, attention_layer: Optional[Callable] = None) -> int:
     attention model (the command line passes it: ``nn`` sits above the compiler)."""
     ds = datasets.load(args.dataset, root=args.root)
     graph = ds.graph
-    if args.model in ATTENTION_MODELS and getattr(args, "program", False):
-        # (one node set; GAT and AGNN add one self loop per node, as their layers do)
-        homo = Graph(graph.input_edge_index(), num_nodes=graph.num_nodes)
-        homo = homo if args.model == "transformer" else with_self_loops(homo)
-        opts = {k: not getattr(args, f"no_{k}") for k in ("reorder", "compact", "fuse")}
-        program = Program(getattr(models, args.model), **opts, in_dim=args.in_dim,
-                          out_dim=args.out_dim, heads=args.heads)
-        print(explain(program, homo, backward=not args.forward_only,
-                      launches=not args.no_launches and not args.forward_only))
-        return 0
+    launches = not args.no_launches and not args.forward_only
+    dims = dict(in_dim=args.in_dim, out_dim=args.out_dim)
     if args.model in ATTENTION_MODELS:
-        if attention_layer is None:
-            raise ValueError(f"hector explain {args.model}: no attention layer builder given")
-        layer = attention_layer(args.model, args.in_dim, args.out_dim, args.heads)
         # (on one node set: an attention layer reads no relations or node types)
         homo = Graph(graph.input_edge_index(), num_nodes=graph.num_nodes)
-        print(explain(layer, homo, launches=not args.no_launches and not args.forward_only,
-                      features=args.in_dim))
-        return 0
+        if not getattr(args, "program", False):
+            if attention_layer is None:
+                raise ValueError(f"hector explain {args.model}: no attention layer builder "
+                                 "given")
+            layer = attention_layer(args.model, args.in_dim, args.out_dim, args.heads)
+            print(explain(layer, homo, launches=launches, features=args.in_dim))
+            return 0
+        # its DSL program: GAT and AGNN add one self loop per node, as their layers do
+        graph = homo if args.model == "transformer" else with_self_loops(homo)
+    else:
+        dims.update(num_relations=graph.num_relations, num_node_types=graph.num_node_types)
     opts = {k: not getattr(args, f"no_{k}") for k in ("reorder", "compact", "fuse")}
-    dims = dict(in_dim=args.in_dim, out_dim=args.out_dim, num_relations=graph.num_relations,
-                num_node_types=graph.num_node_types)
     if args.model != "rgcn":
         dims["heads"] = args.heads
     program = Program(getattr(models, args.model), **opts, **dims)
-    print(explain(program, graph, backward=not args.forward_only,
-                  launches=not args.no_launches and not args.forward_only))
+    print(explain(program, graph, backward=not args.forward_only, launches=launches))
     return 0

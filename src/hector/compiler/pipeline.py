@@ -275,7 +275,7 @@ def _backward_stage(stage: ForwardStage, stats: GraphStats) -> BackwardStage:
                      compact_on=opts["compact"], fuse_on=opts["fuse"], log=log,
                      prefix="backward/")
     b_out = _run("backward/fuse", fusion.run, b_out, stats, opts["fuse"], log)
-    plan = schedule.for_memory(lower(b_out, stage.dtype, opts.get("strategy", "auto")))
+    plan = schedule.for_memory(lower(b_out, stage.dtype, opts["strategy"]))
     return BackwardStage(_questions(log), plan, bwd.saved_values,
                          bwd.saved_leaves, bwd.grad_leaves, bwd.targets, tuple(log))
 

@@ -358,9 +358,10 @@ def compile_index() -> bool:
     (``HECTOR_COMPILE_INDEX=1``): the sampler's relabelling and the capacity blocks.  They
     are a few hundred small index ops a batch (about 80 and 250 for a relational two-hop
     batch: ``scripts/step_ops.py``), each its own kernel in a replayed step; compiled,
-    Inductor fuses their elementwise chains around the sorts, scans and binary searches (the
-    blocks on the CPU: 23 fused kernels and 22 of those, 45 in all).  Opt-in until timed on a
-    GPU: the first batch of each capacity set pays the compilation."""
+    Inductor fuses their elementwise chains around the sorts, scans and binary searches.
+    Opt-in: the sorts, scans and searches it keeps hold most of the time, so the fused
+    kernels save little, and the first batch of each capacity set pays the compilation
+    (docs/perf-notes.md, "Mini-batches: one captured step per batch")."""
     return os.environ.get("HECTOR_COMPILE_INDEX", "0") not in ("", "0")
 
 

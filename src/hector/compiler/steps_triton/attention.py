@@ -151,11 +151,16 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
     terms = _attention_terms(step, roles, ix)
     spec, plan = attention_launch(step, ix)
     g = attention_graph(rows, ix)
-    p = body.attr("dropout", 0.0)
+    p, seed = _dropout(body, roles)
     return edge_attention_triton(g, *terms, scale=scale, negative_slope=slope, dropout=p,
-                                 seed=roles["seed"][1] if p > 0 else None, spec=spec,
-                                 plan=plan, return_lse=True, dst_index=_dst_index(rows, ix),
-                                 bias=_bias(roles, terms[0]))
+                                 seed=seed, spec=spec, plan=plan, return_lse=True,
+                                 dst_index=_dst_index(rows, ix), bias=_bias(roles, terms[0]))
+
+
+def _dropout(att: Value, roles) -> Tuple[float, Optional[torch.Tensor]]:
+    """(p, the seed tensor) of an attention's dropout; (0.0, None) without one."""
+    p = att.attr("dropout", 0.0)
+    return p, roles["seed"][1] if p > 0 else None
 
 
 def _bias(roles, v: torch.Tensor) -> Optional[torch.Tensor]:
@@ -232,12 +237,12 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     needs = body.attr("needs")
     joint = body.attr("joint", False)
     flags = [r in needs for r in _OP_ROLES]
-    p = att.attr("dropout", 0.0)
+    p, seed = _dropout(att, roles)
     grads = edge_attention_grads_triton(
         g, spec, plan, flags, grad, *terms, out, lse, att.attr("scale"), att.attr("slope"),
         dst_index=_dst_index(step.spec[1], ix), joint_kv=joint, bias=_bias(roles, terms[0]),
         into_kv=p == 0 and _into_kv(terms, flags, [inputs[i] for i in donated]),
-        dropout=p, seed=roles["seed"][1] if p > 0 else None)
+        dropout=p, seed=seed)
     result = {}
     if joint:   # one [rows, H * (Dk + Dv)] buffer in k's slot; k and v are views of it
         kv = grads[2]
