@@ -196,7 +196,7 @@ def test_fitted_capacities_train_like_the_ordinary_step_and_grow(kind, margin):
         # (SGD: Adam's first steps move each parameter by about lr times the sign of its
         # gradient, so an entry that is zero in exact arithmetic and rounding noise in
         # float32 -- summed in another order over the fitted blocks' rows -- moved by lr
-        # either way: 7e-4 apart after five batches on RGAT with the CPU's sampler)
+        # either way)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         loader = NeighborLoader(graph, [3, 2], batch_size=16, shuffle=True, seed=5,
                                 static=True)

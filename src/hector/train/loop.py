@@ -202,8 +202,8 @@ class PhaseClock:
 def make_optimizer(model: torch.nn.Module, cfg: dict, device: torch.device,
                    capture: bool = False) -> torch.optim.Adam:
     """``hector train``'s Adam: on CUDA torch's fused implementation (one kernel per
-    parameter group instead of ~10 multi-tensor passes; a featureless first layer on
-    synthetic mag holds 155M parameters, whose foreach Adam held 3.6 ms of each mini-batch),
+    parameter group instead of ~10 multi-tensor passes, which a featureless first layer's
+    node tables make a large part of a mini-batch's time: docs/perf-notes.md),
     ``capturable`` when the step is captured (its step count lives on the device, and the
     fused kernel reads it there inside the graph).  ``capture`` counts on CUDA only (there is
     nothing to capture elsewhere, and torch's capturable Adam refuses CPU parameters)."""
