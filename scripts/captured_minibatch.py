@@ -117,6 +117,25 @@ def pyg_step(kind, layers, opt, x, y, batch):
     opt.step()
 
 
+#: name fragments -> family, first match wins (torch's and Triton's kernel names)
+_FAMILIES = (("triton_", "hector/inductor Triton"), ("sort", "sort"), ("Sort", "sort"),
+             ("radix", "sort"), ("scan", "scan (cumsum)"), ("Scan", "scan (cumsum)"),
+             ("searchsorted", "searchsorted"), ("index_put", "index_put / scatter"),
+             ("scatter", "index_put / scatter"), ("index", "gather / index"),
+             ("gather", "gather / index"), ("reduce", "reduction"), ("Reduce", "reduction"),
+             ("fill", "fill / memset"), ("Memset", "fill / memset"), ("copy", "copy"),
+             ("Memcpy", "copy"), ("elementwise", "elementwise"), ("gemm", "GEMM"),
+             ("sm90", "GEMM"), ("adam", "optimizer"), ("Adam", "optimizer"))
+
+
+def kernel_family(name: str) -> str:
+    """A kernel's family by its name (what a replay's time is made of)."""
+    for frag, fam in _FAMILIES:
+        if frag in name:
+            return fam
+    return "other: " + name[:60]
+
+
 def gpu_ms(step, items, top=0, label=""):
     """Device time of the captured replays of ``items`` (mean per replay); with ``top`` the
     kernels with the most of it, to stderr."""
@@ -128,6 +147,15 @@ def gpu_ms(step, items, top=0, label=""):
     events = prof.key_averages()
     total = sum(e.self_device_time_total for e in events)
     if top:
+        families: dict = {}
+        for e in events:
+            fam = kernel_family(e.key)
+            t, n = families.get(fam, (0.0, 0))
+            families[fam] = (t + e.self_device_time_total, n + e.count)
+        print(f"--- {label}: device time of one replay by kernel family", file=sys.stderr)
+        for fam, (t, n) in sorted(families.items(), key=lambda kv: -kv[1][0]):
+            print(f"  {t / 1e3 / len(items):8.3f} ms  {n / len(items):7.1f} kernels  {fam}",
+                  file=sys.stderr)
         print(f"--- {label}: kernels of {len(items)} replays by device time", file=sys.stderr)
         for e in sorted(events, key=lambda e: -e.self_device_time_total)[:top]:
             print(f"  {e.self_device_time_total / 1e3 / len(items):8.3f} ms  {e.count:5d}x  "

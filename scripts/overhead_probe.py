@@ -6,7 +6,7 @@ this says by how much, per layer, for an eager inference call and an eager train
 
     python scripts/overhead_probe.py --datasets synthetic:cora,synthetic:aifb \
         [--layers gat,agnn,transformer,rgcn,rgat,hgt] [--features 64] [--heads 1] \
-        [--root DIR] [--cprofile DIR] [--json FILE] [--pyg]
+        [--root DIR] [--cprofile DIR] [--json FILE] [--pyg] [--torch-floor]
 
 ``--root``: a folder holding real datasets (``cora/``, ``aifb/`` ...: ``../shared/data``);
 ``--cprofile DIR``: a cProfile of 50 warm training steps per (layer, dataset), by own time,
@@ -124,6 +124,32 @@ def launch_floor(calls=2000):
     print(f"launch floor: triton kernel[grid](...) {launch:.1f} us, torch.empty {empty:.1f} us")
 
 
+def torch_floor(W, features, calls=200):
+    """Host ms of the same training step (zero_grad, forward, sum, backward) around one
+    ``nn.Linear`` on the same input: what torch itself costs per step (the autograd engine,
+    two GEMM launches, the accumulation), eager and through torch's own
+    ``make_graphed_callables`` (a replay in an ``autograd.Function``, as hector's warm
+    calls are): the floor under a warm hector step's host time."""
+    lin = torch.nn.Linear(features, features).to(W.device)
+    x = W.x(features).detach().clone().requires_grad_(True)
+    res = {}
+    graphed = torch.cuda.make_graphed_callables(lin, (x,)) if x.is_cuda else None
+    for name, mod in (("torch Linear", lin), ("torch graphed Linear", graphed)):
+        if mod is None:
+            continue
+        step = _step(mod, x, True, lin)
+        for _ in range(5):
+            step()
+        sync()
+        c0 = time.process_time()
+        for _ in range(calls):
+            step()
+        res[f"{name} train"] = dict(host_ms=(time.process_time() - c0) / calls * 1e3,
+                                    wall_ms=float("nan"), kernels=0, kernel_ms=float("nan"))
+        sync()
+    return res
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--datasets", default="synthetic:cora")
@@ -136,6 +162,8 @@ def main():
     p.add_argument("--pyg", action="store_true")
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--launch-floor", action="store_true")
+    p.add_argument("--torch-floor", action="store_true",
+                   help="also torch's own step around one Linear, eager and graphed")
     a = p.parse_args()
     if a.launch_floor and torch.cuda.is_available():
         launch_floor()
@@ -147,6 +175,10 @@ def main():
         if a.root and not ds.startswith("synthetic:"):
             root = str(Path(a.root) / ds)
         W = suites.Workload(ds, dev, root=root)
+        if a.torch_floor:
+            r = torch_floor(W, a.features, a.calls)
+            res[f"torch {ds}"] = r
+            rows += [("torch", ds, k, v) for k, v in r.items()]
         for layer in a.layers.split(","):
             if layer in suites.RELATIONAL and W.graph.num_relations < 2:
                 continue

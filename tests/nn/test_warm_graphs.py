@@ -53,6 +53,37 @@ def test_settings_are_the_plain_attributes():
     assert ("training", True) in before
 
 
+def test_packed_tensors_are_handed_out_fresh_with_one_copy_per_dtype(monkeypatch):
+    monkeypatch.setattr(_warm, "PACK_MAX_NUMEL", 100)
+    small = [torch.randn(3, 4), torch.randn(5), torch.randn(2, dtype=torch.float64),
+             torch.randn(4, 2)]
+    big = torch.randn(11, 10)                    # (over the limit: cloned alone)
+    pack = _warm._Packed([small[0], None, big, small[1], small[2], small[3]])
+    assert [len(at) for at, _, _ in pack.groups] == [3]      # the fp32 small ones
+    assert pack.alone == [2, 4]          # the big one, and the only fp64 one
+    got = pack.fresh()
+    assert got[1] is None
+    for g, want in zip([got[0], got[2], got[3], got[4], got[5]],
+                       [small[0], big, small[1], small[2], small[3]]):
+        assert g.shape == want.shape and g.dtype == want.dtype
+        assert torch.equal(g, want) and g.data_ptr() != want.data_ptr()
+    first, alone = got[0].clone(), got[2].clone()
+    pack.groups[0][2].add_(1.0)          # (the next replay writes the graph's memory)
+    big.add_(1.0)
+    assert torch.equal(got[0], first) and torch.equal(got[2], alone)
+    assert torch.equal(pack.fresh()[0], first + 1.0)
+
+
+def test_copy_all_copies_every_pair():
+    dst = [torch.zeros(3), torch.zeros(2, 2), torch.zeros(4)]
+    src = [torch.randn(3), torch.ones(()).expand(2, 2), torch.randn(8)[::2]]
+    _warm._copy_all(dst, src)
+    assert all(torch.equal(d, s) for d, s in zip(dst, src))
+    one = [torch.zeros(2)]
+    _warm._copy_all(one, [torch.ones(2)])
+    assert torch.equal(one[0], torch.ones(2))
+
+
 # -- CUDA: replays ----------------------------------------------------------------------
 def _case(name):
     layer, args = make_case(name, backend="triton")

@@ -160,6 +160,51 @@ def _outputs(out):
     raise _Unfit
 
 
+# -- handing out a graph's tensors ------------------------------------------------------
+#: Tensors up to this many elements are handed out of a graph's memory through one shared
+#: buffer per dtype (written by the graph itself, copied out with one launch); larger ones
+#: are cloned alone: the extra in-graph copy of a large tensor would cost the GPU more than
+#: the launch it saves the host (a launch's few microseconds move megabytes).
+PACK_MAX_NUMEL = 1 << 18
+
+
+class _Packed:
+    """Tensors in a graph's memory (outputs, gradients; ``None`` allowed), handed out fresh
+    after each replay (the graph's own memory is overwritten by the next one) with one copy
+    per dtype for the small ones.  Built inside the capture, so the graph fills the shared
+    buffers itself."""
+
+    def __init__(self, tensors):
+        self.tensors = list(tensors)
+        groups: dict = {}
+        for i, t in enumerate(self.tensors):
+            if t is not None and t.numel() <= PACK_MAX_NUMEL:
+                groups.setdefault(t.dtype, []).append(i)
+        groups = [at for at in groups.values() if len(at) > 1]
+        self.alone = [i for i, t in enumerate(self.tensors) if t is not None
+                      and not any(i in at for at in groups)]
+        self.groups = [(at, [self.tensors[i] for i in at],
+                        _flatten_dense_tensors([self.tensors[i] for i in at])) for at in groups]
+
+    def fresh(self) -> list:
+        out = [None] * len(self.tensors)
+        for i in self.alone:
+            out[i] = self.tensors[i].clone()
+        for at, like, flat in self.groups:
+            for i, t in zip(at, _unflatten_dense_tensors(flat.clone(), like)):
+                out[i] = t
+        return out
+
+
+def _copy_all(dst: list, src: list) -> None:
+    """``dst[i].copy_(src[i])`` for all i, as one foreach call (one launch where the tensors
+    allow, one C++ loop otherwise)."""
+    if len(dst) == 1:
+        dst[0].copy_(src[0])
+    elif dst:
+        torch._foreach_copy_(dst, src)
+
+
 # -- one captured signature -----------------------------------------------------------------
 class _Captured:
     """A layer call captured for one signature: the forward graph, and with gradients the
@@ -178,7 +223,6 @@ class _Captured:
         self.grad_params = [p for p in params if p.requires_grad]
         self.wants = ([self.inputs[i] for i in self.grad_inputs] + self.grad_params
                       if torch.is_grad_enabled() else [])
-        self.n_inputs = len(self.grad_inputs)
         self.slots = [s.detach() for s in self.inputs]   # (written in place each call)
         self.sources: list = [None] * len(self.inputs)    # (what each slot last copied)
         args, kwargs = _rebuild((args, kwargs), iter(self.inputs))
@@ -196,44 +240,21 @@ class _Captured:
         # (thread_local: another thread's work, a loader's prefetch, is not the capture's)
         with torch.cuda.graph(self.fwd, pool=pool, capture_error_mode="thread_local"):
             out = forward(module, *args, **kwargs)
-        self.outs, self.rebuild = _outputs(out)
+            outs, self.rebuild = _outputs(out)
+            self.out_pack = _Packed(o.detach() for o in outs)
         self.bwd = None
         self.pending: Optional[weakref.ref] = None
         if self.wants:
-            self.is_diff = [o.requires_grad for o in self.outs]
-            self.diff = [o for o in self.outs if o.requires_grad]
-            self.gouts = [torch.empty_like(o) for o in self.diff]
+            self.is_diff = [o.requires_grad for o in outs]
+            diff = [o for o in outs if o.requires_grad]
+            self.gouts = [torch.empty_like(o) for o in diff]
             self.bwd = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.bwd, pool=pool, capture_error_mode="thread_local"):
-                self.grads = list(torch.autograd.grad(self.diff, self.wants, self.gouts,
-                                                      allow_unused=True))
-                self._flat_params()
-            del self.diff
-        # The outputs' memory only: their autograd graph (made on the capture's stream) would
-        # keep the parameters' gradient accumulators of that stream alive for every replay.
-        self.outs = [o.detach() for o in self.outs]
-
-    def _flat_params(self):
-        """The parameters' gradients also written into one buffer by the backward graph
-        (one dtype only), so a replay hands out fresh gradients with one copy, as views of
-        it, instead of one copy launch per parameter (HGT has one per relation)."""
-        self.flat_at = [i for i, g in enumerate(self.grads)
-                        if i >= self.n_inputs and g is not None]
-        self.flat = None
-        if len({self.grads[i].dtype for i in self.flat_at}) == 1:
-            self.flat_like = [self.grads[i] for i in self.flat_at]
-            self.flat = _flatten_dense_tensors(self.flat_like)
-
-    def fresh_grads(self) -> list:
-        """The last backward replay's gradients in new memory (the graph's own is
-        overwritten by the next replay)."""
-        out = [g.clone() if g is not None and (i < self.n_inputs or self.flat is None) else g
-               for i, g in enumerate(self.grads)]
-        if self.flat is not None:
-            for i, g in zip(self.flat_at,
-                            _unflatten_dense_tensors(self.flat.clone(), self.flat_like)):
-                out[i] = g
-        return out
+                self.grad_pack = _Packed(torch.autograd.grad(diff, self.wants, self.gouts,
+                                                             allow_unused=True))
+        # (only the outputs' memory is kept, in out_pack: their autograd graph, made on the
+        # capture's stream, would keep the parameters' gradient accumulators of that stream
+        # alive for every replay)
 
     def _backward(self, out):
         if not self.wants:
@@ -253,15 +274,18 @@ class _Captured:
         return self.pending is not None and self.pending() is not None
 
     def run(self, leaves):
+        dst, src = [], []
         for i, t in enumerate(leaves):
             # (a first layer's input is the same unchanged tensor every step: no copy)
             last = self.sources[i]
             if last is None or last[0]() is not t or last[1] != t._version:
-                self.slots[i].copy_(t)
+                dst.append(self.slots[i])
+                src.append(t)
                 self.sources[i] = (weakref.ref(t), t._version)
+        _copy_all(dst, src)
         if self.bwd is None:
             self.fwd.replay()
-            return self.rebuild([o.clone() for o in self.outs])
+            return self.rebuild(self.out_pack.fresh())
         outs = _Replay.apply(self, *[leaves[i] for i in self.grad_inputs], *self.grad_params)
         return self.rebuild(list(outs))
 
@@ -276,7 +300,7 @@ class _Replay(torch.autograd.Function):
         cap.fwd.replay()
         ctx.cap, ctx.token = cap, _Token()
         cap.pending = weakref.ref(ctx.token)
-        outs = tuple(o.clone() for o in cap.outs)
+        outs = tuple(cap.out_pack.fresh())
         ctx.mark_non_differentiable(*[o for o, d in zip(outs, cap.is_diff) if not d])
         return outs
 
@@ -289,11 +313,17 @@ class _Replay(torch.autograd.Function):
                 "a hector layer's backward ran twice through one forward (its replayed "
                 "forward's values were used by the first backward): run the forward inside "
                 "`with hector.retain_saved():` to back-propagate more than once")
+        dst, src = [], []
         for s, g in zip(cap.gouts, (g for g, d in zip(gouts, cap.is_diff) if d)):
-            s.copy_(g) if g is not None else s.zero_()
+            if g is None:
+                s.zero_()
+            else:
+                dst.append(s)
+                src.append(g)
+        _copy_all(dst, src)
         cap.bwd.replay()
         cap.pending, ctx.token = None, None
-        return (None, *cap.fresh_grads())
+        return (None, *cap.grad_pack.fresh())
 
 
 # -- the per-layer table ------------------------------------------------------------------

@@ -1,0 +1,145 @@
+"""A CPU proxy for the host time of a warm, replayed layer step (no GPU needed).
+
+On CUDA a warm hector layer call copies its inputs into a captured graph's buffers, replays
+it inside an ``autograd.Function`` and hands out fresh outputs and gradients
+(``hector.compiler.warm``).  Everything but the two ``replay()`` calls is host work that the
+CPU runs the same way: the signature, the checks, ``Function.apply``, the copies and clones,
+the autograd engine.  This script runs that path on the CPU, on a tiny graph (so that the
+copies move no data to speak of), with the graphs' ``replay`` a no-op: what is left is the
+warm path's own host cost, comparable between trees and against torch's own step around one
+``nn.Linear`` (eager, and the same with a no-op ``Function`` around it).
+
+    python scripts/warm_host_proxy.py [--layers gat,agnn,transformer,rgcn,rgat,hgt] \
+        [--steps 2000] [--cprofile FILE]
+
+Prints microseconds of CPU time per training step (zero_grad, forward, sum, backward) and per
+inference call.  A proxy: a CUDA launch costs the host more than a CPU op on a few elements.
+"""
+import argparse
+import cProfile
+import pstats
+import time
+import types
+
+import torch
+
+from hector.compiler import warm
+
+
+def _cpu_code(fn):
+    """``fn`` with its ``"cuda"`` device checks reading ``"cpu"``."""
+    co = fn.__code__
+    consts = tuple("cpu" if c == "cuda" else c for c in co.co_consts)
+    return types.FunctionType(co.replace(co_consts=consts), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+
+
+class _NoGraph:
+    def replay(self):
+        pass
+
+
+def _fake_capture(self, module, forward, args, kwargs):
+    """What ``_Captured._capture`` leaves behind, from one eager forward and backward; the
+    graphs replay nothing."""
+    out = forward(module, *args, **kwargs)
+    outs, self.rebuild = warm._outputs(out)
+    self.out_pack = warm._Packed(o.detach() for o in outs)
+    self.fwd, self.bwd, self.pending = _NoGraph(), None, None
+    if self.wants:
+        self.is_diff = [o.requires_grad for o in outs]
+        diff = [o for o in outs if o.requires_grad]
+        self.gouts = [torch.empty_like(o) for o in diff]
+        self.bwd = _NoGraph()
+        self.grad_pack = warm._Packed(torch.autograd.grad(diff, self.wants, self.gouts,
+                                                          allow_unused=True))
+
+
+def patch():
+    """Let ``warm_call`` take CPU tensors, with graphs that replay nothing."""
+    warm._flatten = _cpu_code(warm._flatten)
+    warm._Captured._capture = _fake_capture
+    torch.cuda.is_available = lambda: True
+    torch.cuda.is_current_stream_capturing = lambda: False
+
+
+def tiny_workload():
+    from hector.bench import suites
+    # (a small relational graph: each step's copies move a few kilobytes)
+    return suites.Workload("synthetic:aifb", torch.device("cpu"), scale=0.01)
+
+
+def per_call(fn, steps):
+    for _ in range(20):
+        fn()
+    c0 = time.process_time()
+    for _ in range(steps):
+        fn()
+    return (time.process_time() - c0) / steps * 1e6
+
+
+def _train_step(call, x, module):
+    def step():
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+        call(x).sum().backward()
+    return step
+
+
+class _Identity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, *params):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g.clone(),) + (None,) * (len(ctx.needs_input_grad) - 1)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", default="gat,agnn,transformer,rgcn,rgat,hgt")
+    p.add_argument("--features", type=int, default=16)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--cprofile", help="a cProfile of one layer's replayed steps, written here")
+    p.add_argument("--cprofile-layer", default="gat")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    from hector.bench import suites
+    W = tiny_workload()
+    F = a.features
+    x = W.x(F).detach().clone().requires_grad_(True)
+    rows = []
+    lin = torch.nn.Linear(F, F)
+    rows.append(("torch Linear", "train", per_call(_train_step(lin, x, lin), a.steps)))
+    fn = lambda t: _Identity.apply(lin(t), *lin.parameters())   # noqa: E731
+    rows.append(("torch Linear + Function", "train", per_call(_train_step(fn, x, lin), a.steps)))
+    patch()
+    for name in a.layers.split(","):
+        ref = suites.pyg_layer(name, W, F, 1)
+        ours = suites.hector_layer(name, ref, "torch")
+        call = suites.caller(name, ours, W, False)
+        step = _train_step(call, x, ours)
+        rows.append((name, "train", per_call(step, a.steps)))
+        stats = warm.warm_stats(ours)
+        assert stats["replayed"] > a.steps, (name, stats)       # (the proxy measured replays)
+
+        def infer():
+            with torch.no_grad():
+                call(x)
+        rows.append((name, "infer", per_call(infer, a.steps)))
+        if a.cprofile and name == a.cprofile_layer:
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(500):
+                step()
+            pr.disable()
+            with open(a.cprofile, "w") as f:
+                pstats.Stats(pr, stream=f).sort_stats("tottime").print_stats(30)
+    print(f"{'what':28} {'mode':6} {'host us':>8}")
+    for what, mode, us in rows:
+        print(f"{what:28} {mode:6} {us:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
