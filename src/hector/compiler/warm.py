@@ -424,7 +424,7 @@ def warm_call(module, forward: Callable, args: tuple, kwargs: dict):
     if sum(edges) > MAX_EDGES:
         return forward(module, *args, **kwargs)
     table = _table(module)
-    if overlapping(leaves):
+    if len(leaves) > 1 and overlapping(leaves):
         return forward(module, *args, **kwargs)   # (aliased inputs: copies would not be)
     key = (sig, _settings(module), torch.is_grad_enabled(), _precision(),
            tuple(p.requires_grad for p in table.params))
