@@ -46,7 +46,8 @@ def run(argv):
 # block-diagonal relation weights)
 @pytest.mark.parametrize("model, more", [
     ("rgcn", []), ("rgat", []), ("hgt", []), ("rgcn", ["--fanout", "4,3", "--batch-size", "200"]),
-    ("hgt", ["--fanout", "4,3", "--batch-size", "200"]), ("rgcn", ["--num-blocks", "4"])])
+    ("hgt", ["--fanout", "4,3", "--batch-size", "200"]), ("rgcn", ["--num-blocks", "4"]),
+    ("rgcn", ["--edge-dropout", "0.4"])])
 def test_a_short_run_learns(kg, model, more):
     base = ["--task", "link", "--model", model, "--dataset", "triples", "--root", str(kg),
             "--hidden", "16", "--eval-every", "50"] + more
@@ -127,6 +128,48 @@ def test_resume_refuses_what_does_not_fit(kg, tmp_path):
 def test_node_classification_refuses_link_options():
     with pytest.raises(ValueError, match="--negatives applies to --task link only"):
         run(["--model", "rgcn", "--dataset", "synthetic:aifb", "--negatives", "3"])
+    with pytest.raises(ValueError, match="--edge-dropout applies to --task link only"):
+        run(["--model", "rgcn", "--dataset", "synthetic:aifb", "--edge-dropout", "0.2"])
+
+
+def test_edge_dropout_keeps_a_seeded_part_of_the_triples_both_ways():
+    import torch
+    gen = torch.Generator().manual_seed(0)
+    T, R, p = 20000, 5, 0.4
+    train = torch.stack([torch.randint(0, 1000, (T,), generator=gen),
+                         torch.randint(0, R, (T,), generator=gen),
+                         torch.randint(0, 1000, (T,), generator=gen)])
+    ei, et = linkpred.dropped_edges(train, R, p, torch.Generator().manual_seed(7))
+    kept = ei.shape[1] // 2
+    assert ei.shape[1] == et.numel() == 2 * kept
+    assert abs(kept / T - (1 - p)) < 0.02
+    fwd, inv = ei[:, :kept], ei[:, kept:]
+    assert torch.equal(inv, fwd.flip(0)) and torch.equal(et[kept:], et[:kept] + R)
+    # the kept edges are training triples, each at most once
+    keys = set(map(tuple, train.t().tolist()))
+    got = list(zip(fwd[0].tolist(), et[:kept].tolist(), fwd[1].tolist()))
+    assert set(got) <= keys
+    same, _ = linkpred.dropped_edges(train, R, p, torch.Generator().manual_seed(7))
+    other, _ = linkpred.dropped_edges(train, R, p, torch.Generator().manual_seed(8))
+    assert torch.equal(same, ei) and not torch.equal(other, ei)
+    everything, _ = linkpred.dropped_edges(train, R, 0.0, torch.Generator().manual_seed(7))
+    assert torch.equal(everything, linkpred.encoder_edges(train, R)[0])
+
+
+def test_edge_dropout_changes_the_encoder_graph_each_epoch_but_not_evaluation(kg, monkeypatch):
+    sizes = []
+    real = linkpred.dropped_edges
+
+    def spy(train, r, p, gen):
+        out = real(train, r, p, gen)
+        sizes.append((train.shape[1], out[0].shape[1], out[0].sum().item()))
+        return out
+    monkeypatch.setattr(linkpred, "dropped_edges", spy)
+    run(["--task", "link", "--model", "rgcn", "--dataset", "triples", "--root", str(kg),
+         "--hidden", "8", "--epochs", "4", "--eval-every", "2", "--edge-dropout", "0.5"])
+    assert len(sizes) == 4                          # one draw per epoch
+    assert all(kept < 2 * T for T, kept, _ in sizes)
+    assert len({checksum for _, _, checksum in sizes}) > 1     # another part each epoch
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -141,6 +184,10 @@ def test_node_classification_refuses_link_options():
     (["--model", "hgt", "--num-blocks", "2"], "rgcn's and rgat's, not hgt's"),
     (["--model", "rgcn", "--num-blocks", "0"], "--num-blocks must be a positive integer"),
     (["--model", "rgcn", "--dtype", "bf16"], "fp32 only"),
+    (["--model", "rgcn", "--edge-dropout", "1"], r"--edge-dropout must be in \[0, 1\)"),
+    (["--model", "rgcn", "--edge-dropout", "-0.1"], r"--edge-dropout must be in \[0, 1\)"),
+    (["--model", "rgcn", "--edge-dropout", "0.2", "--fanout", "3,3"],
+     "--edge-dropout applies to the full-graph encoder"),
 ])
 def test_bad_options_name_the_option(kg, argv, match):
     base = ["--task", "link", "--dataset", "triples", "--root", str(kg), "--epochs", "1"]

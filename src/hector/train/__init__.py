@@ -56,6 +56,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clip", type=float,
                    help="--task link: clip the gradients' total norm to this (default 1.0, "
                         "as PyG's R-GCN example; 0: no clipping)")
+    p.add_argument("--edge-dropout", type=float,
+                   help="--task link: each epoch the encoder passes messages over a random "
+                        "(1 - this) of the training triples, both directions (R-GCN's edge "
+                        "dropout; default 0; evaluation uses them all)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument("--dtype", default="fp32", choices=DTYPES,

@@ -48,7 +48,8 @@ DECODERS = {"distmult": DistMult, "transe": TransE, "complex": ComplEx}
 #: smaller width: 500 there, on block-diagonal weights).
 LINK_DEFAULTS = dict(epochs=1000, lr=0.01, hidden=200, heads=1, dropout=0.2, patience=5,
                      batch_size=None, negatives=1, reg=0.01, eval_every=50, eval_batch=512,
-                     num_bases=None, decoder="distmult", clip=1.0, fanout=None, num_blocks=None)
+                     num_bases=None, decoder="distmult", clip=1.0, fanout=None, num_blocks=None,
+                     edge_dropout=0.0)
 #: Triples per step with ``--fanout`` when ``--batch-size`` is left out.
 SAMPLED_BATCH = 4096
 
@@ -57,7 +58,7 @@ SAMPLED_BATCH = 4096
 #: ignored): option -> its value when left out.
 NODE_ONLY = {"weight_decay": None, "prefetch": None}
 #: ``--task link``'s own options, which node classification does not take.
-LINK_ONLY = ("decoder", "negatives", "reg", "eval_every", "clip", "num_blocks")
+LINK_ONLY = ("decoder", "negatives", "reg", "eval_every", "clip", "num_blocks", "edge_dropout")
 
 
 def link_config(args) -> Dict[str, object]:
@@ -73,7 +74,7 @@ def link_config(args) -> Dict[str, object]:
     cfg = dict(LINK_DEFAULTS)
     for key in ("epochs", "lr", "hidden", "heads", "dropout", "patience", "batch_size",
                 "negatives", "reg", "eval_every", "num_bases", "decoder", "clip", "fanout",
-                "num_blocks"):
+                "num_blocks", "edge_dropout"):
         value = getattr(args, key, None)
         if value is not None:
             cfg[key] = value
@@ -92,6 +93,11 @@ def link_config(args) -> Dict[str, object]:
     if not cfg["lr"] > 0 or not cfg["reg"] >= 0 or not 0 <= cfg["dropout"] < 1 \
             or not cfg["clip"] >= 0:
         raise ValueError("--lr must be > 0, --reg >= 0, --clip >= 0 and --dropout in [0, 1)")
+    if not 0 <= cfg["edge_dropout"] < 1:
+        raise ValueError(f"--edge-dropout must be in [0, 1), got {cfg['edge_dropout']!r}")
+    if cfg["edge_dropout"] and cfg["fanout"] is not None:
+        raise ValueError("--edge-dropout applies to the full-graph encoder; with --fanout the "
+                         "sampled neighbourhoods already pass messages over a subset of edges")
     if cfg["num_blocks"] is not None:
         if not isinstance(cfg["num_blocks"], int) or cfg["num_blocks"] < 1:
             raise ValueError(f"--num-blocks must be a positive integer, got "
@@ -150,9 +156,7 @@ def train_link(args, out=None) -> dict:
     n, r = data.num_nodes, int(data.num_relations)
     if valid.shape[1] == 0:
         raise ValueError(f"--dataset {cfg['dataset']}: no validation triples for early stopping")
-    # The encoder's graph: every training triple and its inverse (relation r + R).
-    edge_index = torch.cat([train[[0, 2]], train[[2, 0]]], 1)
-    edge_type = torch.cat([train[1], train[1] + r])
+    edge_index, edge_type = encoder_edges(train, r)     # (evaluation's graph: all of them)
     h = cfg["hidden"]
     embed = torch.nn.Embedding(n, h).to(device)    # the encoder's input rows, learned
     # (glorot, not N(0, 1): unit rows through two layers give DistMult scores in the
@@ -163,6 +167,7 @@ def train_link(args, out=None) -> dict:
     decoder = DECODERS[cfg["decoder"]](r, h).to(device)
     parts = {"embed": embed, "encoder": net, "decoder": decoder}
     graph = net.graph_of(edge_index, edge_type, n)
+    gen = torch.Generator(device=device).manual_seed(cfg["seed"])
     if cfg["fanout"] is None:
         encode = whole_graph(lambda: net(embed.weight, graph))
         loader = None
@@ -171,7 +176,6 @@ def train_link(args, out=None) -> dict:
         encode = sampled(net, embed, loader)
     params = [*embed.parameters(), *net.parameters(), *decoder.parameters()]
     opt = torch.optim.Adam(params, lr=cfg["lr"])
-    gen = torch.Generator(device=device).manual_seed(cfg["seed"])
     known_val = KnownTriples(torch.cat([train, valid], 1), n, r)
     batch = cfg["batch_size"] or train.shape[1]
     no_progress = getattr(args, "no_progress", False) or None
@@ -186,6 +190,10 @@ def train_link(args, out=None) -> dict:
     for epoch in bar:
         t0 = time.perf_counter()
         net.train()
+        if cfg["edge_dropout"]:     # (this epoch's encoder graph: part of the triples)
+            kept = dropped_edges(train, r, cfg["edge_dropout"], gen)
+            epoch_graph = net.graph_of(*kept, n)
+            encode = whole_graph(lambda: net(embed.weight, epoch_graph))
         mean_loss = link_epoch(encode, decoder, opt, train, n, cfg["negatives"], cfg["reg"],
                                batch, gen, cfg["clip"])
         epoch_times.append(time.perf_counter() - t0)
@@ -264,6 +272,21 @@ def _restore(ck: dict, path, parts, opt, gen: torch.Generator, device, loader=No
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"--resume {path}: the saved run does not fit this one "
                          f"({checkpoint.one_line(err)})") from None
+
+
+def encoder_edges(train: torch.Tensor, num_relations: int):
+    """The encoder's ``(edge_index, edge_type)``: every triple of ``train`` ``[3, T]`` and its
+    inverse (relation ``r + num_relations``), as R-GCN builds it."""
+    return (torch.cat([train[[0, 2]], train[[2, 0]]], 1),
+            torch.cat([train[1], train[1] + num_relations]))
+
+
+def dropped_edges(train: torch.Tensor, num_relations: int, p: float,
+                  generator: torch.Generator):
+    """R-GCN's edge dropout: :func:`encoder_edges` of a random ``1 - p`` of the triples (each
+    kept with both its directions, or dropped with both), drawn from ``generator``."""
+    keep = torch.rand(train.shape[1], generator=generator, device=train.device) >= p
+    return encoder_edges(train[:, keep], num_relations)
 
 
 def whole_graph(encode_all):
