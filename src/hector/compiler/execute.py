@@ -29,7 +29,7 @@ from .lower import extra_cols
 from .lower_gemm import gemm_addend, gemm_parts
 from .steps_torch import GraphIndex, attention_torch_lse, eval_body, eval_op, extra_product
 from .steps_triton.attention import run_attention, run_attention_bwd
-from .steps_triton.gemm import run_gemm, run_wgrad, run_wsum
+from .steps_triton.gemm import kernel_weight, run_gemm, run_wgrad, run_wsum, run_weight
 from .steps_triton.traversal import prepare_traversals, run_traversal
 
 
@@ -38,7 +38,9 @@ def triton_step(step: Step) -> bool:
     # The traversal kernels are custom ops (hector::traverse, hector::edge_softmax): a compiled
     # plan runs them as eager does.
     return step.template in ("attention", "gemm") or (
-        step.template == "traversal" and step.spec.kernel is not None)
+        step.template == "traversal" and step.spec.kernel is not None) or (
+        step.template == "weight" and kernel_weight(step.body)
+        and all(a.op == Op.ARG for a in step.body.args))
 
 
 def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str,
@@ -59,6 +61,8 @@ def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str,
             return run_attention(step, args, ix, "triton")
         if step.template == "traversal":
             return run_traversal(step, args, ix)
+        if step.template == "weight":
+            return run_weight(step.body, args)
         if step.body.op == Op.WGRAD:
             return run_wgrad(step, args[0], args[1], ix)
         if step.body.op == Op.WSUM:
@@ -282,13 +286,16 @@ def ix_device(ix: GraphIndex) -> torch.device:
 
 
 def eval_weight_roots(roots: Sequence[Value], leaves: Dict[Value, torch.Tensor],
-                      ix: GraphIndex) -> List[torch.Tensor]:
+                      ix: GraphIndex, backend: str = "torch") -> List[torch.Tensor]:
     """The weight roots' values from the parameters, with torch ops that autograd records
-    (tiny: weight-sized expressions)."""
+    (tiny: weight-sized expressions); on the Triton backend, the ops that have a kernel of
+    their own (``steps_triton.gemm.kernel_weight``) on it, with its registered backward."""
     memo: Dict[Value, torch.Tensor] = dict(leaves)
     for v in toposort(list(roots)):
         if v not in memo:
-            memo[v] = eval_op(v, [memo[a] for a in v.args], ix)
+            args = [memo[a] for a in v.args]
+            memo[v] = (run_weight(v, args) if backend == "triton" and kernel_weight(v)
+                       else eval_op(v, args, ix))
     return [memo[r] for r in roots]
 
 
@@ -304,6 +311,6 @@ def execute(compiled, ix: GraphIndex, leaves: Dict[Value, torch.Tensor], backend
         return [env[o] for o in plan.outputs]
     roots = tuple(t for t in compiled.grad_targets if t not in leaves)
     order = tuple(leaves) + roots
-    tensors = [leaves[v] for v in leaves] + eval_weight_roots(roots, leaves, ix)
+    tensors = [leaves[v] for v in leaves] + eval_weight_roots(roots, leaves, ix, backend)
     out = PlanFunction.apply(compiled, ix, backend, order, *tensors)
     return list(out) if isinstance(out, tuple) else [out]

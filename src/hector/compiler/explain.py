@@ -41,6 +41,9 @@ _OPS = {"gemm": "hector.kernels.segment_mm.op.segment_mm (Triton segment GEMM; "
         "weight": "torch (weight-only, once per call)",
         "select": "none (reads one gradient of the attention backward step)"}
 
+_HEAD_BLOCKS = ("hector::head_blocks (Triton head_blocks kernel, its gradient one "
+                "head_blocks_bwd; torch: a stack and a product)")
+
 _TRAVERSAL_KERNEL = ("hector.kernels.traversal.op ({} Triton kernel; "
                      "torch backend: index_select / index_add)")
 
@@ -109,6 +112,7 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
             out.append(f"  [{i}] " + (_EDGEWISE_KERNEL if kern == "edgewise" else
                                       _TRAVERSAL_KERNEL.format(kern) if kern else
                                       _gemm_op(step) if step.template == "gemm" else
+                                      _HEAD_BLOCKS if step.body.op == Op.WBLOCKS else
                                       _OPS[step.template]))
             out.extend(f"      {line}" for line in _step_kernels(step, graph, kernels))
         if title == "backward plan":

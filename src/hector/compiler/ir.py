@@ -61,6 +61,7 @@ class Op:
     WCAT = "wcat"          # weights side by side along their output columns
     WHEADS = "wheads"      # per-head weights stacked along their head axis
     WCOLS = "wcols"        # a window of a weight's output columns (the inverse)
+    WBLOCKS = "wblocks"    # per-head column weights as one block-diagonal matrix
     # horizontal fusion (siblings pass): one GEMM's output read as column windows, and the
     # adjoint, windows placed side by side
     COLS, PLACE = "cols", "place"
@@ -75,7 +76,7 @@ UNARY = (Op.NEG, Op.EXP, Op.SIGMOID, Op.TANH, Op.GELU, Op.RELU, Op.LEAKY_RELU, O
          Op.LEAKY_RELU_GRAD, Op.GELU_GRAD)
 BINARY = (Op.ADD, Op.SUB, Op.MUL)
 WEIGHT_OPS = (Op.PARAM, Op.WMUL, Op.WCOMBINE, Op.BLOCKDIAG, Op.WT, Op.WSCALE, Op.WSRC,
-              Op.WCAT, Op.WHEADS, Op.WCOLS)
+              Op.WCAT, Op.WHEADS, Op.WCOLS, Op.WBLOCKS)
 #: Values with no computation of their own: passes leave them alone, lowering makes no step.
 LEAVES = (Op.INPUT, Op.PARAM, Op.CONST, Op.SAVED, Op.GRAD_OUTPUT, Op.ARG, Op.SEED)
 #: The score terms a fused ``attention`` node can read, in the order its arguments hold them.
@@ -392,6 +393,20 @@ def wcols(w: Value, start: int, n: int) -> Value:
     _need(w.kind == WEIGHT and 0 <= start and n > 0 and start + n <= w.shape[-1],
           f"wcols: columns [{start}, {start + n}) are not inside {w.shape}")
     return Value(Op.WCOLS, (w,), WEIGHT, w.shape[:-1] + (n,), _attrs(per=w.per, start=start))
+
+
+def wblocks(ws: Sequence[Value]) -> Value:
+    """Per-head column weights ``A_i (H, C, 1)`` as one dense ``(H C, k H)`` matrix: column
+    ``i H + h`` holds ``A_i``'s head ``h`` in rows ``h C .. h C + C - 1``, zeros elsewhere
+    (one head: the columns side by side).  The flattened ``[rows, H C]`` input times it gives
+    every ``<z_h, A_i[h]>`` at once, ``A_i``'s terms in columns ``[i H, (i + 1) H)``
+    (GAT's two score products as one)."""
+    _need(len(ws) >= 1 and all(w.kind == WEIGHT and len(w.shape) == 3 and w.shape[2] == 1
+                               for w in ws), "wblocks: per-head weights of one column each")
+    _need(all(w.per is None for w in ws), "wblocks: weights shared by every row (not sliced)")
+    _need(len({w.shape for w in ws}) == 1, f"wblocks: shapes {[w.shape for w in ws]} differ")
+    H, C, _ = ws[0].shape
+    return Value(Op.WBLOCKS, tuple(ws), WEIGHT, (H * C, len(ws) * H))
 
 
 def wcombine(comp: Value, basis: Value) -> Value:

@@ -21,6 +21,7 @@ import torch
 from ..kernels.attention.spec import AttentionSpec
 from .ir import (CDST, CSRC, EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, attention_lse,
                  attention_of_bwd, attention_roles, kernel, toposort)
+from ..kernels.segment_mm.spec import EXTRA_MAX_N, extra_max_cols
 from .lower_gemm import gemm_spec
 from .lower_traversal import traversal_spec
 from .plan import AttentionRows, Plan, Step
@@ -119,22 +120,6 @@ def _bias_sums_with_wgrads(steps: List[Step]) -> List[Step]:
     return [merged.get(k, t) for k, t in enumerate(steps) if k not in gone]
 
 
-#: Widest output whose rows a GEMM's epilogue multiplies by a second weight (its tile then
-#: spans the whole row: ``GemmSpec.extra_cols``).
-EXTRA_MAX_N = 128
-#: Most extra columns an epilogue forms (one row sum each).  The row sums cost the same in any
-#: dtype, while the score GEMM they replace is about 3x cheaper in bf16 than in fp32: so fp32
-#: takes up to 8 columns, half types 2 (the H200 timings behind both caps: docs/perf-notes.md,
-#: "Segment GEMM", the extra product of 2026-11-25).
-EXTRA_MAX_COLS = {torch.float32: 8}
-EXTRA_MAX_COLS_HALF = 2
-
-
-def extra_max_cols(dtype: torch.dtype) -> int:
-    """Most extra columns an epilogue forms for a GEMM of ``dtype`` (:data:`EXTRA_MAX_COLS`)."""
-    return EXTRA_MAX_COLS.get(dtype, EXTRA_MAX_COLS_HALF)
-
-
 def _plain_gemm(s: Step) -> bool:
     """A typed linear stored row by row: no bias, addend, scatter, CSR, prologue, heads."""
     if s.template != "gemm" or s.extra is not None or s.body.op != Op.LINEAR:
@@ -153,7 +138,9 @@ def extra_cols(step: Step) -> int:
 
 def _extra_products(steps: List[Step]) -> List[Step]:
     """``x (W V)`` (a GEMM whose weight is a weight step ``wmul(W, V)``, ``V`` shared) beside
-    ``x W`` over the same rows becomes the second output of ``x W``'s GEMM, whose epilogue
+    ``x W`` over the same rows, or ``(x W) V`` (a GEMM of ``x W``'s output rows with a shared
+    ``V``: GAT's score terms as one block-diagonal product, ``siblings.fuse_scores``),
+    becomes the second output of ``x W``'s GEMM, whose epilogue
     multiplies each whole fp32 row by ``V`` (``GemmSpec.extra_cols``): RGAT's source score
     ``x (W_r a)`` after ``reorder``, which re-read every gathered row of ``x`` for one column
     per head (one head of 64 on wikikg2's 12.9M compact rows: 1.3 ms on the H200 beside the
@@ -170,12 +157,19 @@ def _extra_products(steps: List[Step]) -> List[Step]:
     merged: Dict[int, Step] = {}
     gone = set()
     for j, s in enumerate(steps):
-        w = made.get(s.inputs[1]) if _plain_gemm(s) else None
-        if (w is None or w.template != "weight" or w.body.op != Op.WMUL
-                or any(a.op != Op.ARG for a in w.body.args)):
+        if not _plain_gemm(s):
             continue
-        v = w.inputs[1]
-        key = (s.inputs[0], w.inputs[0], s.spec[1])
+        w = made.get(s.inputs[1])
+        z = made.get(s.inputs[0])
+        if (w is not None and w.template == "weight" and w.body.op == Op.WMUL
+                and all(a.op == Op.ARG for a in w.body.args)):
+            v, key = w.inputs[1], (s.inputs[0], w.inputs[0], s.spec[1])   # x (W V)
+        elif z is not None and _plain_gemm(z):
+            v, key = s.inputs[1], (z.inputs[0], z.inputs[1], z.spec[1])    # (x W) V
+            if mains.get(key) != at[z.output]:
+                continue
+        else:
+            continue
         if (key not in mains or len(v.shape) != 2 or v.per is not None or at.get(v, -1) > j
                 or v.shape[1] > extra_max_cols(s.spec[0].dtype)):
             continue
@@ -192,9 +186,9 @@ def _extra_products(steps: List[Step]) -> List[Step]:
         merged[hi] = Step(name=main.name + "_extra", template="gemm", body=main.body,
                           inputs=main.inputs + (v,), output=main.output,
                           spec=(replace(main.spec[0], extra_cols=e), main.spec[1]),
-                          note=main.note + f"; + x (W V) ({e} columns: each fp32 row times a "
-                          f"shared {main.spec[0].N} x {e} weight in the epilogue; no GEMM of "
-                          "its own)", extra=s.output)
+                          note=main.note + f"; + {'(x W) V' if z is main else 'x (W V)'} "
+                          f"({e} columns: each fp32 row times a shared {main.spec[0].N} x {e} "
+                          "weight in the epilogue; no GEMM of its own)", extra=s.output)
         gone.add(lo)
     return [merged.get(k, t) for k, t in enumerate(steps) if k not in gone]
 
@@ -231,6 +225,12 @@ def _spec(template: str, body: Value, dtype: torch.dtype,
             if rows.dst_edge else "") + (
             "; source terms not stored per edge are read per edge by an edgewise map program"
             if rows.source == EDGE and not rows.score_on_edges else "")
+    if template == "weight" and body.op == Op.WBLOCKS:
+        H = body.args[0].shape[0]
+        return None, (f"weight-only, once per call: {len(body.args)} per-head column weights as "
+                      f"one {body.shape[0]} x {body.shape[1]} "
+                      + ("block-diagonal matrix" if H > 1 else "matrix (side by side)")
+                      + " (Triton: one kernel, one for its gradient)")
     if template == "weight":
         return None, "weight-only: computed once per call with torch ops"
     return traversal_spec(body), ""

@@ -16,6 +16,7 @@ from ..graph.build import (counts_of, counts_to_ptr, host_constant, sort_key, so
 from ..kernels.activations import gelu_grad
 from ..kernels.traversal.reference import edge_softmax_torch
 from ..kernels.attention.reference import dropout_keep
+from ..kernels.segment_mm.head_blocks import head_blocks_torch
 from .ir import (CDST, CSRC, EDGE, NODE, NORMALIZE_EPS, Op, Value, WEIGHT, attention_roles,
                  place_tiles, toposort)
 
@@ -345,6 +346,8 @@ def _eval_elementwise_or_weight(v: Value, a: List[torch.Tensor], ix: GraphIndex)
         return torch.cat(a, -3)
     if op == Op.WCOLS:
         return x[..., v.attr("start"):v.attr("start") + v.shape[-1]]
+    if op == Op.WBLOCKS:
+        return head_blocks_torch(a)
     if op == Op.WGRAD:
         return _wgrad(v, a[0], a[1], ix)
     if op == Op.WSUM:

@@ -47,6 +47,8 @@ def _infer(v: Value) -> Value:
         return N.wcat(a)
     if op == Op.WHEADS:
         return N.wheads(a)
+    if op == Op.WBLOCKS:
+        return N.wblocks(a)
     if op == Op.WCOLS:
         return N.wcols(a[0], v.attr("start"), v.shape[-1])
     if op == Op.COLS:

@@ -64,6 +64,8 @@ _GEMM = dict(has_gather=_BOOL, has_scatter=_BOOL, dot_fp32=_BOOL, input_precisio
 #: Traversal kernels: epilogue terms, and whether programs read their rows from a row list.
 _TRAVERSAL = dict(num_addends=(0, 1, 2, 3), has_bias=_BOOL, row_list=_BOOL)
 _SOFTMAX = dict(has_leaky=_BOOL, row_list=_BOOL)
+#: Per-head weights a block-diagonal score matrix is built from (``segment_mm.head_blocks``).
+_PARTS = tuple(range(1, 9))
 
 
 class Text(tuple):
@@ -114,6 +116,9 @@ KERNELS: Mapping[str, Entry] = MappingProxyType({
     "fill_rows": Entry("attention_combine.py.j2", "fill_rows_kernel", {}),
     "row_dot": Entry("row_dot.py.j2", "row_dot_kernel", dict(has_bias=_BOOL)),
     "cosine_qk": Entry("cosine.py.j2", "cosine_qk_kernel", {}),
+    "head_blocks": Entry("head_blocks.py.j2", "head_blocks_kernel", dict(parts=_PARTS)),
+    "head_blocks_bwd": Entry("head_blocks.py.j2", "head_blocks_bwd_kernel",
+                             dict(parts=_PARTS)),
     "count_facts": Entry("count_facts.py.j2", "count_facts_kernel",
                          dict(from_ptr=_BOOL, kind=("bins", "degrees"))),
     "floyd": Entry("floyd.py.j2", "floyd_kernel", {}),

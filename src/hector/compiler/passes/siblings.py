@@ -19,15 +19,24 @@ backward as its k and v gradients (k's window first): that backward writes them 
 side into one buffer (``joint_kv``), which the transposed GEMM (dx) and the weight gradient
 read as one matrix.  Elsewhere the ``place`` is never built: its readers take the pieces
 apart (:func:`distribute`).
+
+Per-head score products of one node value (:func:`fuse_scores`): ``linear(z, A_i)`` with
+one-column per-head weights ``A_i (H, C, 1)`` (GAT's ``<z_h, a_src_h>`` and ``<z_h,
+a_dst_h>``) become one product of ``z``'s flattened rows with their block-diagonal ``(H C,
+k H)`` matrix (``wblocks``), read back as column windows.  Lowering then forms that product in
+the epilogue of ``z``'s own GEMM (``lower._extra_products``, the ``(x W) V`` form): no GEMM of
+its own.  Its backward is one concat of the k narrow score gradients, read by one transposed
+GEMM (dz) and one weight gradient (of the block matrix, which the weight root's own backward
+takes apart into the ``A_i``'s): :func:`distribute` leaves a concat that narrow built.
 """
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from typing import Dict, List, Optional, Tuple
 
-from ...kernels.segment_mm.spec import NARROW, padded_width
+from ...kernels.segment_mm.spec import EXTRA_MAX_COLS, EXTRA_MAX_N, NARROW, padded_width
 from .. import ir as N
-from ..ir import Op, Value, WEIGHT, rewrite, toposort
+from ..ir import NODE, Op, Value, WEIGHT, rewrite, toposort
 from .common import Decision
 
 NAME = "siblings"
@@ -162,6 +171,91 @@ def fused_weight(ws: List[Value]) -> Value:
     return N.wcat(ws)
 
 
+#: Most columns of the one score product: what a GEMM's epilogue forms (fp32's cap,
+#: ``segment_mm.spec.extra_max_cols``).  Wider, it would be a GEMM of its own doing H times the
+#: multiply-adds of the per-head products.
+SCORE_MAX_COLS = max(EXTRA_MAX_COLS.values())
+
+
+def _score_weight(v: Value) -> bool:
+    """Whether ``v`` is ``linear(z, A)`` of node rows with a one-column per-head weight
+    ``A (H, C, 1)`` shared by every row: a per-head score term."""
+    if v.op != Op.LINEAR or v.kind != NODE:
+        return False
+    w = v.args[1]
+    return len(w.shape) == 3 and w.shape[2] == 1 and w.per is None
+
+
+def _scores_declined(z: Value, members: List[Value], readers) -> str:
+    """Why ``members`` (score linears of ``z``) stay separate products ('' if not)."""
+    H, C = z.shape
+    odd = sorted({r.op for m in members for r in readers[m] if r.op != Op.GATHER})
+    if odd:
+        return (f"a score term is read by {', '.join(odd)} (not only gathered per edge): its "
+                "window of the fused product would be a strided view only the attention "
+                "kernels read in place")
+    if len(members) * H > SCORE_MAX_COLS:
+        return (f"{len(members)} x {H} heads = {len(members) * H} columns: more than a GEMM's "
+                f"epilogue forms ({SCORE_MAX_COLS}); as a GEMM of its own the block-diagonal "
+                "product would do H times the multiply-adds of the per-head ones")
+    lin = z.args[1] if z.op == Op.LINEAR else None
+    if lin is None or len(lin.shape) != 2 or lin.per is not None or lin.op == Op.WT:
+        return ("the value is not the output of a GEMM with one dense weight: the fused "
+                "product would be a GEMM of its own (no epilogue to ride on)")
+    x = z.args[0]
+    if H * C > EXTRA_MAX_N or min(x.heads * x.dim, H * C) <= NARROW:
+        return (f"its GEMM ({x.heads * x.dim} -> {H * C} columns) has no epilogue product "
+                f"(rows wider than {EXTRA_MAX_N}, or the narrow kernel)")
+    return ""
+
+
+def fuse_scores(outputs, decisions: List[Decision]):
+    """Per-head score linears of one node value -> one product with their block-diagonal
+    weight, read back as column windows (module docstring)."""
+    order = toposort(outputs)
+    readers: Dict[Value, List[Value]] = defaultdict(list)
+    for v in order:
+        for a in dict.fromkeys(v.args):
+            readers[a].append(v)
+    for o in outputs:
+        readers[o].append(Value("output"))     # (the caller reads an output)
+    groups: Dict[Value, List[Value]] = defaultdict(list)
+    for v in order:
+        if _score_weight(v):
+            groups[v.args[0]].append(v)
+    window: Dict[Value, Tuple[Value, int]] = {}
+    for z, members in groups.items():
+        shapes = {m.args[1].shape for m in members}
+        if len(members) < 2 or len(shapes) != 1:
+            continue
+        what = f"{len(members)} per-head score linears of one {z.kind} value ({z.heads} heads)"
+        why = _scores_declined(z, members, readers)
+        if why:
+            decisions.append(Decision(NAME, what, False, why))
+            continue
+        H, C = z.shape
+        for i, m in enumerate(members):
+            window[m] = (z, i * H)
+        decisions.append(Decision(
+            NAME, what, True, f"one product of the {H * C}-column rows with their "
+            f"{'block-diagonal ' if H > 1 else ''}{H * C} x {len(members) * H} weight (wblocks, "
+            "one kernel to build), read back as column windows: the rows read once, one "
+            "product instead of " + str(len(members))))
+    if not window:
+        return outputs
+    built: Dict[Value, Value] = {}
+
+    def rule(v: Value, new: Value, memo: Dict[Value, Value]):
+        if v not in window:
+            return None
+        z, start = window[v]
+        if z not in built:
+            ws = [memo.get(m.args[1], m.args[1]) for m in groups[z]]
+            built[z] = N.linear(memo[z], N.wblocks(ws), 1)
+        return N.cols(built[z], start, v.shape)
+    return rewrite(outputs, rule, original=True)
+
+
 def _kv_place(v: Value) -> Optional[Value]:
     """The attention backward whose k and v gradients ``v`` places side by side (k first,
     each whole, filling the row), or None."""
@@ -220,12 +314,15 @@ def distribute(outputs, decisions: List[Decision]):
     sum_i linear(g_i, W_i^T)`` (``W_i``: the windows of the fused weight), ``wgrad(x,
     place(g_i)) = wcat(wgrad(x, g_i))`` and ``wsum(place(g_i)) = wcat(wsum(g_i))``: the
     backward of separate linears, the forward's one GEMM kept."""
-    done = []
+    done, kept = [], set()
 
     def rule(v: Value):
         p = v.args[0] if v.op in (Op.LINEAR, Op.WSUM) else \
             v.args[1] if v.op == Op.WGRAD else None
         if p is None or p.op != Op.PLACE or not N.place_tiles(p):
+            return None
+        if p.heads * p.dim <= SCORE_MAX_COLS:
+            kept.add(p)      # (the score gradients of :func:`fuse_scores`' one product)
             return None
         if v.op == Op.LINEAR:
             w = v.args[1]
@@ -248,6 +345,11 @@ def distribute(outputs, decisions: List[Decision]):
         return out
 
     new = rewrite(outputs, rule)
+    if kept:
+        decisions.append(Decision(NAME, f"{len(kept)} concat(s) of narrow window gradients",
+                                  False, f"at most {SCORE_MAX_COLS} columns a row: built once "
+                                  "(a small copy), then read by one GEMM and one weight "
+                                  "gradient instead of one of each per window"))
     if done:
         decisions.append(Decision(NAME, f"{len(done)} readers of a concat of window gradients",
                                   True, "read piece by piece ("
@@ -261,6 +363,7 @@ def run(outputs, stats=None, enabled: bool = True):
         decisions.append(Decision(NAME, "all linears", False,
                                   "disabled (fuse=False): one GEMM per linear"))
         return tuple(outputs), decisions
+    outputs = fuse_scores(tuple(outputs), decisions)
     outputs = fuse_linears(tuple(outputs), decisions)
     outputs = joint_gradients(tuple(outputs), decisions)
     outputs = distribute(tuple(outputs), decisions)

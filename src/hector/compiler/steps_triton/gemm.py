@@ -18,13 +18,14 @@ import torch
 from ...kernels.eager import call
 from ...kernels.ptr import split_rows
 from ...kernels.segment_mm.bounds import as_bounds, num_segments, op_args
+from ...kernels.segment_mm.head_blocks import MAX_PARTS, head_blocks
 from ...kernels.segment_mm.custom_ops import (segment_mm_wgrad_csr_op, segment_mm_wgrad_op,
                                               segment_mm_wgrad_sums_op, segment_sums)
 from ...kernels.segment_mm.op import segment_mm, segment_mm_csr, segment_mm_csr_scatter
 from ...kernels.sizes import DeviceBounds
 from ...kernels.traversal.csr import WeightedCSR
 from ...kernels.traversal.op import traverse
-from ..ir import CDST, CSRC, EDGE, NODE, Op
+from ..ir import CDST, CSRC, EDGE, NODE, Op, Value
 from ..lower_gemm import CSR_PIECE, gemm_input
 from ..lower_traversal import linear_traversal
 from ..plan import RowSegments
@@ -360,3 +361,17 @@ def run_wsum(step, dy: torch.Tensor, ix: GraphIndex) -> torch.Tensor:
     bounds, _, read_dy = _wgrad_layout(ix, rows.kind, step.body.per, dy.shape[0], 0)
     s = segment_sums(dy.flatten(1), bounds, read_dy)
     return fold_slice_sums(step.body, s.view((num_segments(bounds),) + tuple(dy.shape[1:])))
+
+
+def kernel_weight(v: Value) -> bool:
+    """Whether weight op ``v`` (its arguments evaluated) runs on a kernel of its own on the
+    Triton backend: a block-diagonal score weight (``wblocks``), one launch each way
+    (``segment_mm.head_blocks``; torch ops would be a stack and a product each way).  Other
+    weight ops are torch ops."""
+    return v.op == Op.WBLOCKS and len(v.args) <= MAX_PARTS
+
+
+def run_weight(v: Value, args) -> torch.Tensor:
+    """Weight op ``v`` of :func:`kernel_weight` on its kernel (differentiable: a weight root
+    evaluated under autograd gets its one-launch backward)."""
+    return head_blocks(args)

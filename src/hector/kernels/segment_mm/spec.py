@@ -392,3 +392,19 @@ def tune_configs(spec: GemmSpec, interpreting: bool = False) -> Tuple[GemmSchedu
         if cfg not in seen:
             seen.append(cfg)
     return tuple(seen)
+
+
+#: Widest output whose rows a GEMM's epilogue multiplies by a second weight (its tile then
+#: spans the whole row: ``GemmSpec.extra_cols``).
+EXTRA_MAX_N = 128
+#: Most extra columns an epilogue forms (one row sum each).  The row sums cost the same in any
+#: dtype, while the score GEMM they replace is about 3x cheaper in bf16 than in fp32: so fp32
+#: takes up to 8 columns, half types 2 (the H200 timings behind both caps: docs/perf-notes.md,
+#: "Segment GEMM", the extra product of 2026-11-25).
+EXTRA_MAX_COLS = {torch.float32: 8}
+EXTRA_MAX_COLS_HALF = 2
+
+
+def extra_max_cols(dtype: torch.dtype) -> int:
+    """Most extra columns an epilogue forms for a GEMM of ``dtype`` (:data:`EXTRA_MAX_COLS`)."""
+    return EXTRA_MAX_COLS.get(dtype, EXTRA_MAX_COLS_HALF)
