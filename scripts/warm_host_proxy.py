@@ -44,7 +44,7 @@ def _fake_capture(self, module, forward, args, kwargs):
     graphs replay nothing."""
     out = forward(module, *args, **kwargs)
     outs, self.rebuild = warm._outputs(out)
-    self.out_pack = warm._Packed(o.detach() for o in outs)
+    self.out_pack = warm._Packed((o.detach() for o in outs), share=not self.wants)
     self.fwd, self.bwd, self.pending = _NoGraph(), None, None
     if self.wants:
         self.is_diff = [o.requires_grad for o in outs]

@@ -174,11 +174,11 @@ class _Packed:
     per dtype for the small ones.  Built inside the capture, so the graph fills the shared
     buffers itself."""
 
-    def __init__(self, tensors):
+    def __init__(self, tensors, share: bool = True):
         self.tensors = list(tensors)
         groups: dict = {}
         for i, t in enumerate(self.tensors):
-            if t is not None and t.numel() <= PACK_MAX_NUMEL:
+            if share and t is not None and t.numel() <= PACK_MAX_NUMEL:
                 groups.setdefault(t.dtype, []).append(i)
         groups = [at for at in groups.values() if len(at) > 1]
         self.alone = [i for i, t in enumerate(self.tensors) if t is not None
@@ -241,7 +241,10 @@ class _Captured:
         with torch.cuda.graph(self.fwd, pool=pool, capture_error_mode="thread_local"):
             out = forward(module, *args, **kwargs)
             outs, self.rebuild = _outputs(out)
-            self.out_pack = _Packed(o.detach() for o in outs)
+            # (outputs an autograd.Function returns stay tensors of their own: as views of
+            # one buffer each would carry autograd's view tracking, which cost HGT's
+            # replayed training step more host time than the copies it saved)
+            self.out_pack = _Packed((o.detach() for o in outs), share=not self.wants)
         self.bwd = None
         self.pending: Optional[weakref.ref] = None
         if self.wants:
