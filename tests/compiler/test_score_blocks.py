@@ -122,16 +122,17 @@ def test_declines_with_its_reason():
 
 def _counts(heads):
     torch.manual_seed(0)
-    m = hector.compile(models.gat, in_dim=16, out_dim=8, heads=heads, backend="triton")
-    graph = _graph(20, 60)
-    x = torch.randn(20, 16, generator=torch.Generator().manual_seed(2))
+    dev = device_for("triton")
+    m = hector.compile(models.gat, in_dim=16, out_dim=8, heads=heads, backend="triton").to(dev)
+    graph = _graph(20, 60).to(dev)
+    x = torch.randn(20, 16, generator=torch.Generator().manual_seed(2)).to(dev)
 
     def forward():
         return m(graph, x=x)
     forward().sum().backward()          # the first call plans and fills caches: not counted
-    step = count_step(forward, "cpu", list(m.parameters()))
+    step = count_step(forward, dev.type, list(m.parameters()))
     with torch.no_grad():
-        with CallCounter() as inference:
+        with CallCounter(dev.type) as inference:
             forward()
     return step, inference.launches
 
