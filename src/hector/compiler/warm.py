@@ -241,9 +241,9 @@ class _Captured:
         with torch.cuda.graph(self.fwd, pool=pool, capture_error_mode="thread_local"):
             out = forward(module, *args, **kwargs)
             outs, self.rebuild = _outputs(out)
-            # (outputs an autograd.Function returns stay tensors of their own: as views of
-            # one buffer each would carry autograd's view tracking, which cost HGT's
-            # replayed training step more host time than the copies it saved)
+            # (outputs an autograd.Function returns stay tensors of their own: views of one
+            # buffer made inside it could not be modified in place, as a layer's eager
+            # outputs can; inference outputs carry no autograd and share the buffer)
             self.out_pack = _Packed((o.detach() for o in outs), share=not self.wants)
         self.bwd = None
         self.pending: Optional[weakref.ref] = None
