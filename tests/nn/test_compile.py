@@ -188,3 +188,29 @@ def test_one_head_rgat_case_runs_the_extra_product():
     assert [s.spec[0].extra_cols for s in steps
             if s.template == "gemm" and s.spec is not None and s.spec[0].extra_cols] == [1]
 
+
+
+def test_hgt_training_steps_under_compile_do_not_recompile():
+    """scripts/capture_after_use.py's case: eager steps, then compiled training steps.  After
+    the first compiled step nothing recompiles (the graph's handles stay what they were), and
+    every step equals eager."""
+    layer, args = make_case("hgt", backend="triton")
+    want = run(layer, args)
+    compiled = torch.compile(layer, backend="aot_eager")
+    assert_same(run(layer, args, compiled), want)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(2):
+            assert_same(run(layer, args, compiled), want)
+
+
+def test_compiled_layer_on_new_graphs_passes_constant_handles():
+    """A compiled layer called on graphs it has not seen (equal edges, other objects, so other
+    handles, first made inside the traced region) recompiles per graph with each handle a
+    constant: a second value at one place once made the handle a symbolic int, which the
+    ops' fake implementations cannot look a graph up by."""
+    layer, args = make_case("gat", backend="triton")
+    want = run(layer, args)
+    compiled = torch.compile(layer, backend="aot_eager")
+    for case in (args, make_case("gat", backend="triton")[1], args,
+                 make_case("gat", backend="triton")[1]):
+        assert_same(run(layer, case, compiled), want)

@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..eager import call
-from ..handles import HandleTable
+from ..handles import HandleTable, new_mark, register_untraced, traced_handle
 from ..reduce import column_sum
 from .launch import (_check_joint, attention_backward, attention_forward, joint_of, rows_dense,
                      seed_tensor, term_rows)
@@ -79,6 +79,17 @@ def _graph(handle: int):
     return _GRAPHS.get(handle)
 
 
+def prepare_handles(graph, spec: Optional[AttentionSpec] = None,
+                    plan: Optional[AttentionPlan] = None) -> None:
+    """Under ``torch.compile``: the handles of ``graph`` and of (``spec``, ``plan``) made
+    outside the trace where new, by a statement before the op call that reads them
+    (:meth:`HandleTable.prepare` says why); eagerly nothing."""
+    if torch.compiler.is_compiling():
+        _GRAPHS.prepare(graph)
+        if plan is not None and getattr(plan, "_launch_handle", None) is None:
+            register_untraced(_new_launch, spec, plan)
+
+
 class _Launch:
     """(spec, plan) of one launch handle, an object the table can hold weakly."""
     __slots__ = ("spec", "plan", "__weakref__")
@@ -97,16 +108,26 @@ def launch_handle(graph, spec: AttentionSpec, plan: AttentionPlan) -> int:
     """A process-unique int naming the caller's (spec, plan) for the custom op, memoised on
     the plan object (a copy gets its own), so the op launches exactly those objects."""
     mark = getattr(plan, "_launch_handle", None)
-    if mark is not None and torch.compiler.is_compiling():
-        return mark              # dynamo cannot trace the weak table; it guards on the mark
-    entry = _LAUNCHES.get(mark) if mark is not None else None
+    if torch.compiler.is_compiling():
+        # dynamo cannot trace the weak table; it guards on the mark, read as a constant
+        # (a new one made outside the trace: see hector.kernels.handles)
+        if mark is None:
+            register_untraced(_new_launch, spec, plan)
+            mark = getattr(plan, "_launch_handle")
+        return traced_handle(mark)
+    entry = _LAUNCHES.get(mark[0]) if mark is not None else None
     if entry is None or entry.plan is not plan or entry.spec is not spec:
-        mark, entry = next(_next_handle), _Launch(spec, plan)
-        # frozen dataclass: memos only; the entry is held here so the weak table keeps it
-        object.__setattr__(plan, "_launch_handle", mark)
-        object.__setattr__(plan, "_launch_entry", entry)
-        _LAUNCHES[mark] = entry
-    return mark
+        return _new_launch(spec, plan)
+    return mark[0]
+
+
+def _new_launch(spec: AttentionSpec, plan: AttentionPlan) -> int:
+    handle, entry = next(_next_handle), _Launch(spec, plan)
+    # frozen dataclass: memos only; the entry is held here so the weak table keeps it
+    object.__setattr__(plan, "_launch_handle", new_mark(handle))
+    object.__setattr__(plan, "_launch_entry", entry)
+    _LAUNCHES[handle] = entry
+    return handle
 
 
 def _op_setup(handle, v, q, a_src, a_dst, negative_slope, dropout, strategy, launch=0,
@@ -303,6 +324,7 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
     _check_joint(joint_kv, needs[2], needs[0])
     if dropout > 0 and into_kv:
         raise ValueError("into_kv: the in-place backward takes no dropout")
+    prepare_handles(graph, spec, plan)
     # (k and v go in as they are when written over: the op refuses what it would copy)
     tensors = [t if into_kv and name in ("k", "v") else _operand(t, name)
                for t, name in zip((v, q, k, a_src, a_dst), _OPERANDS)]
@@ -367,11 +389,13 @@ def edge_attention_triton(graph, v, q=None, k=None, a_src=None, a_dst=None, scal
                                     dst_index=dst_index, k=k, k_norm=k_norm)
         # A caller's spec without a plan gets the memoised plan: one handle per (graph, spec),
         # not a new plan and handle every call.
-        launch = 0 if plan is None and spec is None else launch_handle(
-            graph, spec, plan if plan is not None else _memo_plan(graph, spec, strategy))
+        if spec is not None and plan is None:
+            plan = _memo_plan(graph, spec, strategy)
+        prepare_handles(graph, spec, plan)
         seed_t = seed_tensor(seed, v.device) if dropout > 0 else None
         out = call(edge_attention_op, graph_handle(graph), *tensors, float(scale),
-                   negative_slope, float(dropout), 0, strategy, launch, seed_t, bias,
+                   negative_slope, float(dropout), 0, strategy,
+                   0 if plan is None else launch_handle(graph, spec, plan), seed_t, bias,
                    dst_index, k_norm)
         return out if return_lse else out[0]
     if return_lse or dst_index is not None:

@@ -22,7 +22,7 @@ import torch
 
 from .. import autotune, registry
 from ..eager import call
-from ..attention.custom_ops import _graph, graph_handle
+from ..attention.custom_ops import _graph, graph_handle, prepare_handles
 from ..handles import HandleTable
 from ..sizes import cdiv as _cdiv
 from .csr import WeightedCSR
@@ -218,8 +218,11 @@ def _traverse_setup(ctx, inputs, output):
 def _traverse_backward(ctx, dy):
     # needs_input_grad mirrors the inputs: a list of bools for the addends.
     need_x, need_a, need_b = (ctx.needs_input_grad[i] for i in (1, 2, 4))
-    dx = call(traverse_op, csr_handle(transposed(_csr(ctx.csr))), dy, [], [], None) \
-        if need_x else None
+    dx = None
+    if need_x:
+        t = transposed(_csr(ctx.csr))
+        _CSRS.prepare(t)          # (a statement before the call: see HandleTable.prepare)
+        dx = call(traverse_op, csr_handle(t), dy, [], [], None)
     da = [c * dy if need else None for c, need in zip(ctx.coefs, need_a)]
     db = None
     if ctx.bias_shape is not None and need_b:
@@ -270,9 +273,11 @@ edge_softmax_op.register_autograd(_softmax_backward, setup_context=_softmax_setu
 def traverse_triton(m: WeightedCSR, x: torch.Tensor, addends: Sequence[torch.Tensor],
                     coefs: Sequence[float], bias: Optional[torch.Tensor]) -> torch.Tensor:
     """The Triton path of :func:`~.op.traverse` (inputs validated): the custom op."""
+    _CSRS.prepare(m)              # (a statement before the call: see HandleTable.prepare)
     return call(traverse_op, csr_handle(m), x, list(addends), [float(c) for c in coefs], bias)
 
 
 def edge_softmax_triton(graph, s: torch.Tensor, slope: Optional[float]) -> torch.Tensor:
     """The Triton path of :func:`~.op.edge_softmax` (inputs validated): the custom op."""
+    prepare_handles(graph)
     return call(edge_softmax_op, graph_handle(graph), s, None if slope is None else float(slope))
