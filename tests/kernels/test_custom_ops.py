@@ -122,8 +122,8 @@ def test_a_callers_spec_without_plan_gets_one_launch_handle():
     first = edge_attention(g, v, a_src=a, spec=spec, backend="triton")
     # (the table is weak: earlier tests' entries may go at any collection, so the check is
     # that no entry is added, not that the count stays)
-    before = set(attention_ops._LAUNCHES.keys())
+    before = set(attention_ops._LAUNCHES._objects.keys())
     for _ in range(3):
         again = edge_attention(g, v, a_src=a, spec=spec, backend="triton")
-    assert set(attention_ops._LAUNCHES.keys()) <= before
+    assert set(attention_ops._LAUNCHES._objects.keys()) <= before
     torch.testing.assert_close(again, first)

@@ -231,7 +231,7 @@ def test_attention_launch_tables_keep_only_live_graphs():
     layer.program.backend = "triton"
     gc.collect()
     def entries():
-        return set(custom_ops._GRAPHS._objects.keys()), set(custom_ops._LAUNCHES.keys())
+        return set(custom_ops._GRAPHS._objects.keys()), set(custom_ops._LAUNCHES._objects.keys())
 
     before = entries()
     for i in range(2):

@@ -14,14 +14,12 @@ into ``lse``, so it is not stored separately.
 """
 from __future__ import annotations
 
-import itertools
-import weakref
 from typing import List, Optional, Tuple
 
 import torch
 
 from ..eager import call
-from ..handles import HandleTable, new_mark, register_untraced, traced_handle
+from ..handles import HandleTable, register_untraced
 from ..reduce import column_sum
 from .launch import (_check_joint, attention_backward, attention_forward, joint_of, rows_dense,
                      seed_tensor, term_rows)
@@ -67,7 +65,6 @@ class EdgeAttentionFunction(torch.autograd.Function):
 
 #: Graph handles for the ops (weak: a freed mini-batch graph's entry goes with it).
 _GRAPHS = HandleTable("_attention_op_handle", "graph")
-_next_handle = itertools.count(1)       # launch handles are never reused, though entries go
 
 
 def graph_handle(graph) -> int:
@@ -79,6 +76,35 @@ def _graph(handle: int):
     return _GRAPHS.get(handle)
 
 
+class _Launch:
+    """(spec, plan) of one launch handle, an object the table can hold weakly."""
+    __slots__ = ("spec", "plan", "_launch_handle", "__weakref__")
+
+    def __init__(self, spec: AttentionSpec, plan: AttentionPlan):
+        self.spec, self.plan = spec, plan
+        self._launch_handle = None
+
+
+#: launch handle -> (spec, plan) a caller decided (the compiler's attention steps).  Weak: the
+#: plan holds its entry, and the plan lives as long as whoever chose it keeps it (the
+#: compiler: memoised on the graph's index), so a mini-batch's entries go with its graph.
+_LAUNCHES = HandleTable("_launch_handle", "launch")
+
+
+def _entry(spec: AttentionSpec, plan: AttentionPlan) -> _Launch:
+    """The (spec, plan) entry memoised on ``plan`` (a copy of the plan, or another spec, gets
+    its own): frozen dataclass, so a memo only."""
+    entry = getattr(plan, "_launch_entry", None)
+    if entry is None or entry.plan is not plan or entry.spec is not spec:
+        entry = _Launch(spec, plan)
+        object.__setattr__(plan, "_launch_entry", entry)
+    return entry
+
+
+def _entry_handle(spec: AttentionSpec, plan: AttentionPlan) -> int:
+    return _LAUNCHES.handle(_entry(spec, plan))
+
+
 def prepare_handles(graph, spec: Optional[AttentionSpec] = None,
                     plan: Optional[AttentionPlan] = None) -> None:
     """Under ``torch.compile``: the handles of ``graph`` and of (``spec``, ``plan``) made
@@ -86,48 +112,19 @@ def prepare_handles(graph, spec: Optional[AttentionSpec] = None,
     (:meth:`HandleTable.prepare` says why); eagerly nothing."""
     if torch.compiler.is_compiling():
         _GRAPHS.prepare(graph)
-        if plan is not None and getattr(plan, "_launch_handle", None) is None:
-            register_untraced(_new_launch, spec, plan)
-
-
-class _Launch:
-    """(spec, plan) of one launch handle, an object the table can hold weakly."""
-    __slots__ = ("spec", "plan", "__weakref__")
-
-    def __init__(self, spec: AttentionSpec, plan: AttentionPlan):
-        self.spec, self.plan = spec, plan
-
-
-#: launch handle -> (spec, plan) a caller decided (the compiler's attention steps).  Weak: the
-#: plan holds its entry, and the plan lives as long as whoever chose it keeps it (the
-#: compiler: memoised on the graph's index), so a mini-batch's entries go with its graph.
-_LAUNCHES: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+        if plan is not None and getattr(plan, "_launch_entry", None) is None:
+            register_untraced(_entry_handle, spec, plan)
 
 
 def launch_handle(graph, spec: AttentionSpec, plan: AttentionPlan) -> int:
     """A process-unique int naming the caller's (spec, plan) for the custom op, memoised on
     the plan object (a copy gets its own), so the op launches exactly those objects."""
-    mark = getattr(plan, "_launch_handle", None)
     if torch.compiler.is_compiling():
-        # dynamo cannot trace the weak table; it guards on the mark, read as a constant
-        # (a new one made outside the trace: see hector.kernels.handles)
-        if mark is None:
-            register_untraced(_new_launch, spec, plan)
-            mark = getattr(plan, "_launch_handle")
-        return traced_handle(mark)
-    entry = _LAUNCHES.get(mark[0]) if mark is not None else None
-    if entry is None or entry.plan is not plan or entry.spec is not spec:
-        return _new_launch(spec, plan)
-    return mark[0]
-
-
-def _new_launch(spec: AttentionSpec, plan: AttentionPlan) -> int:
-    handle, entry = next(_next_handle), _Launch(spec, plan)
-    # frozen dataclass: memos only; the entry is held here so the weak table keeps it
-    object.__setattr__(plan, "_launch_handle", new_mark(handle))
-    object.__setattr__(plan, "_launch_entry", entry)
-    _LAUNCHES[handle] = entry
-    return handle
+        # (dynamo cannot build the entry; prepare_handles made it outside the trace, or:)
+        if getattr(plan, "_launch_entry", None) is None:
+            register_untraced(_entry_handle, spec, plan)
+        return _LAUNCHES.handle(plan._launch_entry)
+    return _entry_handle(spec, plan)
 
 
 def _op_setup(handle, v, q, a_src, a_dst, negative_slope, dropout, strategy, launch=0,
@@ -136,7 +133,7 @@ def _op_setup(handle, v, q, a_src, a_dst, negative_slope, dropout, strategy, lau
     tensors with the plan memoised per (graph, spec, strategy)."""
     graph = _graph(handle)
     if launch:
-        entry = _LAUNCHES[launch]
+        entry = _LAUNCHES.get(launch)
         return graph, entry.spec, entry.plan
     spec = AttentionSpec.of(v, q, a_src, a_dst, negative_slope, has_dropout=dropout > 0, k=k,
                             k_norm=k_norm)
