@@ -132,24 +132,31 @@ def fuse_linears(outputs, decisions: List[Decision]):
                                   f"{'+'.join(str(w.shape[1]) for w in ws)}): the input rows "
                                   f"read once{', biases in one epilogue' if biased else ''}"
                                   f"{'; a window is an output' if outs & set(members) else ''}"))
+    def build(group: int, memo: Dict[Value, Value]) -> Value:
+        parts = fused_groups[group]
+        x = memo[parts[0][0]]      # (weights: not visited yet for later members, and
+        fused = N.linear(x, fused_weight([memo.get(p[1], p[1]) for p in parts]))
+        if parts[0][2] is not None:                                      # (unchanged)
+            fused = N.binary(Op.ADD, fused, fused_weight([memo.get(p[2], p[2]) for p in parts]))
+        return fused
+    return _read_as_windows(outputs, window, build)
+
+
+def _read_as_windows(outputs, window: Dict[Value, tuple], build):
+    """``outputs`` with each member ``v`` of ``window`` (``v -> (group, first column)``) read
+    as its columns of its group's one fused value, ``build(group, memo)``, made once from the
+    rewritten inputs.  Keyed by the graph as it was: a later group reads an earlier group's
+    windows, so its members were rebuilt."""
     if not window:
         return outputs
-    built: Dict[int, Value] = {}
+    built: Dict[object, Value] = {}
 
     def rule(v: Value, new: Value, memo: Dict[Value, Value]):
-        # Keyed by the graph as it was (a later group reads an earlier group's windows, so
-        # its members were rebuilt); the fused GEMM is built from the rewritten inputs.
         if v not in window:
             return None
         group, start = window[v]
         if group not in built:
-            parts = fused_groups[group]
-            x = memo[parts[0][0]]      # (weights: not visited yet for later members, and
-            fused = N.linear(x, fused_weight([memo.get(p[1], p[1]) for p in parts]))
-            if parts[0][2] is not None:                                      # (unchanged)
-                fused = N.binary(Op.ADD, fused,
-                                 fused_weight([memo.get(p[2], p[2]) for p in parts]))
-            built[group] = fused
+            built[group] = build(group, memo)
         return N.cols(built[group], start, v.shape)
     return rewrite(outputs, rule, original=True)
 
@@ -241,19 +248,10 @@ def fuse_scores(outputs, decisions: List[Decision]):
             f"{'block-diagonal ' if H > 1 else ''}{H * C} x {len(members) * H} weight (wblocks, "
             "one kernel to build), read back as column windows: the rows read once, one "
             "product instead of " + str(len(members))))
-    if not window:
-        return outputs
-    built: Dict[Value, Value] = {}
-
-    def rule(v: Value, new: Value, memo: Dict[Value, Value]):
-        if v not in window:
-            return None
-        z, start = window[v]
-        if z not in built:
-            ws = [memo.get(m.args[1], m.args[1]) for m in groups[z]]
-            built[z] = N.linear(memo[z], N.wblocks(ws), 1)
-        return N.cols(built[z], start, v.shape)
-    return rewrite(outputs, rule, original=True)
+    def build(z: Value, memo: Dict[Value, Value]) -> Value:
+        return N.linear(memo[z], N.wblocks([memo.get(m.args[1], m.args[1]) for m in groups[z]]),
+                        1)
+    return _read_as_windows(outputs, window, build)
 
 
 def _kv_place(v: Value) -> Optional[Value]:
