@@ -16,6 +16,7 @@ Prints microseconds of CPU time per training step (zero_grad, forward, sum, back
 inference call.  A proxy: a CUDA launch costs the host more than a CPU op on a few elements.
 """
 import argparse
+import contextlib
 import cProfile
 import pstats
 import time
@@ -35,32 +36,24 @@ def _cpu_code(fn):
 
 
 class _NoGraph:
+    """A CUDA graph and stream stand-in: capture runs the code eagerly, replay does nothing."""
     def replay(self):
         pass
 
-
-def _fake_capture(self, module, forward, args, kwargs):
-    """What ``_Captured._capture`` leaves behind, from one eager forward and backward; the
-    graphs replay nothing."""
-    out = forward(module, *args, **kwargs)
-    outs, self.rebuild = warm._outputs(out)
-    self.out_pack = warm._Packed((o.detach() for o in outs), share=not self.wants)
-    self.fwd, self.bwd, self.pending = _NoGraph(), None, None
-    if self.wants:
-        self.is_diff = [o.requires_grad for o in outs]
-        diff = [o for o in outs if o.requires_grad]
-        self.gouts = [torch.empty_like(o) for o in diff]
-        self.bwd = _NoGraph()
-        self.grad_pack = warm._Packed(torch.autograd.grad(diff, self.wants, self.gouts,
-                                                          allow_unused=True))
+    def wait_stream(self, other):
+        pass
 
 
 def patch():
-    """Let ``warm_call`` take CPU tensors, with graphs that replay nothing."""
+    """Let ``warm_call`` take CPU tensors: its own capture code runs, eagerly, inside
+    stand-ins for CUDA graphs and streams, and the graphs replay nothing."""
     warm._flatten = _cpu_code(warm._flatten)
-    warm._Captured._capture = _fake_capture
     torch.cuda.is_available = lambda: True
     torch.cuda.is_current_stream_capturing = lambda: False
+    torch.cuda.graph_pool_handle = lambda: None
+    torch.cuda.Stream = torch.cuda.current_stream = torch.cuda.CUDAGraph = _NoGraph
+    torch.cuda.stream = lambda _s: contextlib.nullcontext()
+    torch.cuda.graph = lambda *_a, **_k: contextlib.nullcontext()
 
 
 def tiny_workload():
