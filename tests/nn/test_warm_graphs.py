@@ -387,3 +387,37 @@ def test_a_replayed_layers_several_outputs_can_be_modified_in_place():
     assert warm_stats(layer)["replayed"] >= 1
     for g, w in zip(got[0] + got[1], want[0] + want[1]):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+class _FailsUnderCapture(torch.nn.Module):
+    """A layer whose forward reads the device only while a capture records it: its eager
+    calls work, its capture fails part-way (the read is not allowed there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(4, device="cuda"))
+
+    @_warm.graphed
+    def forward(self, x):
+        if torch.cuda.is_current_stream_capturing():
+            x.sum().item()
+        return x * self.w
+
+
+@cuda
+@pytest.mark.parametrize("grad", [True, False])
+def test_a_failed_capture_leaves_the_stream_and_random_numbers_working(grad):
+    layer = _FailsUnderCapture()
+    stream = torch.cuda.current_stream()
+    x = torch.randn(3, 4, device="cuda")
+    with torch.set_grad_enabled(grad), pytest.warns(RuntimeWarning, match="could not be captured"):
+        outs = [layer(x) for _ in range(_warm.CALLS_BEFORE_CAPTURE + 2)]
+    assert warm_stats(layer)["failed"] == 1 and warm_stats(layer)["replayed"] == 0
+    assert torch.cuda.current_stream() == stream
+    for out in outs:
+        torch.testing.assert_close(out, x)
+    # the generator left capture mode: random ops outside a capture work and stay seeded
+    torch.manual_seed(3)
+    a = torch.nn.functional.dropout(torch.ones(64, device="cuda"), 0.5)
+    torch.manual_seed(3)
+    assert torch.equal(a, torch.nn.functional.dropout(torch.ones(64, device="cuda"), 0.5))

@@ -25,7 +25,9 @@ What a replay guarantees, so that it is the same function as the eager call:
 * a backward runs once per forward, as eager hector's does (``retain_graph`` needs
   ``hector.retain_saved()``, which turns replays off);
 * dropout draws a fresh mask on every replay (torch's CUDA generator is graph-safe);
-* a failed capture is reported once (a warning) and that signature runs eagerly from then on.
+* a failed capture is reported once (a warning) and that signature runs eagerly from then on;
+  what the failure left behind is undone first (:func:`_recover`: the thread's stream, the
+  random generator's capture mode), so the program goes on as if nothing was tried.
 
 Replays are off where they cannot or need not apply: on the CPU, while ``torch.compile``
 traces, inside a caller's own CUDA-graph capture (the caller captures hector's kernels
@@ -68,6 +70,9 @@ MAX_SIGNATURES = 8
 
 _local = threading.local()
 _epoch = [0]      # bumped whenever any module registers a parameter, buffer or submodule
+#: Bumped when a failed capture's random state was replaced (:func:`_recover`): part of every
+#: signature, so that no replay captured against the old state runs again.
+_rng_generation = [0]
 
 
 def _bump(*_args):
@@ -230,6 +235,14 @@ class _Captured:
             self._capture(module, forward, args, kwargs)
 
     def _capture(self, module, forward, args, kwargs):
+        stream = torch.cuda.current_stream()
+        try:
+            self._record(module, forward, args, kwargs)
+        except RuntimeError:
+            _recover(stream)
+            raise
+
+    def _record(self, module, forward, args, kwargs):
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -291,6 +304,20 @@ class _Captured:
             return self.rebuild(self.out_pack.fresh())
         outs = _Replay.apply(self, *[leaves[i] for i in self.grad_inputs], *self.grad_params)
         return self.rebuild(list(outs))
+
+
+def _recover(stream) -> None:
+    """Undo what a capture that failed part-way leaves behind.  torch's capture context
+    raises from its end before it restores the thread's current stream, and the device's
+    default random generator, put in capture mode when the capture began, leaves it only at
+    a capture's successful end: every later random op outside a capture (a dropout) would
+    fail.  The thread gets its stream back; the generator gets a fresh state with the same
+    seed and offset; and since replays captured before draw from the old state, which would
+    now repeat the new one's numbers, none of them runs again (:data:`_rng_generation`)."""
+    torch.cuda.set_stream(stream)
+    gen = torch.cuda.default_generators[stream.device.index]
+    gen.graphsafe_set_state(gen.clone_state())
+    _rng_generation[0] += 1
 
 
 class _Token:
@@ -430,7 +457,7 @@ def warm_call(module, forward: Callable, args: tuple, kwargs: dict):
     if len(leaves) > 1 and overlapping(leaves):
         return forward(module, *args, **kwargs)   # (aliased inputs: copies would not be)
     key = (sig, _settings(module), torch.is_grad_enabled(), _precision(),
-           tuple(p.requires_grad for p in table.params))
+           tuple(p.requires_grad for p in table.params), _rng_generation[0])
     entry = table.seen.get(key)
     if isinstance(entry, _Captured):
         if entry.valid(refs):
