@@ -84,6 +84,43 @@ def test_copy_all_copies_every_pair():
     assert torch.equal(one[0], torch.ones(2))
 
 
+def test_a_count_goes_on_only_for_the_same_live_objects(monkeypatch):
+    """A loop that builds a new graph per call never repeats a call, even where the new
+    graph sits at a freed one's address: it is not captured.  The same graph is."""
+    captured = []
+
+    class Capture:       # (what would be captured; then the call runs eagerly)
+        def __init__(self, module, forward, args, kwargs, leaves, refs, params):
+            captured.append(refs[0])
+            raise _warm._Unfit
+
+    def flatten(obj, leaves, refs, edges):      # (the signature names the graph by identity)
+        graph = obj[0][0]
+        refs.append(graph)
+        edges.append(0)
+        return ("g", id(graph))
+
+    monkeypatch.setattr(_warm, "_eligible", lambda: True)
+    monkeypatch.setattr(_warm, "_Captured", Capture)
+    monkeypatch.setattr(_warm, "_flatten", flatten)
+
+    class Graph:
+        pass
+    layer = torch.nn.Linear(2, 2)
+    ids = []
+    for _ in range(2 * _warm.CALLS_BEFORE_CAPTURE + 2):
+        g = Graph()
+        ids.append(id(g))
+        _warm.warm_call(layer, lambda m, g: None, (g,), {})
+        del g
+    assert len(set(ids)) < len(ids)           # (addresses did come back)
+    assert captured == []
+    g = Graph()
+    for _ in range(_warm.CALLS_BEFORE_CAPTURE + 1):
+        _warm.warm_call(layer, lambda m, g: None, (g,), {})
+    assert captured == [g]
+
+
 # -- CUDA: replays ----------------------------------------------------------------------
 def _case(name):
     layer, args = make_case(name, backend="triton")

@@ -371,6 +371,17 @@ class _Table:
 FAILED = object()
 
 
+class _Count:
+    """Eager calls of one signature so far, and the objects they named by identity."""
+
+    def __init__(self, calls: int, refs: list):
+        self.calls = calls
+        self.refs = [weakref.ref(r) for r in refs]
+
+    def same(self, refs) -> bool:
+        return all(r() is o for r, o in zip(self.refs, refs))
+
+
 def _table(module) -> _Table:
     """The layer's table; started over when its parameters are other tensors than those its
     captures read (looked at only after some module registered a parameter, buffer or
@@ -470,9 +481,11 @@ def warm_call(module, forward: Callable, args: tuple, kwargs: dict):
     if entry is FAILED:
         table.stats["eager"] += 1
         return forward(module, *args, **kwargs)
-    count = (entry or 0) + 1
+    # (a count goes on only for the same live objects: a freed graph's address comes back
+    # for the next one, and a loop that builds a graph per step never repeats a call)
+    count = entry.calls + 1 if isinstance(entry, _Count) and entry.same(refs) else 1
     if count <= CALLS_BEFORE_CAPTURE:
-        _remember(table, key, count)
+        _remember(table, key, _Count(count, refs))
         table.stats["eager"] += 1
         return forward(module, *args, **kwargs)
     try:
