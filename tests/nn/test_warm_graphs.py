@@ -448,8 +448,8 @@ def test_a_failed_capture_leaves_the_stream_and_random_numbers_working(grad):
     stream = torch.cuda.current_stream()
     x = torch.randn(3, 4, device="cuda")
     with torch.set_grad_enabled(grad), pytest.warns(RuntimeWarning, match="could not be captured"):
-        outs = [layer(x) for _ in range(_warm.CALLS_BEFORE_CAPTURE + 2)]
-    assert warm_stats(layer)["failed"] == 1 and warm_stats(layer)["replayed"] == 0
+        outs = [layer(x) for _ in range(_warm.CALLS_BEFORE_CAPTURE + 5)]
+    assert warm_stats(layer)["failed"] == 1 and warm_stats(layer)["replayed"] == 0  # (once)
     assert torch.cuda.current_stream() == stream
     for out in outs:
         torch.testing.assert_close(out, x)

@@ -70,8 +70,8 @@ MAX_SIGNATURES = 8
 
 _local = threading.local()
 _epoch = [0]      # bumped whenever any module registers a parameter, buffer or submodule
-#: Bumped when a failed capture's random state was replaced (:func:`_recover`): part of every
-#: signature, so that no replay captured against the old state runs again.
+#: Bumped when a failed capture's random state was replaced (:func:`_recover`): a replay
+#: captured before is no longer valid (``_Captured.valid``) and is captured again.
 _rng_generation = [0]
 
 
@@ -217,6 +217,7 @@ class _Captured:
 
     def __init__(self, module, forward, args, kwargs, leaves, refs, params):
         self.refs = [weakref.ref(r) for r in refs]
+        self.generation = _rng_generation[0]
         self.params = params
         self.ptrs = [p.data_ptr() for p in params]
         self.inputs = [t.detach().clone() for t in leaves]
@@ -281,8 +282,10 @@ class _Captured:
                             allow_unused=True)
 
     def valid(self, refs) -> bool:
-        """The objects named by identity are still those, the parameters where they were."""
-        return (all(r() is o for r, o in zip(self.refs, refs))
+        """The objects named by identity are still those, the parameters where they were,
+        the random state the one captured against."""
+        return (self.generation == _rng_generation[0]
+                and all(r() is o for r, o in zip(self.refs, refs))
                 and all(p.data_ptr() == q for p, q in zip(self.params, self.ptrs)))
 
     def busy(self) -> bool:
@@ -313,7 +316,7 @@ def _recover(stream) -> None:
     a capture's successful end: every later random op outside a capture (a dropout) would
     fail.  The thread gets its stream back; the generator gets a fresh state with the same
     seed and offset; and since replays captured before draw from the old state, which would
-    now repeat the new one's numbers, none of them runs again (:data:`_rng_generation`)."""
+    now repeat the new one's numbers, each is captured again (:data:`_rng_generation`)."""
     torch.cuda.set_stream(stream)
     gen = torch.cuda.default_generators[stream.device.index]
     gen.graphsafe_set_state(gen.clone_state())
@@ -468,7 +471,7 @@ def warm_call(module, forward: Callable, args: tuple, kwargs: dict):
     if len(leaves) > 1 and overlapping(leaves):
         return forward(module, *args, **kwargs)   # (aliased inputs: copies would not be)
     key = (sig, _settings(module), torch.is_grad_enabled(), _precision(),
-           tuple(p.requires_grad for p in table.params), _rng_generation[0])
+           tuple(p.requires_grad for p in table.params))
     entry = table.seen.get(key)
     if isinstance(entry, _Captured):
         if entry.valid(refs):
