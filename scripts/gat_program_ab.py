@@ -42,7 +42,7 @@ def main():
             layer = GATConv(C, C // H, heads=H).to(dev)
             prog = hector.compile(models.gat, in_dim=C, out_dim=C // H, heads=H).to(dev)
             with torch.no_grad():
-                prog.lin.copy_(layer.lin.weight.t())
+                prog.lin.copy_(layer.lin.weight)        # (both stored [out, in])
                 prog.att_src.copy_(layer.att_src.view(H, C // H, 1))
                 prog.att_dst.copy_(layer.att_dst.view(H, C // H, 1))
                 prog.bias.normal_()

@@ -31,12 +31,12 @@ def _pair(heads, concat, backend="auto", residual=False, F=6, C=4, seed=0):
     ours = hector.compile(models.gat, in_dim=F, out_dim=C, heads=heads, concat=concat,
                           residual=residual, backend=backend)
     with torch.no_grad():
-        ours.lin.copy_(ref.lin.weight.t())
+        ours.lin.copy_(ref.lin.weight)      # (stored as PyG's nn.Linear weight)
         ours.att_src.copy_(ref.att_src.view(heads, C, 1))
         ours.att_dst.copy_(ref.att_dst.view(heads, C, 1))
         ours.bias.copy_(ref.bias)
         if residual:
-            ours.res.copy_(ref.res.weight.t())
+            ours.res.copy_(ref.res.weight)
     return ref, ours
 
 
@@ -66,8 +66,8 @@ def test_the_compiled_program_is_pyg_gatconv(heads, concat, residual, backend):
                                              ref.bias] + res[0])
     gb = torch.autograd.grad((b * w).sum(), [xb, ours.lin, ours.att_src, ours.att_dst,
                                              ours.bias] + res[1])
-    wants = [ga[0], ga[1].t(), ga[2].view_as(gb[2]), ga[3].view_as(gb[3]), ga[4]]
-    wants += [ga[5].t()] if residual else []
+    wants = [ga[0], ga[1], ga[2].view_as(gb[2]), ga[3].view_as(gb[3]), ga[4]]
+    wants += [ga[5]] if residual else []
     for name, got, want in zip(["x", "lin", "att_src", "att_dst", "bias", "res"], gb, wants):
         assert rel_err(got, want) < 1e-5, name
 
@@ -93,7 +93,7 @@ def _twins(backend, dropout=0.5, heads=2, F=6, C=4, **kw):
                           backend=backend, **kw)
     with torch.no_grad():
         layer.bias.normal_()
-        prog.lin.copy_(layer.lin.weight.t())
+        prog.lin.copy_(layer.lin.weight)
         prog.att_src.copy_(layer.att_src.view(heads, C, 1))
         prog.att_dst.copy_(layer.att_dst.view(heads, C, 1))
         prog.bias.copy_(layer.bias)
@@ -123,7 +123,7 @@ def test_attention_dropout_drops_what_the_layer_drops(backend, autodiff):
                                              layer.att_dst, layer.bias])
     gb = torch.autograd.grad((b * w).sum(), [xb, prog.lin, prog.att_src, prog.att_dst,
                                              prog.bias])
-    wants = [ga[0], ga[1].t(), ga[2].view_as(gb[2]), ga[3].view_as(gb[3]), ga[4]]
+    wants = [ga[0], ga[1], ga[2].view_as(gb[2]), ga[3].view_as(gb[3]), ga[4]]
     for name, got, want in zip(["x", "lin", "att_src", "att_dst", "bias"], gb, wants):
         assert rel_err(got, want) < 1e-5, name
     with torch.no_grad():

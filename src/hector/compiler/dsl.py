@@ -20,6 +20,8 @@ from . import ir as N
 from .ir import CDST, EDGE, NODE, Op, Value
 
 INITS = ("glorot", "zeros", "ones")
+#: How a weight's tensor is laid out against its declared ``(K, N)`` shape (``Model.weight``).
+STORED = (None, "transposed")
 
 
 class Sym:
@@ -72,6 +74,7 @@ class WeightDecl:
     value: Value
     init: str
     full_shape: Tuple[int, ...]   # the parameter tensor: slices stacked in front
+    stored: Optional[str] = None  # "transposed": the tensor is ``[N, K]`` (``Model.weight``)
 
 
 @dataclass(frozen=True)
@@ -112,16 +115,30 @@ class Model:
         self.inputs[name] = N.input_(name, dim)
         return self._s(self.inputs[name])
 
-    def weight(self, name: str, shape, per: Optional[str] = None, init: str = "glorot") -> Sym:
+    def weight(self, name: str, shape, per: Optional[str] = None, init: str = "glorot",
+               stored: Optional[str] = None) -> Sym:
+        """A weight of ``shape`` (``per``: one slice per relation or node type, stacked in
+        front).  ``stored="transposed"``: a ``(K, N)`` matrix whose tensor is laid out
+        ``[N, K]``, as ``torch.nn.Linear.weight`` (PyG's ``lin.weight``); the program reads
+        that tensor in place (the IR's ``wT`` of the stored weight: the GEMMs read it with
+        swapped strides, and its gradient is formed in the stored layout), so a layer passes
+        its ``nn.Linear`` weight as it is.  Unsliced ``(K, N)`` weights only."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         if init not in INITS:
             raise ValueError(f"weight {name!r}: init must be one of {INITS}, got {init!r}")
+        if stored not in STORED:
+            raise ValueError(f"weight {name!r}: stored must be one of {STORED}, got {stored!r}")
+        if stored and (len(shape) != 2 or per is not None):
+            raise NotImplementedError(f"weight {name!r}: stored={stored!r} is supported for "
+                                      f"an unsliced (K, N) matrix, got shape {shape} per={per}")
         if name in self.weights:
             raise ValueError(f"weight {name!r} declared twice")
+        if stored:
+            shape = shape[::-1]
         v = N.param(name, shape, per)
         lead = {None: (), "relation": (self.num_relations,), "node_type": (self.num_node_types,)}[per]
-        self.weights[name] = WeightDecl(v, init, lead + shape)
-        return self._s(v)
+        self.weights[name] = WeightDecl(v, init, lead + shape, stored)
+        return self._s(N.wT(v) if stored else v)
 
     # -- movement ---------------------------------------------------------------------------
     def src(self, x: Sym) -> Sym:

@@ -435,12 +435,22 @@ def wscale(w: Value, s: Value) -> Value:
 
 
 def wT(w: Value) -> Value:
+    """``w`` with its last two axes swapped (``wT(wT(w))`` is ``w``: a weight declared
+    ``stored="transposed"`` is ``wT`` of its tensor, and the input gradient of its linear
+    reads the tensor itself)."""
+    if w.op == Op.WT:
+        return w.args[0]
     shape = w.shape[:-2] + (w.shape[-1], w.shape[-2])
     return Value(Op.WT, (w,), WEIGHT, shape, _attrs(per=w.per))
 
 
 def wgrad(x: Value, dy: Value, w: Value) -> Value:
-    """Gradient of a typed linear's weight: segment-grouped outer products ``sum_rows x^T dy``."""
+    """Gradient of a typed linear's weight: segment-grouped outer products ``sum_rows x^T dy``.
+    For ``w = wT(s)`` (a weight stored transposed) the gradient of ``s`` itself, in its
+    layout: the same sums, written transposed (``transposed``), so no copy turns it around."""
+    if w.op == Op.WT:
+        s = w.args[0]
+        return Value(Op.WGRAD, (x, dy), WEIGHT, s.shape, _attrs(per=s.per, transposed=True))
     return Value(Op.WGRAD, (x, dy), WEIGHT, w.shape, _attrs(per=w.per))
 
 

@@ -95,6 +95,8 @@ def gemm_spec(body: Value, dtype: torch.dtype):
         dy = body.args[1]
         how += (f"; dy read in place from {dy.args[0].kind} rows by {dy.attr('end')}"
                 if dy.op == Op.GATHER else "")
+        how += ("; written transposed, in the layout the weight is stored in"
+                if body.attr("transposed") else "")
         return None, (f"weight gradient dW = sum x^T dy over {x.kind} rows, segments by "
                       f"{seg}{how}")
     csr_out = csr_epilogue(body)

@@ -65,12 +65,14 @@ def hgt(m, in_dim, out_dim, heads=1):
 
 def gat(m, in_dim, out_dim, heads=1, negative_slope=0.2, concat=True, bias=True, dropout=0.0,
         residual=False):
-    """PyG ``GATConv`` on a graph whose self loops the caller arranged; the attention vectors
-    are per-head ``(C, 1)`` weights (PyG's ``att_src [1, H, C]`` viewed ``[H, C, 1]``);
+    """PyG ``GATConv`` on a graph whose self loops the caller arranged; ``lin`` and ``res``
+    are stored as PyG's ``nn.Linear`` weights, ``[out, in]``; the attention vectors are
+    per-head ``(C, 1)`` weights (PyG's ``att_src [1, H, C]`` viewed ``[H, C, 1]``);
     ``dropout`` on the attention weights in training calls; ``residual``: plus ``x W_res``
     (PyG's ``res``, no bias), before the bias."""
     x = m.node_input("x", in_dim)
-    z = m.linear(x, m.weight("lin", (in_dim, heads * out_dim)), heads=heads)   # Theta x
+    z = m.linear(x, m.weight("lin", (in_dim, heads * out_dim), stored="transposed"),
+                 heads=heads)                                                  # Theta x
     a_src = m.linear(z, m.weight("att_src", (heads, out_dim, 1)))             # <a_s, z_h>
     a_dst = m.linear(z, m.weight("att_dst", (heads, out_dim, 1)))
     alpha = m.edge_softmax(m.leaky_relu(m.src(a_src) + m.dst(a_dst), negative_slope))
@@ -78,7 +80,7 @@ def gat(m, in_dim, out_dim, heads=1, negative_slope=0.2, concat=True, bias=True,
     out = m.heads(out, 1) if concat else m.head_mean(out)
     width = heads * out_dim if concat else out_dim
     if residual:
-        out = out + m.linear(x, m.weight("res", (in_dim, width)))
+        out = out + m.linear(x, m.weight("res", (in_dim, width), stored="transposed"))
     return out + m.weight("bias", (width,), init="zeros") if bias else out
 
 

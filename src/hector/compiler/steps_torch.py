@@ -388,6 +388,10 @@ def _wgrad(v: Value, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch
     if not headwise:
         x, dy = x.flatten(1), dy.flatten(1)   # (flatten: fine with 0 rows)
     kind = v.args[0].kind
+    if v.attr("transposed"):     # (a weight stored [N, K]: its gradient dy^T x, in place)
+        if v.per is None and not headwise:
+            return dy.t() @ x
+        return _wgrad(v.with_attrs(transposed=None), x, dy, ix).transpose(-1, -2).contiguous()
     if v.per is None:
         return torch.einsum("rhk,rhn->hkn", x, dy) if headwise else x.t() @ dy
     if v.per == "relation":

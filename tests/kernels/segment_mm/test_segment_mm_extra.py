@@ -57,6 +57,29 @@ def test_extra_product_matches_the_torch_backend(layout, dtype, k, n, e):
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["plain", "gathered"])
+def test_extra_product_reads_a_transposed_weight(layout, dtype):
+    """A weight stored ``[S, N, K]`` (``transpose_weight``, PyG's ``nn.Linear`` layout) gives
+    what its ``[S, K, N]`` copy gives, output, extra product and every gradient, the
+    weight's in its own layout."""
+    x, w, v = _inputs(dtype, 19, 24, 5)
+    wt = w.detach().transpose(1, 2).contiguous().requires_grad_()
+    kw = _layout(layout)
+    y, p = segment_mm(x, wt, BOUNDS, extra_weight=v, transpose_weight=True, backend="triton",
+                      **kw)
+    y_ref, p_ref = segment_mm(x, w, BOUNDS, extra_weight=v, backend="torch", **kw)
+    tol = TOL[dtype]
+    assert rel_err(y, y_ref) < tol and rel_err(p, p_ref) < tol
+    dy, dp = torch.randn_like(y), torch.randn_like(p)
+    gx, gw, gv = torch.autograd.grad((y, p), (x, wt, v), (dy, dp))
+    rx, rw, rv = torch.autograd.grad((y_ref, p_ref), (x, w, v), (dy, dp))
+    assert gw.shape == wt.shape
+    for g, r in ((gx, rx), (gw, rw.transpose(1, 2)), (gv, rv)):
+        assert rel_err(g, r) < tol * 5
+
+
+@needs_triton
 def test_only_the_extra_output_needs_a_gradient():
     x, w, v = _inputs(torch.float32, 19, 24, 5)
     y, p = segment_mm(x, w, BOUNDS, extra_weight=v, backend="triton")
@@ -91,8 +114,7 @@ def test_schedules_span_the_whole_row():
                                      dtype=torch.float32, K=128, N=128)).block_n == 64
 
 
-@pytest.mark.parametrize("change", [dict(has_scatter=True), dict(has_bias=True),
-                                    dict(transpose_weight=True), dict(N=1),
+@pytest.mark.parametrize("change", [dict(has_scatter=True), dict(has_bias=True), dict(N=1),
                                     dict(extra_cols=129), dict(extra_cols=-1)])
 def test_spec_refuses_what_the_epilogue_cannot_do(change):
     kw = dict(has_gather=False, has_scatter=False, transpose_weight=False,
@@ -106,6 +128,9 @@ def test_op_passes_opcheck():
     x, w, v = _inputs(torch.float32, 19, 24, 5)
     g = _layout("gathered")["gather"]
     torch.library.opcheck(custom_ops.segment_mm_extra_op, (x, w, g, BOUNDS, v, False))
+    wt = w.detach().transpose(1, 2).contiguous().requires_grad_()
+    torch.library.opcheck(custom_ops.segment_mm_extra_op, (x, wt, g, BOUNDS, v, False, None,
+                                                           True))
 
 
 BAD = [

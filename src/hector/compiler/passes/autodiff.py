@@ -57,7 +57,8 @@ def _adjoints(v: Value, g: Value) -> List[Tuple[Value, Value]]:
     if op == Op.LINEAR:
         x, w = a
         dx = N.linear(g, N.wT(w), x.heads if len(w.shape) == 2 else None)
-        return [(x, dx), (w, N.wgrad(x, g, w))]
+        # (a weight stored transposed: the gradient of the stored tensor, in its layout)
+        return [(x, dx), (_stored(w), N.wgrad(x, g, w))]
     if op == Op.GATHER:
         return [(a[0], N.scatter(g, a[0].kind, v.attr("end"), "sum"))]
     if op == Op.SCATTER:
@@ -148,13 +149,21 @@ def _accumulate(prev: Value, contrib: Value) -> Value:
     return N.binary(Op.ADD, prev, contrib)
 
 
+def _stored(w: Value) -> Value:
+    """The tensor a linear's weight ``w`` reads: ``s`` for ``wT(s)`` (declared
+    ``stored="transposed"``), else ``w``."""
+    return w.args[0] if w.op == Op.WT else w
+
+
 def weight_roots(outputs: Sequence[Value]) -> List[Value]:
-    """Weight-only expressions read by row operators (the weight-side gradient targets)."""
+    """Weight-only expressions read by row operators (the weight-side gradient targets); a
+    linear's transposed weight ``wT(s)`` counts as ``s``, whose gradient it forms."""
     roots = []
     for v in toposort(outputs):
         if v.kind != WEIGHT:        # (a dropout's seed is no weight: it has no gradient)
-            roots.extend(a for a in v.args if a.kind == WEIGHT and a.op != Op.SEED
-                         and a not in roots)
+            roots.extend(r for i, a in enumerate(v.args) if a.kind == WEIGHT and a.op != Op.SEED
+                         for r in [_stored(a) if v.op == Op.LINEAR and i == 1 else a]
+                         if r not in roots)
     return roots
 
 

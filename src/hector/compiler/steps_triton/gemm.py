@@ -292,7 +292,7 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     kernel reads them by index: no gathered copy; the same for dy."""
     v = step.body
     if v.args[0].op == Op.SCATTER:     # a CSR prologue (fuse): the summed rows rebuilt
-        return _run_wgrad_csr(step, x, dy, ix)
+        return _transposed(v, _run_wgrad_csr(step, x, dy, ix))
     headwise = len(v.shape) == 3
     xv, prologue = gemm_input(v.args[0])     # (a prologue: the kernel applies it to x tiles)
     prologue = prologue or ""
@@ -312,16 +312,27 @@ def run_wgrad(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex) -> torch.
     S = num_segments(bounds)
     host, seg_ptr = op_args(bounds)
     # A custom op (hector::segment_mm_wgrad), so that torch.compile does not trace the launch.
+    # (a weight stored transposed, [N, K]: the kernel stores dW in that layout)
+    flip = bool(v.attr("transposed")) and not headwise
     if step.extra is not None:      # and the bias gradient of the same dy (lower pairs them)
         dw, db = call(segment_mm_wgrad_sums_op, xin.contiguous(), dyin.contiguous(), read_x,
-                      read_dy, host, prologue, seg_ptr)
+                      read_dy, host, prologue, seg_ptr, flip)
         db = fold_slice_sums(step.extra.attr("body"), db.view((S,) + tuple(dy.shape[1:])))
         return (dw[0] if v.per is None else dw), (db[0] if v.per is None else db)
     dw = call(segment_mm_wgrad_op, xin.contiguous(), dyin.contiguous(), read_x, read_dy,
-              host, prologue, seg_ptr)
+              host, prologue, seg_ptr, flip)
     if headwise:   # [(head, slice), K, N] -> [slice, head, K, N]
-        dw = dw.view(H, S // H, K, N).transpose(0, 1).contiguous()
+        dw = _transposed(v, dw.view(H, S // H, K, N).transpose(0, 1))
     return dw[0] if v.per is None else dw
+
+
+def _transposed(v: Value, dw):
+    """A weight gradient in the layout its weight is stored in: ``dw`` (or, paired with a
+    bias gradient, its first) turned around for a ``transposed`` one the kernel did not
+    store so, else as it is (contiguous)."""
+    if isinstance(dw, tuple):
+        return (_transposed(v, dw[0]),) + dw[1:]
+    return (dw.transpose(-1, -2) if v.attr("transposed") else dw).contiguous()
 
 
 def _run_wgrad_csr(step, x: torch.Tensor, dy: torch.Tensor, ix: GraphIndex):

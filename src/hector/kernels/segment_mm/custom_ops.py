@@ -153,12 +153,12 @@ segment_mm_op.register_autograd(_autograd_backward, setup_context=_setup_context
 @torch.library.custom_op("hector::segment_mm_extra", mutates_args=())
 def segment_mm_extra_op(x: torch.Tensor, weight: torch.Tensor, gather: Optional[torch.Tensor],
                         bounds: List[int], extra_weight: torch.Tensor,
-                        gather_unique: bool = False, seg_ptr: Optional[torch.Tensor] = None
-                        ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(y, y @ V)``: ``y`` the segment GEMM ``x[gather[r]] @ W[s]`` stored row by row and
-    ``V`` = ``extra_weight`` ``[N, E]`` applied by its epilogue to each fp32 row of ``y``
-    (``GemmSpec.extra_cols``)."""
-    spec = _spec_of(x, weight, gather, None, False, (gather_unique, False),
+                        gather_unique: bool = False, seg_ptr: Optional[torch.Tensor] = None,
+                        transpose_weight: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(y, y @ V)``: ``y`` the segment GEMM ``x[gather[r]] @ W[s]`` (``W[s]^T`` when
+    ``transpose_weight``) stored row by row and ``V`` = ``extra_weight`` ``[N, E]`` applied
+    by its epilogue to each fp32 row of ``y`` (``GemmSpec.extra_cols``)."""
+    spec = _spec_of(x, weight, gather, None, transpose_weight, (gather_unique, False),
                     extra_cols=extra_weight.shape[1])
     bounds = layout(bounds, seg_ptr)
 
@@ -169,16 +169,18 @@ def segment_mm_extra_op(x: torch.Tensor, weight: torch.Tensor, gather: Optional[
 
 
 @segment_mm_extra_op.register_fake
-def _(x, weight, gather, bounds, extra_weight, gather_unique=False, seg_ptr=None):
-    return (x.new_empty(bounds[-1], weight.shape[2]),
+def _(x, weight, gather, bounds, extra_weight, gather_unique=False, seg_ptr=None,
+      transpose_weight=False):
+    return (x.new_empty(bounds[-1], out_width(weight, transpose_weight)),
             x.new_empty(bounds[-1], extra_weight.shape[1]))
 
 
 def _extra_setup_context(ctx, inputs, output):
-    x, weight, gather, bounds, extra_weight, gather_unique, *seg_ptr = inputs
+    x, weight, gather, bounds, extra_weight, gather_unique, *rest = inputs
     ctx.save_for_backward(x, weight, gather, extra_weight, output[0],
-                          seg_ptr[0] if seg_ptr else None)
+                          rest[0] if rest else None)
     ctx.bounds, ctx.gather_unique = list(bounds), gather_unique
+    ctx.transpose_weight = bool(rest[1]) if len(rest) > 1 else False
 
 
 def _extra_backward(ctx, dy, dmore):
@@ -196,8 +198,9 @@ def _extra_backward(ctx, dy, dmore):
         dv = (y.to(work).t() @ dm).to(extra_weight.dtype) if need_v else None
     dx = dw = None
     if need_x or need_w:
-        dx, dw = call(segment_mm_backward_op, dy, x, weight, gather, None, ctx.bounds, False,
-                      need_x, need_w, ctx.gather_unique, False, "", seg_ptr)
+        dx, dw = call(segment_mm_backward_op, dy, x, weight, gather, None, ctx.bounds,
+                      ctx.transpose_weight, need_x, need_w, ctx.gather_unique, False, "",
+                      seg_ptr)
     grads = (dx if need_x else None, dw if need_w else None, None, None, dv, None)
     return grads + (None,) * (len(ctx.needs_input_grad) - len(grads))
 
@@ -208,48 +211,51 @@ segment_mm_extra_op.register_autograd(_extra_backward, setup_context=_extra_setu
 @torch.library.custom_op("hector::segment_mm_wgrad", mutates_args=())
 def segment_mm_wgrad_op(x: torch.Tensor, dy: torch.Tensor, gather: Optional[torch.Tensor],
                         scatter: Optional[torch.Tensor], bounds: List[int],
-                        prologue: str = "", seg_ptr: Optional[torch.Tensor] = None
-                        ) -> torch.Tensor:
+                        prologue: str = "", seg_ptr: Optional[torch.Tensor] = None,
+                        transpose: bool = False) -> torch.Tensor:
     """``dW [S, K, N]``, ``dW[s] = sum_{r in s} f(x_{g(r)})^T dy_{c(r)}`` (the compiler's
     weight-gradient steps; ``f`` the forward's ``prologue``, or none), tiled by the heuristic
-    schedule."""
+    schedule; with ``transpose``, ``[S, N, K]``: the same sums stored transposed by the
+    kernel (the gradient of a weight stored ``[N, K]``)."""
     return _wgrad_heuristic(x, dy, gather, scatter, layout(bounds, seg_ptr), sums=False,
-                            prologue=prologue)
+                            prologue=prologue, transpose=transpose)
 
 
-def _wgrad_heuristic(x, dy, gather, scatter, bounds: Bounds, sums: bool, prologue: str = ""):
-    spec = GemmSpec.of(x, gather, scatter, False, dy.shape[1], prologue=prologue)
+def _wgrad_heuristic(x, dy, gather, scatter, bounds: Bounds, sums: bool, prologue: str = "",
+                     transpose: bool = False):
+    spec = GemmSpec.of(x, gather, scatter, transpose, dy.shape[1], prologue=prologue)
     sched = default_schedule(spec, interpreting=interpreting())
-    like = _wgrad_fake(x, dy, bounds, "meta")
+    like = _wgrad_fake(x, dy, bounds, "meta", transpose)
     return _launch.launch_wgrad(spec, sched, bounds, x, gather, dy, scatter, like, sums=sums)
 
 
-def _wgrad_fake(x, dy, bounds: Bounds, device=None):
-    return torch.empty((num_segments(bounds), x.shape[1], dy.shape[1]), dtype=x.dtype,
-                       device=device or x.device)
+def _wgrad_fake(x, dy, bounds: Bounds, device=None, transpose: bool = False):
+    k, n = x.shape[1], dy.shape[1]
+    return torch.empty((num_segments(bounds),) + ((n, k) if transpose else (k, n)),
+                       dtype=x.dtype, device=device or x.device)
 
 
 segment_mm_wgrad_op.register_fake(
-    lambda x, dy, gather, scatter, bounds, prologue="", seg_ptr=None:
-    _wgrad_fake(x, dy, layout(bounds, seg_ptr)))
+    lambda x, dy, gather, scatter, bounds, prologue="", seg_ptr=None, transpose=False:
+    _wgrad_fake(x, dy, layout(bounds, seg_ptr), transpose=transpose))
 
 
 @torch.library.custom_op("hector::segment_mm_wgrad_sums", mutates_args=())
 def segment_mm_wgrad_sums_op(x: torch.Tensor, dy: torch.Tensor, gather: Optional[torch.Tensor],
                              scatter: Optional[torch.Tensor], bounds: List[int],
-                             prologue: str = "", seg_ptr: Optional[torch.Tensor] = None
-                             ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(dW, db)``: ``segment_mm_wgrad``'s ``dW`` and, from the same read of ``dy``, the
-    per-segment row sums ``db [S, N]`` (a typed linear's weight and bias gradients in one
-    launch)."""
+                             prologue: str = "", seg_ptr: Optional[torch.Tensor] = None,
+                             transpose: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(dW, db)``: ``segment_mm_wgrad``'s ``dW`` (``transpose`` as there) and, from the
+    same read of ``dy``, the per-segment row sums ``db [S, N]`` (a typed linear's weight and
+    bias gradients in one launch)."""
     return _wgrad_heuristic(x, dy, gather, scatter, layout(bounds, seg_ptr), sums=True,
-                            prologue=prologue)
+                            prologue=prologue, transpose=transpose)
 
 
 @segment_mm_wgrad_sums_op.register_fake
-def _(x, dy, gather, scatter, bounds, prologue="", seg_ptr=None):
+def _(x, dy, gather, scatter, bounds, prologue="", seg_ptr=None, transpose=False):
     bounds = layout(bounds, seg_ptr)
-    return (_wgrad_fake(x, dy, bounds),
+    return (_wgrad_fake(x, dy, bounds, transpose=transpose),
             torch.empty((num_segments(bounds), dy.shape[1]), dtype=x.dtype, device=x.device))
 
 
@@ -416,7 +422,7 @@ def segment_mm_triton(x: torch.Tensor, weight: torch.Tensor,
             raise ValueError("segment_mm: extra_weight runs on the heuristic or autotuned "
                              "schedule; a pinned GemmSchedule is not taken with it")
         return call(segment_mm_extra_op, x, weight, gather, host, extra_weight,
-                    gather_unique, seg_ptr)
+                    gather_unique, seg_ptr, transpose_weight)
     if isinstance(schedule, GemmSchedule):
         spec = GemmSpec.of(x, gather, scatter, transpose_weight, n, gather_unique, scatter_unique,
                            has_bias=bias is not None, prologue=prologue,

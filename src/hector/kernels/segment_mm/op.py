@@ -87,8 +87,8 @@ def segment_mm(x: torch.Tensor, weight: torch.Tensor, seg_ptr, *,
             row's product formed by the kernel's epilogue from the fp32 row ``y_r`` before
             its rounding (RGAT's source score ``(x W_r) a`` beside ``x W_r``, without a
             second GEMM reading the gathered rows again).  Only for rows stored in order:
-            no ``scatter``, ``bias``, ``addend``, ``prologue`` or ``transpose_weight``; the
-            heuristic or autotuned schedule.  Differentiable in ``extra_weight`` too.
+            no ``scatter``, ``bias``, ``addend`` or ``prologue``; the heuristic or
+            autotuned schedule.  Differentiable in ``extra_weight`` too.
         capacity: bounds kept on the device (a mini-batch's per-relation row counts, one
             CUDA graph for every batch): ``seg_ptr`` is a tensor on ``x``'s device that is
             never read back, ``seg_ptr[-1] <= capacity`` (a promise, checked with
@@ -193,10 +193,9 @@ def _check_extra(extra_weight, x, weight, scatter, bias, addend, prologue,
     if extra_weight.dtype != x.dtype:
         raise TypeError(f"extra_weight must have x's dtype {x.dtype}, got {extra_weight.dtype}")
     C.check_same_device([("x", x), ("extra_weight", extra_weight)])
-    if (scatter is not None or bias is not None or addend is not None or prologue
-            or transpose_weight):
+    if scatter is not None or bias is not None or addend is not None or prologue:
         raise ValueError("extra_weight needs output rows stored in order with nothing added: "
-                         "no scatter, bias, addend, prologue or transpose_weight")
+                         "no scatter, bias, addend or prologue")
     if is_narrow(x.shape[1], n, x.dtype):
         raise ValueError(f"extra_weight needs min(K, N) > {NARROW} in fp32, got K = "
                          f"{x.shape[1]}, N = {n} (such a product runs on the narrow kernel, "

@@ -135,11 +135,10 @@ class GemmSpec:
         if not 0 <= self.extra_cols <= 128:
             raise ValueError(f"GemmSpec.extra_cols must be in [0, 128], got {self.extra_cols}")
         if self.extra_cols and (self.has_scatter or self.has_bias or self.has_addend
-                                or self.has_csr or self.transpose_weight or self.narrow):
+                                or self.has_csr or self.narrow):
             raise ValueError("GemmSpec: extra columns (y @ V in the epilogue) need rows stored "
-                             "in order, no bias, addend or CSR prologue, an untransposed "
-                             f"weight and a tl.dot product (min(K, N) > {NARROW} or a half "
-                             "type)")
+                             "in order, no bias, addend or CSR prologue and a tl.dot product "
+                             f"(min(K, N) > {NARROW} or a half type)")
 
     @property
     def narrow(self) -> bool:
