@@ -65,7 +65,7 @@ def test_one_score_product_equals_the_two(backend, heads, dtype, monkeypatch):
         assert "(x W) V" in gemms[0].note
     else:                             # (float64 takes 2 extra columns: 6 are a GEMM of their own)
         assert len(gemms) == 1 + (heads > 1)
-    monkeypatch.setattr(siblings, "fuse_scores", lambda outputs, decisions, stats: outputs)
+    monkeypatch.setattr(siblings, "fuse_scores", lambda outputs, decisions: outputs)
     ref_cp, ref_out, ref_grads = _run(backend, heads, dtype)
     assert not any(s.template == "weight" for s in ref_cp.forward_plan.steps)
     tol = 1e-5 if dtype == torch.float32 else 1e-12
@@ -83,34 +83,6 @@ def test_explain_says_why():
     assert "+ (x W) V (4 columns" in text
     assert "[siblings] declined: 1 concat(s) of narrow window gradients" in text
     assert "hector::head_blocks" in text
-
-
-@pytest.mark.parametrize("heads", [1, 4])
-def test_several_heads_scores_leave_the_epilogue_past_the_rows_limit(heads):
-    """One head: the epilogue on any graph; several: only up to
-    ``EPILOGUE_SCORES_MAX_ROWS`` rows, past it the block product is a GEMM of its own (a
-    graph-size question the stage records, so a small graph and a large one get their own
-    stages), with its reason in the log."""
-    from hector.compiler.passes.common import GraphStats
-    from hector.compiler.pipeline import compile_forward
-    traced = hector.compile(models.gat, in_dim=16, out_dim=8, heads=heads).program.traced
-    limit = siblings.EPILOGUE_SCORES_MAX_ROWS
-    plans = {}
-    for n in (limit, limit + 1):
-        stats = GraphStats(n, 4 * n, n, n, 1, 1)
-        cp = compile_forward(traced.outputs, stats)
-        gemms = [s for s in cp.forward_plan.steps if s.template == "gemm"]
-        plans[n] = [s.spec[0].extra_cols for s in gemms]
-        said = [str(d) for rec in cp.log for d in rec.decisions if "score product in" in d.what]
-        if heads == 1:
-            assert not said
-        else:
-            assert len(said) == 1 and (f"{n} node rows" in said[0])
-            assert ("applied" in said[0]) == (n <= limit)
-            assert cp.forward.fits(stats) and not cp.forward.fits(
-                GraphStats(2 * limit + 1 - n, 4 * n, n, n, 1, 1))
-    assert plans[limit] == [2 * heads]
-    assert plans[limit + 1] == ([2 * heads] if heads == 1 else [0, 0])
 
 
 def _decisions(fn, **dims):

@@ -22,7 +22,7 @@ from ..kernels.attention.spec import AttentionSpec
 from .ir import (CDST, CSRC, EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, attention_lse,
                  attention_of_bwd, attention_roles, kernel, toposort)
 from ..kernels.segment_mm.spec import EXTRA_MAX_N, extra_max_cols
-from .lower_gemm import gemm_addend, gemm_parts, gemm_spec
+from .lower_gemm import gemm_spec
 from .lower_traversal import traversal_spec
 from .plan import AttentionRows, Plan, Step
 
@@ -157,8 +157,8 @@ def _extra_products(steps: List[Step]) -> List[Step]:
     merged: Dict[int, Step] = {}
     gone = set()
     for j, s in enumerate(steps):
-        if not _plain_gemm(s) or gemm_parts(gemm_addend(s.body)[0])[0].attr("own_gemm"):
-            continue      # (siblings.fuse_scores: a product kept out of the epilogue)
+        if not _plain_gemm(s):
+            continue
         w = made.get(s.inputs[1])
         z = made.get(s.inputs[0])
         if (w is not None and w.template == "weight" and w.body.op == Op.WMUL

@@ -56,13 +56,11 @@ class GraphStats:
 
     def rows(self, kind: str) -> int:
         return {NODE: self.num_nodes, EDGE: self.num_edges, CSRC: self.compact_src_rows,
-                CDST: self.compact_dst_rows, ONE: 1}[kind]
+                CDST: self.compact_dst_rows}[kind]
 
 
 #: A cost: the sum of ``coefficient x rows of kind`` over its terms (multiply-adds, rows moved).
 Cost = Tuple[Tuple[int, str], ...]
-#: The row "kind" of a cost's constant term (one row whatever the graph): a size limit.
-ONE = "one"
 
 
 @dataclass(frozen=True)

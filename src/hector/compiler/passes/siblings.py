@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Tuple
 from ...kernels.segment_mm.spec import EXTRA_MAX_COLS, EXTRA_MAX_N, NARROW, padded_width
 from .. import ir as N
 from ..ir import NODE, Op, Value, WEIGHT, rewrite, toposort
-from .common import ONE, Cheaper, Decision
+from .common import Decision
 
 NAME = "siblings"
 
@@ -184,16 +184,6 @@ def fused_weight(ws: List[Value]) -> Value:
 SCORE_MAX_COLS = max(EXTRA_MAX_COLS.values())
 
 
-#: Several heads' scores come from the projection's epilogue only on graphs of at most this
-#: many rows: on the H200 four heads of 16 gained on cora (2,708 rows) and lost on synthetic
-#: arxiv (169,343), presumably because each of the 2H extra columns is a row reduction over
-#: the whole row, mostly the block matrix's zeros (docs/perf-notes.md, "Attention layers").
-#: Between the two sizes it is unmeasured; 16384 rows (a few waves of 64-row tiles, where
-#: launches still dominate) is a guess.  Past it the one block product is a GEMM of its own
-#: (``own_gemm``; what ``lower._extra_products`` leaves alone).
-EPILOGUE_SCORES_MAX_ROWS = 16384
-
-
 def _score_weight(v: Value) -> bool:
     """Whether ``v`` is ``linear(z, A)`` of node rows with a one-column per-head weight
     ``A (H, C, 1)`` shared by every row: a per-head score term."""
@@ -228,10 +218,9 @@ def _scores_declined(z: Value, members: List[Value], readers) -> str:
     return ""
 
 
-def fuse_scores(outputs, decisions: List[Decision], stats=None):
+def fuse_scores(outputs, decisions: List[Decision]):
     """Per-head score linears of one node value -> one product with their block-diagonal
-    weight, read back as column windows (module docstring); with several heads, on graphs of
-    more than :data:`EPILOGUE_SCORES_MAX_ROWS` rows that product is marked ``own_gemm``."""
+    weight, read back as column windows (module docstring)."""
     order = toposort(outputs)
     readers: Dict[Value, List[Value]] = defaultdict(list)
     for v in order:
@@ -244,7 +233,6 @@ def fuse_scores(outputs, decisions: List[Decision], stats=None):
         if _score_weight(v):
             groups[v.args[0]].append(v)
     window: Dict[Value, Tuple[Value, int]] = {}
-    own_gemm = set()
     for z, members in groups.items():
         shapes = {m.args[1].shape for m in members}
         if len(members) < 2 or len(shapes) != 1:
@@ -262,22 +250,10 @@ def fuse_scores(outputs, decisions: List[Decision], stats=None):
             f"{'block-diagonal ' if H > 1 else ''}{H * C} x {len(members) * H} weight (wblocks, "
             "one kernel to build), read back as column windows: the rows read once, one "
             "product instead of " + str(len(members))))
-        if H > 1 and stats is not None:
-            q = Cheaper(new=((1, z.kind),), old=((EPILOGUE_SCORES_MAX_ROWS + 1, ONE),))
-            near = q.answer(stats)
-            decisions.append(Decision(
-                NAME, f"the {H}-head score product in the epilogue of its GEMM", near,
-                f"{stats.rows(z.kind)} {z.kind} rows "
-                + ("<=" if near else ">") + f" {EPILOGUE_SCORES_MAX_ROWS}: several heads' "
-                "extra columns are row reductions over mostly zero blocks, measured faster "
-                "than a GEMM of their own on a small graph and slower on a large one", q))
-            if not near:
-                own_gemm.add(z)
 
     def build(z: Value, memo: Dict[Value, Value]) -> Value:
-        lin = N.linear(memo[z], N.wblocks([memo.get(m.args[1], m.args[1]) for m in groups[z]]),
-                       1)
-        return lin.with_attrs(own_gemm=True) if z in own_gemm else lin
+        return N.linear(memo[z], N.wblocks([memo.get(m.args[1], m.args[1]) for m in groups[z]]),
+                        1)
     return _read_as_windows(outputs, window, build)
 
 
@@ -390,7 +366,7 @@ def run(outputs, stats=None, enabled: bool = True):
         decisions.append(Decision(NAME, "all linears", False,
                                   "disabled (fuse=False): one GEMM per linear"))
         return tuple(outputs), decisions
-    outputs = fuse_scores(tuple(outputs), decisions, stats)
+    outputs = fuse_scores(tuple(outputs), decisions)
     outputs = fuse_linears(tuple(outputs), decisions)
     outputs = joint_gradients(tuple(outputs), decisions)
     outputs = distribute(tuple(outputs), decisions)
