@@ -84,6 +84,17 @@ def test_copy_all_copies_every_pair():
     assert torch.equal(one[0], torch.ones(2))
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_copy_all_records_no_autograd_on_the_slots(n):
+    """A slot written from a tensor that requires grad stays outside autograd: nothing of
+    the caller's graph (its leaves' gradient accumulators) lives on in the capture."""
+    x = torch.randn(4, requires_grad=True)
+    slots = [torch.zeros(4).detach() for _ in range(n)]
+    _warm._copy_all(slots, [x * (i + 1) for i in range(n)])
+    assert all(s.grad_fn is None and not s.requires_grad for s in slots)
+    assert torch.equal(slots[-1], (x * n).detach())
+
+
 def test_a_count_goes_on_only_for_the_same_live_objects(monkeypatch):
     """A loop that builds a new graph per call never repeats a call, even where the new
     graph sits at a freed one's address: it is not captured.  The same graph is."""

@@ -201,9 +201,13 @@ class _Packed:
         return out
 
 
+@torch.no_grad()
 def _copy_all(dst: list, src: list) -> None:
     """``dst[i].copy_(src[i])`` for all i, as one foreach call (one launch where the tensors
-    allow, one C++ loop otherwise)."""
+    allow, one C++ loop otherwise).  Outside autograd: a copy recorded into a capture's input
+    slot would hang the caller's graph on that slot, alive for as long as the capture, and
+    with it the gradient accumulators of the leaves behind it, made on the caller's stream (a
+    later capture that reaches one fails: its stream differs)."""
     if len(dst) == 1:
         dst[0].copy_(src[0])
     elif dst:
