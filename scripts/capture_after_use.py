@@ -9,9 +9,11 @@ Per layer: eager steps (warm calls replayed), then ``torch.compile(layer)`` step
 manual capture of one forward + backward (replayed and checked against an eager step), then
 ``torch.compile(layer, mode="reduce-overhead")``; prints ms per step of the manual replay and
 of the reduce-overhead steps, and any failure with its message.  Run with
-``TORCH_LOGS=perf_hints`` to see why cudagraph trees skip a graph.
+``TORCH_LOGS=perf_hints`` to see why cudagraph trees skip a graph; ``--profile DIR`` writes
+``torch.profiler`` tables (host ops and kernels, by self time) of ten steps of each to DIR.
 """
 import argparse
+import os
 import time
 import traceback
 
@@ -31,7 +33,21 @@ def per_step(fn, n=100):
     return (time.perf_counter() - t) / n * 1e3
 
 
-def check(layer_name, W, features=64):
+def profile(fn, path, steps=10):
+    """A ``torch.profiler`` table of ``steps`` calls of ``fn`` (host ops and kernels, by
+    self time), written to ``path``."""
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    with open(path, "w") as f:
+        f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+        f.write("\n")
+        f.write(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
+
+
+def check(layer_name, W, features=64, profile_dir=None):
     ref = suites.pyg_layer(layer_name, W, features, 1)
     ours = suites.hector_layer(layer_name, ref, "triton").to(W.device)
     x = W.x(features).detach().clone().requires_grad_()
@@ -68,6 +84,8 @@ def check(layer_name, W, features=64):
         eager()
         torch.testing.assert_close(got, x.grad, rtol=1e-4, atol=1e-5)
         row["manual capture ms"] = per_step(graph.replay)
+        if profile_dir:
+            profile(graph.replay, os.path.join(profile_dir, f"{layer_name}-manual.txt"))
     except Exception as exc:           # noqa: BLE001
         row["manual capture"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         traceback.print_exc()
@@ -75,6 +93,8 @@ def check(layer_name, W, features=64):
         ro = step_with(suites.caller(layer_name, torch.compile(ours, mode="reduce-overhead"),
                                      W, False))
         row["compile RO ms"] = per_step(ro)
+        if profile_dir:
+            profile(ro, os.path.join(profile_dir, f"{layer_name}-reduce-overhead.txt"))
     except Exception as exc:           # noqa: BLE001
         row["compile RO"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     row["eager ms"] = per_step(eager)
@@ -85,7 +105,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--layers", default="gat,rgat,hgt")
     p.add_argument("--datasets", default="synthetic:cora,synthetic:aifb")
+    p.add_argument("--profile", metavar="DIR", help="write torch.profiler tables here")
     a = p.parse_args()
+    if a.profile:
+        os.makedirs(a.profile, exist_ok=True)
     dev = torch.device("cuda")
     rows = []
     for ds in a.datasets.split(","):
@@ -93,7 +116,7 @@ def main():
         for layer in a.layers.split(","):
             if (layer in suites.RELATIONAL) != (W.graph.num_relations > 1):
                 continue
-            rows.append((layer, ds, check(layer, W)))
+            rows.append((layer, ds, check(layer, W, profile_dir=a.profile)))
     for layer, ds, row in rows:
         print(layer, ds, "  ".join(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}"
                                    for k, v in row.items()))
