@@ -5,7 +5,12 @@ validation MRR every ``--eval-every`` epochs, and the time to reach ``--target``
 
     python scripts/link_vs_pyg.py --dataset fb15k-237 --root DIR [--device cuda]
         [--epochs 3000] [--eval-every 250] [--hidden 200] [--target 0.2]
-        [--encoders hector,pyg]
+        [--encoders hector,pyg] [--negatives 1] [--edge-dropout 0]
+        [--stop-at-target] [--max-seconds S]
+
+``--stop-at-target`` ends an encoder's run at its first evaluation at or above the target,
+``--max-seconds`` when its training time passes S: both let every encoder have its turn in
+one bounded call.
 
 PyG's peer is its ``RGCNConv`` (``torch_geometric.nn``), the layer its R-GCN link-prediction
 example uses; both encoders are two layers over the training triples and their inverses
@@ -21,7 +26,7 @@ import torch
 from hector import Graph, datasets
 from hector.nn import DistMult, RGCNConv
 from hector.train.link import KnownTriples, link_metrics
-from hector.train.linkpred import link_epoch, whole_graph
+from hector.train.linkpred import dropped_edges, link_epoch, whole_graph
 
 
 class Encoder(torch.nn.Module):
@@ -61,6 +66,12 @@ def main():
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--target", type=float, default=0.2)
     p.add_argument("--encoders", default="hector,pyg")
+    p.add_argument("--negatives", type=int, default=1)
+    p.add_argument("--edge-dropout", type=float, default=0.0,
+                   help="each epoch the encoders over a random 1 - P of the triples")
+    p.add_argument("--stop-at-target", action="store_true")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="end an encoder's run once its training time passes this")
     args = p.parse_args()
     device = torch.device(args.device)
     data = datasets.load(args.dataset, root=args.root)
@@ -82,12 +93,17 @@ def main():
             sync(device)
             t0 = time.perf_counter()
             enc.train()
-            link_epoch(whole_graph(lambda: enc(graph, edge_index, edge_type)), dec, opt, train,
-                       n, 1, 0.01, train.shape[1], gen)
+            g, ei, et = graph, edge_index, edge_type
+            if args.edge_dropout:        # (this epoch's encoder graph, the same for both)
+                ei, et = dropped_edges(train, r, args.edge_dropout, gen)
+                g = Graph(ei, edge_type=et, num_nodes=n, num_relations=2 * r)
+            link_epoch(whole_graph(lambda: enc(g, ei, et)), dec, opt, train,
+                       n, args.negatives, 0.01, train.shape[1], gen)
             sync(device)
             times.append(time.perf_counter() - t0)
             trained += times[-1]
-            if epoch % args.eval_every:
+            over = args.max_seconds is not None and trained > args.max_seconds
+            if epoch % args.eval_every and not over:
                 continue
             enc.eval()
             with torch.no_grad():
@@ -96,6 +112,8 @@ def main():
             print(f"{kind} epoch {epoch} val_mrr {mrr:.4f} training {trained:.1f}s", flush=True)
             if reached is None and mrr >= args.target:
                 reached = trained
+            if over or (reached is not None and args.stop_at_target):
+                break
         rows.append((kind, 1e3 * statistics.median(times), best, reached))
     print(f"| encoder | ms per epoch | best val MRR | training s to MRR {args.target} |")
     print("|---|---|---|---|")
