@@ -128,8 +128,11 @@ def _stored_weight(lin: Value) -> Value:
 
 def _bias_fits(lin: Value, bias: Value) -> bool:
     """``bias`` is one weight row per segment of ``lin``'s weight, as wide as its output:
-    what the GEMM's bias epilogue adds."""
-    return bias.per == _stored_weight(lin).per and tuple(bias.shape) == (lin.heads * lin.dim,)
+    what the GEMM's bias epilogue adds.  A per-head bias ``(H, C)`` of an output of H heads
+    (Transformer's query, key and value biases) is that row too: the output's flattened
+    columns are its heads side by side, as the bias's stored elements are."""
+    return bias.per == _stored_weight(lin).per and tuple(bias.shape) in (
+        (lin.heads * lin.dim,), tuple(lin.shape))
 
 
 def _csr_gemm(gemm: Value) -> bool:
