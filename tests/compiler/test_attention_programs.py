@@ -85,6 +85,47 @@ def test_the_pipeline_fuses_it_into_one_attention_on_node_rows():
     assert len(bwd) == 1 and bwd[0].body.op == Op.ATTENTION_BWD
 
 
+def _one_vector(m, in_dim, out_dim, heads):
+    """GAT with one attention vector read as both score terms (its kernels take that one
+    value once, for two of the attention's arguments)."""
+    x = m.node_input("x", in_dim)
+    z = m.linear(x, m.weight("lin", (in_dim, heads * out_dim), stored="transposed"),
+                 heads=heads)
+    a = m.linear(z, m.weight("att", (heads, out_dim, 1)))
+    alpha = m.edge_softmax(m.leaky_relu(m.src(a) + m.dst(a), 0.2))
+    return m.heads(m.aggregate(alpha * m.src(z), "sum"), 1)
+
+
+@pytest.mark.parametrize("backend,dtype", [("torch", torch.float64), ("triton", torch.float32)])
+@pytest.mark.parametrize("heads", [1, 2])
+def test_one_value_as_both_score_terms_is_gat_with_equal_vectors(backend, dtype, heads):
+    dev = device_for(backend)
+    graph = with_self_loops(hector.Graph(_edges().to(dev), num_nodes=30))
+    torch.manual_seed(0)
+    one = hector.compile(_one_vector, in_dim=6, out_dim=4, heads=heads,
+                         backend=backend).to(dev, dtype)
+    two = hector.compile(models.gat, in_dim=6, out_dim=4, heads=heads, bias=False,
+                         backend=backend).to(dev, dtype)
+    with torch.no_grad():
+        two.lin.copy_(one.lin)
+        two.att_src.copy_(one.att)
+        two.att_dst.copy_(one.att)
+    x = torch.randn(30, 6, device=dev, dtype=dtype)
+    outs, grads = [], []
+    for m in (one, two):
+        xg = x.clone().requires_grad_()
+        out = m(graph, x=xg)
+        (out * torch.linspace(-1, 1, out.numel(), device=dev, dtype=dtype).view_as(out)).sum() \
+            .backward()
+        outs.append(out.detach())
+        grads.append((xg.grad, m.lin.grad))
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    assert rel_err(outs[0], outs[1]) < tol
+    for g1, g2 in zip(grads[0], grads[1]):
+        assert rel_err(g1, g2) < tol
+    assert rel_err(one.att.grad, two.att_src.grad + two.att_dst.grad) < tol
+
+
 def _twins(backend, dropout=0.5, heads=2, F=6, C=4, **kw):
     """hector.nn.GATConv with attention dropout and the DSL program with the same parameters."""
     torch.manual_seed(0)

@@ -27,7 +27,8 @@ from .ir import Op, Value, toposort
 from .plan import Plan, Step
 from .lower import extra_cols
 from .lower_gemm import gemm_addend, gemm_parts
-from .steps_torch import GraphIndex, attention_torch_lse, eval_body, eval_op, extra_product
+from .steps_torch import (GraphIndex, attention_torch_lse, eval_body, eval_op, extra_product,
+                          per_argument)
 from .steps_triton.attention import run_attention, run_attention_bwd
 from .steps_triton.gemm import kernel_weight, run_gemm, run_wgrad, run_wsum, run_weight
 from .steps_triton.traversal import prepare_traversals, run_traversal
@@ -55,7 +56,7 @@ def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str,
         return run_attention_bwd(step, args, ix, backend if backend == "triton" else "torch",
                                  donated)
     if step.template == "attention" and backend != "triton":
-        return attention_torch_lse(step.body, args, ix)
+        return attention_torch_lse(step.body, per_argument(step.body, args), ix)
     if backend == "triton" and triton_step(step):
         if step.template == "attention":
             return run_attention(step, args, ix, "triton")

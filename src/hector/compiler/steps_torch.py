@@ -489,6 +489,15 @@ def _lse(t: torch.Tensor, dst: torch.Tensor, n: int) -> torch.Tensor:
     return top + torch.log(torch.where(total > 0, total, torch.ones_like(total)))
 
 
+def per_argument(body: Value, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+    """The tensors bound to each of a kernel body's arguments, in order.  A kernel's inputs
+    are its distinct values, so one tensor may stand for several arguments (an attention
+    whose source and destination score terms are one value): its ``arg`` leaves say which."""
+    if all(a.op == Op.ARG for a in body.args):
+        return [inputs[a.attr("index")] for a in body.args]
+    return list(inputs)
+
+
 def attention_torch_lse(v: Value, a: List[torch.Tensor], ix: GraphIndex):
     """(output, log-sum-exp ``[N, H]``) of a fused ``attention`` operator (what fusion makes
     of score -> edge softmax -> weighted aggregation), evaluated edge by edge: the torch

@@ -33,7 +33,7 @@ from ...kernels.attention.spec import AttentionSpec
 from .. import ir
 from ..ir import CSRC, EDGE, NODE, WEIGHT, Op, Value, attention_of_bwd, attention_roles
 from ..plan import AttentionRows
-from ..steps_torch import GraphIndex, _operand, attention_bwd_torch
+from ..steps_torch import GraphIndex, _operand, attention_bwd_torch, per_argument
 from .edgewise import _program, run_edgewise_body
 
 
@@ -146,7 +146,7 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
     spec and schedules of :func:`attention_launch`.  Returns (out, log-sum-exp ``[N, H]``)."""
     body: Value = step.body
     rows: AttentionRows = step.spec[1]
-    roles = attention_roles(body, tuple(zip(body.args, inputs)))
+    roles = attention_roles(body, tuple(zip(body.args, per_argument(body, inputs))))
     scale, slope = body.attr("scale"), body.attr("slope")
     terms = _attention_terms(step, roles, ix)
     spec, plan = attention_launch(step, ix)
@@ -226,6 +226,8 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     written over them (:func:`_into_kv`)."""
     body: Value = step.body
     att = _step_ir(step, "forward attention", lambda: attention_of_bwd(body))
+    owned = [inputs[i] for i in donated]
+    inputs = per_argument(body, inputs)
     if backend != "triton":
         return attention_bwd_torch(body, att, inputs, ix)
     n_roles = len(att.args)
@@ -241,7 +243,7 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     grads = edge_attention_grads_triton(
         g, spec, plan, flags, grad, *terms, out, lse, att.attr("scale"), att.attr("slope"),
         dst_index=_dst_index(step.spec[1], ix), joint_kv=joint, bias=_bias(roles, terms[0]),
-        into_kv=p == 0 and _into_kv(terms, flags, [inputs[i] for i in donated]),
+        into_kv=p == 0 and _into_kv(terms, flags, owned),
         dropout=p, seed=seed)
     result = {}
     if joint:   # one [rows, H * (Dk + Dv)] buffer in k's slot; k and v are views of it
