@@ -220,7 +220,7 @@ class _Captured:
     backward graph, sharing one memory pool."""
 
     def __init__(self, module, forward, args, kwargs, leaves, refs, params):
-        self.refs = [weakref.ref(r) for r in refs]
+        self.refs = _weak(refs)
         self.generation = _rng_generation[0]
         self.params = params
         self.ptrs = [p.data_ptr() for p in params]
@@ -288,8 +288,7 @@ class _Captured:
     def valid(self, refs) -> bool:
         """The objects named by identity are still those, the parameters where they were,
         the random state the one captured against."""
-        return (self.generation == _rng_generation[0]
-                and all(r() is o for r, o in zip(self.refs, refs))
+        return (self.generation == _rng_generation[0] and _same(self.refs, refs)
                 and all(p.data_ptr() == q for p, q in zip(self.params, self.ptrs)))
 
     def busy(self) -> bool:
@@ -383,10 +382,17 @@ class _Count:
 
     def __init__(self, calls: int, refs: list):
         self.calls = calls
-        self.refs = [weakref.ref(r) for r in refs]
+        self.refs = _weak(refs)
 
-    def same(self, refs) -> bool:
-        return all(r() is o for r, o in zip(self.refs, refs))
+
+def _weak(refs) -> list:
+    """Weak references to the objects a signature names by identity."""
+    return [weakref.ref(r) for r in refs]
+
+
+def _same(weak: list, refs) -> bool:
+    """The objects ``weak`` refers to are still alive and are ``refs``, one by one."""
+    return all(r() is o for r, o in zip(weak, refs))
 
 
 def _table(module) -> _Table:
@@ -490,7 +496,7 @@ def warm_call(module, forward: Callable, args: tuple, kwargs: dict):
         return forward(module, *args, **kwargs)
     # (a count goes on only for the same live objects: a freed graph's address comes back
     # for the next one, and a loop that builds a graph per step never repeats a call)
-    count = entry.calls + 1 if isinstance(entry, _Count) and entry.same(refs) else 1
+    count = entry.calls + 1 if isinstance(entry, _Count) and _same(entry.refs, refs) else 1
     if count <= CALLS_BEFORE_CAPTURE:
         _remember(table, key, _Count(count, refs))
         table.stats["eager"] += 1
