@@ -10,7 +10,10 @@ manual capture of one forward + backward (replayed and checked against an eager 
 ``torch.compile(layer, mode="reduce-overhead")``; prints ms per step of the manual replay and
 of the reduce-overhead steps, and any failure with its message.  Run with
 ``TORCH_LOGS=perf_hints`` to see why cudagraph trees skip a graph; ``--profile DIR`` writes
-``torch.profiler`` tables (host ops and kernels, by self time) of ten steps of each to DIR.
+``torch.profiler`` tables (host ops and kernels, by self time) of ten steps of each to DIR;
+``--floor``: the same three steps (eager, manual capture, reduce-overhead) around one
+``nn.Linear`` on the same input, nothing of hector in it: what torch's own reduce-overhead
+step costs against a manual capture of it.
 """
 import argparse
 import os
@@ -45,6 +48,34 @@ def profile(fn, path, steps=10):
         f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
         f.write("\n")
         f.write(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
+
+
+def linear_floor(W, features=64):
+    """Eager, manual-capture and reduce-overhead steps of one ``nn.Linear`` (the same step:
+    zero_grad, forward, sum, backward), ms each."""
+    lin = torch.nn.Linear(features, features).to(W.device)
+    x = W.x(features).detach().clone().requires_grad_()
+
+    def step_with(call):
+        def step():
+            lin.zero_grad(set_to_none=True)
+            x.grad = None
+            call(x).sum().backward()
+        return step
+    row = {"eager ms": per_step(step_with(lin))}
+    eager = step_with(lin)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            eager()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        eager()
+    row["manual capture ms"] = per_step(graph.replay)
+    row["compile RO ms"] = per_step(step_with(torch.compile(lin, mode="reduce-overhead")))
+    return row
 
 
 def check(layer_name, W, features=64, profile_dir=None):
@@ -106,6 +137,7 @@ def main():
     p.add_argument("--layers", default="gat,rgat,hgt")
     p.add_argument("--datasets", default="synthetic:cora,synthetic:aifb")
     p.add_argument("--profile", metavar="DIR", help="write torch.profiler tables here")
+    p.add_argument("--floor", action="store_true", help="also one nn.Linear's three steps")
     a = p.parse_args()
     if a.profile:
         os.makedirs(a.profile, exist_ok=True)
@@ -117,6 +149,8 @@ def main():
             if (layer in suites.RELATIONAL) != (W.graph.num_relations > 1):
                 continue
             rows.append((layer, ds, check(layer, W, profile_dir=a.profile)))
+        if a.floor:
+            rows.append(("linear", ds, linear_floor(W)))
     for layer, ds, row in rows:
         print(layer, ds, "  ".join(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}"
                                    for k, v in row.items()))
