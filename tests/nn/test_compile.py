@@ -214,3 +214,43 @@ def test_compiled_layer_on_new_graphs_passes_constant_handles():
     for case in (args, make_case("gat", backend="triton")[1], args,
                  make_case("gat", backend="triton")[1]):
         assert_same(run(layer, case, compiled), want)
+
+
+@pytest.mark.parametrize("name", ["rgcn", "rgat"])
+def test_a_program_compiled_cold_plans_once(name, monkeypatch):
+    """A compiled layer whose first call is the compiled one plans outside the trace then,
+    and never again: the frame traced on that miss is traced again on the next call (the
+    program's plan token changed) and whole after it.  Before, the traced miss kept its
+    planning call, which also ran the plans eagerly on copies, on every call."""
+    from hector.compiler import program as P
+    plans = []
+    inner = P._plan_outside_tracing
+
+    @torch.compiler.disable
+    def counting(*args, **kwargs):
+        plans.append(1)
+        return inner(*args, **kwargs)
+    monkeypatch.setattr(P, "_plan_outside_tracing", counting)
+    layer, args = make_case(name)
+    compiled = torch.compile(layer, backend="aot_eager")
+    got = [run(layer, args, compiled) for _ in range(2)]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got += [run(layer, args, compiled) for _ in range(2)]
+    assert len(plans) == 1
+    want = run(layer, args)
+    for g in got:
+        assert_same(g, want)
+
+
+def test_eager_calls_between_compiled_calls_do_not_recompile():
+    """Eager calls of a layer between its compiled calls (a warm-up, a manual capture, an
+    evaluation) keep the attention launch handles the compiled frame guards on."""
+    layer, args = make_case("rgat", backend="triton")
+    want = run(layer, args)
+    compiled = torch.compile(layer, backend="aot_eager")
+    assert_same(run(layer, args, compiled), want)
+    assert_same(run(layer, args), want)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert_same(run(layer, args, compiled), want)
+        assert_same(run(layer, args), want)
+        assert_same(run(layer, args, compiled), want)

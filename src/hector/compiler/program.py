@@ -98,6 +98,12 @@ class Program:
             raise ValueError(f"plan_cache_size must be >= 1, got {plan_cache_size}")
         self.plan_cache_size = plan_cache_size
         self._cache: "OrderedDict[tuple, CompiledPlan]" = OrderedDict()   # LRU order
+        #: A string that changes whenever a call plans (``_plan_outside_tracing``).  Dynamo
+        #: cannot guard the cache read below (its key is an object the trace builds), so a
+        #: frame traced on a miss would keep the planning call, and its eager run of the
+        #: plans, on every later call; the token is guarded by value, so once a plan is made
+        #: the frame is traced again, on a hit, whole.
+        self._plans_token = "0"
         self._stages: "OrderedDict[int, Tuple[tuple, ForwardStage]]" = OrderedDict()  # LRU
 
     # -- compilation ----------------------------------------------------------------------
@@ -214,7 +220,8 @@ class Program:
         backward = needs_grad and self.autodiff == "ir"
         key = (self.stats(graph), work)
         cp = self._cache.get(key)
-        if cp is None or (backward and cp.differentiable and cp.backward_plan is None):
+        if self._plans_token and (cp is None or (backward and cp.differentiable
+                                                 and cp.backward_plan is None)):
             cp = _plan_outside_tracing(self, graph, work, backward, leaves, backend,
                                        torch.compiler.is_compiling())
         elif not torch.compiler.is_compiling():
@@ -242,6 +249,7 @@ def _plan_outside_tracing(program: Program, graph, dtype: torch.dtype, backward:
     inputs: that fills the graph's lazy index memos (moves, segment layouts, derived graphs),
     which must not be first written inside the traced autograd.Function."""
     cp = program.compiled_for(graph, dtype, backward=backward)
+    program._plans_token = str(int(program._plans_token) + 1)
     if tracing:
         with torch.enable_grad():
             copies = {v: t.detach().clone().requires_grad_(backward and t.requires_grad)

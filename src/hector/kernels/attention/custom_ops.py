@@ -93,9 +93,11 @@ _LAUNCHES = HandleTable("_launch_handle", "launch")
 
 def _entry(spec: AttentionSpec, plan: AttentionPlan) -> _Launch:
     """The (spec, plan) entry memoised on ``plan`` (a copy of the plan, or another spec, gets
-    its own): frozen dataclass, so a memo only."""
+    its own): frozen dataclass, so a memo only.  Specs compare by value: a caller that
+    rebuilds an equal spec per call keeps its entry, and so its handle (traced code guards
+    on the handle: a new one per call would recompile every call)."""
     entry = getattr(plan, "_launch_entry", None)
-    if entry is None or entry.plan is not plan or entry.spec is not spec:
+    if entry is None or entry.plan is not plan or entry.spec != spec:
         entry = _Launch(spec, plan)
         object.__setattr__(plan, "_launch_entry", entry)
     return entry
