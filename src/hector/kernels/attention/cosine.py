@@ -12,7 +12,8 @@ rows once more than it must (a second pass over a row, from L1/L2) and writes th
 
 Both are custom operators (opaque to torch.compile, capturable in CUDA graphs); they run the
 Triton kernels (``templates/cosine.py.j2``) on CUDA or under ``TRITON_INTERPRET=1`` and the
-same math in torch ops elsewhere (:func:`cosine_qk_torch`, also the tests' reference).
+same math in torch ops elsewhere (:func:`cosine_qk_torch`, :func:`cosine_qk_backward_torch`,
+also the tests' and the compiler's torch backend's reference).
 """
 from __future__ import annotations
 
@@ -49,10 +50,26 @@ def cosine_qk(x: torch.Tensor, beta: torch.Tensor, with_norm: bool = False):
 
 
 def cosine_qk_torch(x: torch.Tensor, beta: torch.Tensor):
-    """(q, k, norm) in torch ops: the reference of the kernel and its CPU path."""
-    norm = torch.linalg.vector_norm(x.float(), dim=-1).clamp_min(EPS)
-    k = (x.float() / norm[:, None]).to(x.dtype)
-    return (k.float() * beta.float()).to(x.dtype), k, norm
+    """(q, k, norm) in torch ops: the reference of the kernel and its CPU path.  Computed in
+    fp32 at least, as the kernel does; a float64 ``x`` in float64, its norm too (the
+    compiler's torch backend, a float64 reference: the op returns the norm in fp32)."""
+    work = torch.promote_types(x.dtype, torch.float32)
+    norm = torch.linalg.vector_norm(x.to(work), dim=-1).clamp_min(EPS)
+    k = (x.to(work) / norm[:, None]).to(x.dtype)
+    return (k.to(work) * beta.to(work)).to(x.dtype), k, norm
+
+
+def cosine_qk_backward_torch(dq: torch.Tensor, dk: torch.Tensor, x: torch.Tensor,
+                             norm: torch.Tensor, beta: torch.Tensor):
+    """(dx, dbeta) in torch ops: the reference of the backward kernel and its CPU path, in
+    the precision of :func:`cosine_qk_torch`.  ``dx = (g - k <g, k>) / norm`` with ``g = dk
+    + beta dq`` (``g / eps`` where the norm is clamped), ``dbeta = <dq, k>``."""
+    work = torch.promote_types(x.dtype, torch.float32)
+    n = norm.to(work)[:, None]
+    k = x.to(work) / n
+    g = dk.to(work) + beta.to(work) * dq.to(work)
+    gk = torch.where(norm > EPS, (g * k).sum(-1), 0.0)[:, None]
+    return ((g - k * gk) / n).to(x.dtype), (dq.to(work) * k).sum().reshape(1).to(beta.dtype)
 
 
 def _grid(rows: int):
@@ -67,7 +84,8 @@ def _block_d(dim: int) -> int:
 def cosine_qk_op(x: torch.Tensor, beta: torch.Tensor
                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if not triton_available(x.device):
-        return cosine_qk_torch(x, beta)
+        q, k, norm = cosine_qk_torch(x, beta)
+        return q, k, norm.float()
     rows, dim = x.shape
     q, k = torch.empty_like(x), torch.empty_like(x)
     norm = torch.empty(rows, dtype=torch.float32, device=x.device)
@@ -87,11 +105,7 @@ def cosine_qk_backward_op(dq: torch.Tensor, dk: torch.Tensor, x: torch.Tensor,
                           norm: torch.Tensor, beta: torch.Tensor
                           ) -> Tuple[torch.Tensor, torch.Tensor]:
     if not triton_available(x.device):
-        n = norm[:, None]
-        k = x.float() / n
-        g = dk.float() + beta.float() * dq.float()
-        gk = torch.where(norm > EPS, (g * k).sum(-1), 0.0)[:, None]
-        return ((g - k * gk) / n).to(x.dtype), (dq.float() * k).sum().reshape(1).to(beta.dtype)
+        return cosine_qk_backward_torch(dq, dk, x, norm, beta)
     rows, dim = x.shape
     dx = torch.empty_like(x)
     grid = _grid(rows)
