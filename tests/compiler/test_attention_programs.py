@@ -312,7 +312,8 @@ def test_transformer_dropout_drops_what_the_layer_drops(backend):
 def test_the_compiled_program_is_pyg_agnnconv(backend):
     """AGNN (cosine attention, ``m.normalize``) against PyG's AGNNConv, a row of zeros
     among the features (the norm's eps branch): output, x's and beta's gradients; one fused
-    attention (q and k on node rows) with a fused backward."""
+    attention (q and k on node rows, its keys formed from v = x and the cosine step's norm)
+    with a fused backward."""
     dev = device_for(backend)
     ref = pyg.AGNNConv(requires_grad=True).to(dev)
     ours = hector.compile(models.agnn, in_dim=6, backend=backend).to(dev)
@@ -333,7 +334,7 @@ def test_the_compiled_program_is_pyg_agnnconv(backend):
         assert rel_err(got, want) < 1e-5, name
     cp = ours.program.compile_exact(graph)
     att = [s for s in cp.forward_plan.steps if s.template == "attention"]
-    assert len(att) == 1 and set(att[0].body.attr("roles")) == {"v", "q", "k"}
+    assert len(att) == 1 and set(att[0].body.attr("roles")) == {"v", "q", "k", "k_norm"}
     assert any(s.template == "attention" and s.body.op == Op.ATTENTION_BWD
                for s in cp.backward_plan.steps)
 

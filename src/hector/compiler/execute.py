@@ -11,7 +11,7 @@ Two ways to differentiate:
 
 Backends: ``torch`` evaluates every step with plain torch ops; ``triton`` runs GEMM steps on
 the segment-GEMM kernels, attention steps (forward and backward) on the fused attention
-kernels, traversal steps
+kernels, cosine steps on the cosine_qk kernels, traversal steps
 whose spec names a kernel (``TraversalSpec.kernel``) on the traversal kernels, and the
 remaining traversal and weight steps with torch ops.
 """
@@ -30,6 +30,7 @@ from .lower_gemm import gemm_addend, gemm_parts
 from .steps_torch import (GraphIndex, attention_torch_lse, eval_body, eval_op, extra_product,
                           per_argument)
 from .steps_triton.attention import run_attention, run_attention_bwd
+from .steps_triton.cosine import run_cosine
 from .steps_triton.gemm import kernel_weight, run_gemm, run_wgrad, run_wsum, run_weight
 from .steps_triton.traversal import prepare_traversals, run_traversal
 
@@ -38,7 +39,7 @@ def triton_step(step: Step) -> bool:
     """Whether the Triton backend runs ``step`` on a Triton kernel (the rest: torch ops)."""
     # The traversal kernels are custom ops (hector::traverse, hector::edge_softmax): a compiled
     # plan runs them as eager does.
-    return step.template in ("attention", "gemm") or (
+    return step.template in ("attention", "gemm", "cosine") or (
         step.template == "traversal" and step.spec.kernel is not None) or (
         step.template == "weight" and kernel_weight(step.body)
         and all(a.op == Op.ARG for a in step.body.args))
@@ -47,11 +48,14 @@ def triton_step(step: Step) -> bool:
 def run_step(step: Step, args: List[torch.Tensor], ix: GraphIndex, backend: str,
              donated: frozenset = frozenset()):
     """A step's output; for a forward attention (out, log-sum-exp), for a weight gradient
-    paired with a bias gradient (dW, db), for an attention backward a dict role -> gradient,
-    which ``select`` steps read.  ``donated``: positions of ``args`` that no one reads
-    after this step (an attention backward may write its gradients over them)."""
+    paired with a bias gradient (dW, db), for an attention backward a dict role -> gradient
+    and for a cosine step a dict role -> output, which ``select`` steps read.
+    ``donated``: positions of ``args`` that no one reads after this step (an attention
+    backward may write its gradients over them)."""
     if step.template == "select":
         return args[0][step.body.attr("role")]
+    if step.template == "cosine":
+        return run_cosine(step, args, ix, "triton" if backend == "triton" else "torch")
     if step.template == "attention" and step.body.op == Op.ATTENTION_BWD:
         return run_attention_bwd(step, args, ix, backend if backend == "triton" else "torch",
                                  donated)

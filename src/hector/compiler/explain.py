@@ -41,6 +41,14 @@ _OPS = {"gemm": "hector.kernels.segment_mm.op.segment_mm (Triton segment GEMM; "
         "weight": "torch (weight-only, once per call)",
         "select": "none (reads one gradient of the attention backward step)"}
 
+#: A cosine step's op by its body's operator (``steps_triton.cosine``).
+_COSINE = {Op.COSINE_QK: "hector::cosine_qk (Triton cosine_qk kernel; torch: "
+                         "kernels.attention.cosine.cosine_qk_torch)",
+           Op.COSINE_QK_BWD: "hector::cosine_qk_backward (Triton cosine_qk_bwd kernel; torch: "
+                             "kernels.attention.cosine.cosine_qk_backward_torch)"}
+
+_PICK = "none (reads one output of the {} step)"
+
 _HEAD_BLOCKS = ("hector::head_blocks (Triton head_blocks kernel, its gradient one "
                 "head_blocks_bwd; torch: a stack and a product)")
 
@@ -113,7 +121,10 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
                                       _TRAVERSAL_KERNEL.format(kern) if kern else
                                       _gemm_op(step) if step.template == "gemm" else
                                       _HEAD_BLOCKS if step.body.op == Op.WBLOCKS else
-                                      _OPS[step.template]))
+                                      _PICK.format(step.body.attr("of"))
+                                      if step.template == "select" and step.body.attr("of")
+                                      else _cosine_op(step) if step.template == "cosine"
+                                      else _OPS[step.template]))
             out.extend(f"      {line}" for line in _step_kernels(step, graph, kernels))
         if title == "backward plan":
             out.append(_parameters_only(cp))
@@ -289,8 +300,15 @@ def _gemm_op(step) -> str:
     return _OPS["gemm"]
 
 
+def _cosine_op(step) -> str:
+    return _COSINE[step.body.op]
+
+
 def _step_kernels(step, graph, kernels: _Kernels) -> List[str]:
     """Lines naming the Triton kernels one plan step launches on the Triton backend."""
+    if step.template == "cosine":
+        return kernels.describe(
+            "cosine_qk" if step.body.op == Op.COSINE_QK else "cosine_qk_bwd", {}, None)
     spec = step.spec[0] if isinstance(step.spec, tuple) else step.spec
     if step.template == "gemm" and isinstance(spec, GemmSpec):
         return kernels.describe("segment_mm", gemm_params(spec),

@@ -70,6 +70,9 @@ class Op:
     # the fused attention's backward (made by autodiff of an ``attention`` node)
     ATTENTION_LSE = "attention_lse"     # the forward's per-destination log-sum-exp
     ATTENTION_BWD, PICK = "attention_bwd", "pick"   # every role's gradient; one of them
+    # AGNN's score inputs as one operator (q, k and each row's norm: made by fusion) and its
+    # backward (the gradients of x and beta: made by autodiff); read through ``pick`` too
+    COSINE_QK, COSINE_QK_BWD = "cosine_qk", "cosine_qk_bwd"
 
 
 UNARY = (Op.NEG, Op.EXP, Op.SIGMOID, Op.TANH, Op.GELU, Op.RELU, Op.LEAKY_RELU, Op.SCALE,
@@ -80,7 +83,7 @@ WEIGHT_OPS = (Op.PARAM, Op.WMUL, Op.WCOMBINE, Op.BLOCKDIAG, Op.WT, Op.WSCALE, Op
 #: Values with no computation of their own: passes leave them alone, lowering makes no step.
 LEAVES = (Op.INPUT, Op.PARAM, Op.CONST, Op.SAVED, Op.GRAD_OUTPUT, Op.ARG, Op.SEED)
 #: The score terms a fused ``attention`` node can read, in the order its arguments hold them.
-ATTENTION_ROLES = ("v", "q", "k", "a_src", "a_dst", "p", "bias", "seed")
+ATTENTION_ROLES = ("v", "q", "k", "a_src", "a_dst", "p", "bias", "seed", "k_norm")
 
 
 @dataclass(frozen=True)
@@ -471,7 +474,9 @@ def attention(roles: Dict[str, Value], shape: Tuple[int, int], scale: float,
     maps the terms present (:data:`ATTENTION_ROLES`) to their values (``bias``: a weight row
     of ``heads * dim`` added to every output row by the kernel's epilogue, rows without
     edges included; ``seed``: the dropout seed leaf, with ``dropout`` > 0: the attention
-    weights dropped as :func:`dropout` drops edge values).  Read them back with
+    weights dropped as :func:`dropout` drops edge values; ``k_norm``: a promise that k's rows
+    are v's divided by it, one value per node (:func:`cosine_qk`'s norm): the kernels form
+    each key from the v row they gather, and it carries no gradient).  Read them back with
     :func:`attention_roles`."""
     _need("v" in roles and set(roles) <= set(ATTENTION_ROLES),
           f"attention: roles must include 'v' and be among {ATTENTION_ROLES}, got {sorted(roles)}")
@@ -530,9 +535,55 @@ def joint_kv(b: Value) -> Value:
     return b.with_attrs(joint=True)
 
 
+def cosine_qk(x: Value, beta: Optional[Value] = None) -> Value:
+    """``k = normalize(x)``, ``q = beta k`` and the norm each row of ``x`` was divided by
+    (clamped at :data:`NORMALIZE_EPS`), as one operator (``hector::cosine_qk``: one pass over
+    x's rows).  ``beta``: a one-element shared weight, or None for 1 (``q`` equals ``k``).
+    A tuple-valued node: read ``q``, ``k`` (x's rows and shape) and ``norm`` (one value per
+    row) with :func:`pick`."""
+    _need(x.kind in ROW_KINDS and x.heads == 1,
+          f"cosine_qk: one head of row values (one norm per row), got {x.kind}{list(x.shape)}")
+    _need(beta is None or (beta.kind == WEIGHT and beta.per is None and beta.shape == (1,)),
+          "cosine_qk: beta must be a one-element shared weight")
+    return Value(Op.COSINE_QK, (x,) if beta is None else (x, beta), x.kind, x.shape)
+
+
+def cosine_qk_bwd(dq: Value, dk: Value, c: Value) -> Value:
+    """The gradients of :func:`cosine_qk` node ``c``'s inputs given those of its ``q`` and
+    ``k`` (``hector::cosine_qk_backward``: one pass over the rows, reading x and the norm).
+    A tuple-valued node: ``pick(.., "x")``, and ``pick(.., "beta")`` where ``c`` has a
+    beta.  Arguments: ``dq``, ``dk``, x, c's norm and k[, beta]."""
+    _need(c.op == Op.COSINE_QK, f"cosine_qk_bwd: not a cosine_qk node ({c.op})")
+    x, beta = c.args[0], c.args[1:]
+    _need(dq.kind == dk.kind == x.kind and dq.shape == dk.shape == x.shape,
+          "cosine_qk_bwd: dq and dk must match x")
+    return Value(Op.COSINE_QK_BWD, (dq, dk, x, pick(c, "norm"), pick(c, "k")) + beta, x.kind,
+                 x.shape, (("needs", ("x",) + (("beta",) if beta else ())),))
+
+
+def _cosine_outputs(b: Value) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+    """Role -> (kind, shape) of each output of a cosine_qk or cosine_qk_bwd node."""
+    if b.op == Op.COSINE_QK:
+        x = b.args[0]
+        return {"q": (x.kind, x.shape), "k": (x.kind, x.shape), "norm": (x.kind, (1, 1))}
+    return {r: (b.kind, b.shape) if r == "x" else (WEIGHT, (1,)) for r in b.attr("needs")}
+
+
+def pick_roles(b: Value) -> Tuple[str, ...]:
+    """The outputs of tuple-valued node ``b`` that :func:`pick` reads."""
+    if b.op in (Op.COSINE_QK, Op.COSINE_QK_BWD):
+        return tuple(_cosine_outputs(b))
+    return tuple(b.attr("needs")) + (("kv",) if b.attr("joint", False) else ())
+
+
 def pick(b: Value, role: str) -> Value:
     """Role ``role``'s gradient out of ``attention_bwd`` node ``b`` (rows and shape of the
-    role's value)."""
+    role's value), or one output of a cosine_qk or cosine_qk_bwd node (``of`` names it)."""
+    if b.op in (Op.COSINE_QK, Op.COSINE_QK_BWD):
+        outputs = _cosine_outputs(b)
+        _need(role in outputs, f"pick: {b.op} has no output {role!r} ({sorted(outputs)})")
+        kind, shape = outputs[role]
+        return Value(Op.PICK, (b,), kind, shape, (("of", b.op), ("role", role)))
     if role == "kv":      # the joint buffer of :func:`joint_kv`
         _need(b.attr("joint", False), "pick: 'kv' needs an attention backward made joint_kv")
         k, v = (b.args[b.attr("roles").index(r)] for r in ("k", "v"))
@@ -547,6 +598,21 @@ def kernel(template: str, body: Value, inputs: Sequence[Value]) -> Value:
     """A fused kernel of ``template`` computing ``body``, whose ``arg`` leaves are ``inputs``."""
     return Value(Op.KERNEL, tuple(inputs), body.kind, body.shape,
                  (("body", body), ("per", body.per), ("template", template)))
+
+
+def select_kernels(k: Value) -> Dict[str, Value]:
+    """Role -> the ``select`` kernel reading that output of kernel ``k``, whose body is a
+    ``cosine_qk`` (as fusion groups a ``pick``): lowering makes every one a step, read in
+    the forward or not, since a backward may keep any (the norm, where the attention
+    forms no key from it)."""
+    body = k.attr("body")
+    _need(k.op == Op.KERNEL and body.op == Op.COSINE_QK, "select_kernels: a cosine_qk kernel")
+    out = {}
+    for role in pick_roles(body):
+        p = pick(body, role)
+        out[role] = kernel("select", Value(Op.PICK, (arg(0, k),), p.kind, p.shape, p.attrs),
+                           (k,))
+    return out
 
 
 # -- walking ------------------------------------------------------------------------------

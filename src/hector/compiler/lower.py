@@ -19,6 +19,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from ..kernels.attention.spec import AttentionSpec
+from . import ir as N
 from .ir import (CDST, CSRC, EDGE, LEAVES, NODE, Op, Value, WEIGHT, arg, attention_lse,
                  attention_of_bwd, attention_roles, kernel, toposort)
 from ..kernels.segment_mm.spec import EXTRA_MAX_N, extra_max_cols
@@ -37,14 +38,16 @@ def template_of(v: Value) -> str:
         # 1.9M rows), or, paired with the weight gradient of the same dy, that kernel's
         # second output (``_bias_sums_with_wgrads``).
         return "gemm"
+    if v.op == Op.PICK:       # (before weights: a cosine_qk_bwd's beta gradient is one)
+        return "select"
     if v.kind == WEIGHT:
         return "weight"
     if v.op == Op.LINEAR:
         return "gemm"
     if v.op in (Op.ATTENTION, Op.ATTENTION_BWD):
         return "attention"
-    if v.op == Op.PICK:
-        return "select"
+    if v.op in (Op.COSINE_QK, Op.COSINE_QK_BWD):
+        return "cosine"
     return "traversal"
 
 
@@ -60,10 +63,14 @@ def lower(outputs: Sequence[Value], dtype: torch.dtype = torch.float32,
     attentions' schedule ('auto', 'node' or 'edge': :class:`~hector.compiler.plan.AttentionRows`)."""
     steps: List[Step] = []
     leaves: List[Value] = []
-    for v in toposort(outputs):
+    made = set()
+    for v in _with_selects(toposort(outputs)):
         if v.op in LEAVES:
             leaves.append(v)
             continue
+        if v in made:
+            continue
+        made.add(v)
         k = v if v.op == Op.KERNEL else single_kernel(v)
         template, body = k.attr("template"), k.attr("body")
         if any(b.op == Op.DROPOUT for b in toposort([body])):
@@ -79,6 +86,15 @@ def lower(outputs: Sequence[Value], dtype: torch.dtype = torch.float32,
                           inputs=v.args, output=v, spec=spec, note=note, extra=extra))
     steps = _bias_sums_with_wgrads(_extra_products(steps))
     return Plan(tuple(steps), tuple(outputs), tuple(leaves))
+
+
+def _with_selects(order):
+    """``order`` with each cosine_qk kernel followed by the select kernels of all its outputs
+    (``ir.select_kernels``: a backward may keep one the forward does not read)."""
+    for v in order:
+        yield v
+        if v.op == Op.KERNEL and v.attr("body").op == Op.COSINE_QK:
+            yield from N.select_kernels(v).values()
 
 
 def _dy_of(step: Step) -> Tuple[Value, str, str]:
@@ -202,6 +218,8 @@ def _spec(template: str, body: Value, dtype: torch.dtype,
           strategy: str = "auto") -> Tuple[object, str]:
     if template == "gemm":
         return gemm_spec(body, dtype)
+    if template == "select" and body.attr("of"):
+        return None, f"the {body.attr('role')} output of the {body.attr('of')} step (no kernel)"
     if template == "select":
         role = body.attr("role")
         return None, (f"the {role} gradient of the attention backward (no kernel)" if role != "kv"
@@ -213,6 +231,8 @@ def _spec(template: str, body: Value, dtype: torch.dtype,
         over = [r for r in ("v", "k") if r in body.attr("needs")]
         over = (f"; on Triton, d{' and d'.join(over)} written over the saved "
                 f"{' and '.join(over)} when only the backward holds them") if over else ""
+        if "k_norm" in body.attr("roles"):     # (the in-place op gathers its keys)
+            over = "; keys formed from v's rows and k_norm"
         return (spec, rows), (f"backward of the fused attention (op graph: {rows.graph}, "
                               f"sources: {rows.source} rows): gradients of "
                               f"{', '.join(body.attr('needs'))}{joint}{over}")
@@ -225,6 +245,13 @@ def _spec(template: str, body: Value, dtype: torch.dtype,
             if rows.dst_edge else "") + (
             "; source terms not stored per edge are read per edge by an edgewise map program"
             if rows.source == EDGE and not rows.score_on_edges else "")
+    if template == "cosine" and body.op == Op.COSINE_QK:
+        return None, ("k = normalize(x), q = beta k and each row's norm in one pass "
+                      "(hector::cosine_qk; torch: cosine_qk_torch)")
+    if template == "cosine":
+        grads = " and d".join(body.attr("needs"))
+        return None, (f"d{grads} of cosine_qk in one pass (hector::cosine_qk_backward; "
+                      "torch: cosine_qk_backward_torch)")
     if template == "weight" and body.op == Op.WBLOCKS:
         H = body.args[0].shape[0]
         return None, (f"weight-only, once per call: {len(body.args)} per-head column weights as "
@@ -270,5 +297,6 @@ def attention_spec(body: Value, dtype: torch.dtype,
     spec = AttentionSpec(heads=v.heads, dim_qk=q.dim if has_qk else 0, dim_v=v.dim,
                          has_qk=has_qk, has_src=has_src, has_dst=has_dst,
                          negative_slope=None if slope is None else float(slope),
-                         has_dropout="seed" in roles, dtype=dtype, dst_edge=rows.dst_edge)
+                         has_dropout="seed" in roles, dtype=dtype, dst_edge=rows.dst_edge,
+                         normed_k="k_norm" in roles)
     return spec, rows

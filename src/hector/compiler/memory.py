@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from . import ir as N
 from .ir import WEIGHT, Op, Value
 from .passes.common import GraphStats
 from .plan import Plan, Step
@@ -35,11 +36,13 @@ def value_bytes(v: Value, stats: GraphStats, itemsize: int = 4) -> int:
 
 def step_allocs(step: Step, size: Size) -> Dict[Value, int]:
     """The tensors ``step`` allocates, by the value that owns them.  A fused attention
-    backward owns every gradient it computes; a ``select`` step takes its role's share over
-    (it is a view: the bytes live while either the step's output or the pick is alive)."""
+    backward owns every gradient it computes, a cosine step its outputs; a ``select`` step
+    takes its role's share over (it is a view: the bytes live while either the step's
+    output or the pick is alive)."""
     if step.template == "select" or _is_view(step):
         return {step.output: 0}
-    if step.template == "attention" and step.body.op == Op.ATTENTION_BWD:
+    if (step.template == "attention" and step.body.op == Op.ATTENTION_BWD
+            or step.template == "cosine"):
         # (a joint buffer's "kv" share is k's and v's, counted once)
         return {step.output: sum(b for r, b in role_sizes(step, size).items() if r != "kv")}
     out = {step.output: size(step.output)}
@@ -70,7 +73,9 @@ def _is_view(step: Step) -> bool:
 
 
 def role_sizes(step: Step, size: Size) -> Dict[str, int]:
-    """An attention backward step's gradients' sizes, by role."""
+    """An attention backward step's gradients' sizes, by role; a cosine step's outputs'."""
+    if step.template == "cosine":
+        return {r: size(N.pick(step.body, r)) for r in N.pick_roles(step.body)}
     roles = step.body.attr("roles")
     sizes = {r: size(step.inputs[roles.index(r)]) for r in step.body.attr("needs")}
     if step.body.attr("joint", False):      # k and v in one buffer (ir.joint_kv)
@@ -85,6 +90,8 @@ def overwritten(step: Step, dead, overwritable) -> Tuple[Value, ...]:
     if not overwritable or step.template != "attention" or step.body.op != Op.ATTENTION_BWD:
         return ()
     roles = step.body.attr("roles")
+    if "k_norm" in roles:     # (the executor's _into_kv: keys formed from v are not written)
+        return ()
     mine = tuple(step.inputs[roles.index(r)] for r in ("v", "k")
                  if r in step.body.attr("needs") and r in roles)
     return mine if mine and all(v in overwritable and v in dead for v in mine) else ()

@@ -13,7 +13,9 @@ lowering (``lower``) produces and the executor (``execute``) runs.
 * ``weight``: a weight-only computation (weight products, basis combinations): tiny, once per
   call, never per row;
 * ``select``: one role's gradient out of a fused attention backward step (which computes
-  them all in one launch pair); no kernel.
+  them all in one launch pair), or one output of a ``cosine`` step; no kernel;
+* ``cosine``: AGNN's score inputs (q, k and each row's norm) in one kernel, or their
+  backward (``hector::cosine_qk``, ``hector::cosine_qk_backward``).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import Optional, Tuple
 
 from .ir import Value
 
-TEMPLATES = ("gemm", "traversal", "attention", "weight", "select")
+TEMPLATES = ("gemm", "traversal", "attention", "weight", "select", "cosine")
 
 
 @dataclass(frozen=True)

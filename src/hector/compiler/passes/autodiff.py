@@ -18,6 +18,10 @@ fuses it before autodiff wherever its backward kernels apply,
 gives every role's gradient from two traversals (by destination, by source) that recompute
 the scores on chip from the forward's log-sum-exp, so the backward holds no per-edge tensor.
 
+A ``cosine_qk`` (fusion's q, k and norm of AGNN's cosine score, ``fuse_cosine``) is
+differentiated as one operator too: the gradients of its q and k outputs (read through
+``pick``) give one ``cosine_qk_bwd``, x's and beta's gradients from one kernel.
+
 ``bind_saved`` decides what the backward reads from the forward: every forward value the
 fused forward plan materialises becomes a ``saved`` leaf; values that fusion kept on chip
 (edge softmax weights inside the attention kernel, say) are recomputed by the backward.
@@ -121,7 +125,7 @@ def _attention_adjoints(v: Value, g: Value) -> List[Tuple[Value, Value]]:
     <dk', k>``; an epilogue ``bias``'s gradient is the output gradient summed over rows."""
     roles = N.attention_roles(v)
     needs = tuple(r for r, a in roles.items()
-                  if r not in ("p", "bias", "seed") and a.op != Op.CONST)
+                  if r not in ("p", "bias", "seed", "k_norm") and a.op != Op.CONST)
     bwd = N.attention_bwd(v, g, N.attention_lse(v), needs)
     pairs = [(roles["bias"], _unbroadcast(N.reshape(g, 1), roles["bias"]))] \
         if "bias" in roles else []
@@ -133,6 +137,15 @@ def _attention_adjoints(v: Value, g: Value) -> List[Tuple[Value, Value]]:
         else:
             pairs.append((roles[role], d))
     return pairs
+
+
+def _cosine_adjoints(c: Value, g: Dict[str, Value]) -> List[Tuple[Value, Value]]:
+    """``cosine_qk`` node ``c``'s adjoint given its outputs' gradients ``g`` (role ->
+    gradient; the norm carries none): one ``cosine_qk_bwd`` for x and beta."""
+    x = c.args[0]
+    zero = N.const(x.kind, x.shape, 0.0)
+    b = N.cosine_qk_bwd(g.get("q", zero), g.get("k", zero), c)
+    return [(x, N.pick(b, "x"))] + [(beta, N.pick(b, "beta")) for beta in c.args[1:]]
 
 
 def _accumulate(prev: Value, contrib: Value) -> Value:
@@ -174,10 +187,19 @@ def differentiate(outputs: Sequence[Value]) -> Backward:
     for o, gl in zip(outputs, grad_leaves):
         grads[o] = N.binary(Op.ADD, grads[o], gl) if o in grads else gl
     roots = set(weight_roots(outputs))
+    # a tuple-valued node's outputs' gradients by role (its picks come before it here)
+    parts: Dict[Value, Dict[str, Value]] = {}
     for v in reversed(order):
-        if v not in grads or v.op in LEAVES or v in roots:
+        if v.op == Op.COSINE_QK and v in parts:
+            pairs = _cosine_adjoints(v, parts[v])
+        elif v not in grads or v.op in LEAVES or v in roots:
             continue
-        for arg, contrib in _adjoints(v, grads[v]):
+        elif v.op == Op.PICK:
+            parts.setdefault(v.args[0], {})[v.attr("role")] = grads[v]
+            continue
+        else:
+            pairs = _adjoints(v, grads[v])
+        for arg, contrib in pairs:
             if arg.op == Op.CONST or (arg.kind == WEIGHT and arg not in roots):
                 continue
             grads[arg] = _accumulate(grads[arg], contrib) if arg in grads else contrib
@@ -192,10 +214,11 @@ def differentiate(outputs: Sequence[Value]) -> Backward:
 def bind_saved(bwd: Backward, forward: Sequence[Value], materialised: Dict[Value, Value]) -> Backward:
     """Replace forward values the fused forward plan materialises (``materialised``: unfused
     value -> the plan value holding it; leaves map to themselves) with ``saved`` leaves.  An
-    attention's log-sum-exp is a forward value too (its kernel's second output).  Values
+    attention's log-sum-exp is a forward value too (its kernel's second output), and so is
+    each output of a tuple-valued forward node (a cosine_qk's norm, read or not).  Values
     :func:`recomputed` picks are rebuilt from the inputs in the backward instead of kept."""
     fwd_set = set(toposort(forward))
-    fwd_set.update(k for k in materialised if k.op == Op.ATTENTION_LSE)
+    fwd_set.update(k for k in materialised if k.op in (Op.ATTENTION_LSE, Op.PICK))
     again = recomputed(bwd.outputs, fwd_set & set(materialised))
     memo: Dict[Value, Value] = {}
     saved_values: List[Value] = []

@@ -54,11 +54,15 @@
    output linears: four launches and 2 GB of traffic per forward on synthetic mag).  A node
    linear added to a scatter epilogue's node rows (and a bias) adds them as its *addend*
    epilogue: RGCN's root GEMM stores ``x W_root + sum + b`` with no node-row pass after it.
+7. **cosine score inputs**: an attention's ``k = normalize(x)`` and ``q = k * beta`` (read by
+   nothing else) are one ``cosine_qk`` operator, q, k and the norm from one kernel; the
+   attention reads the norm where its v is x (AGNN: one row gathered per edge, not two).
 
 The pass is this module's ``run`` (and ``attention_for_autodiff``, the attentions fused
 before autodiff) over four modules below it: ``fuse_rewrite`` (the pass's name, the shared
-rewrite helpers), ``fuse_attention`` (point 1 and 4), ``fuse_gemm`` (the GEMM questions of
-3, 5 and 6) and ``fuse_group`` (point 2: operators grouped into kernels).
+rewrite helpers), ``fuse_attention`` (point 1 and 4), ``fuse_cosine`` (point 7),
+``fuse_gemm`` (the GEMM questions of 3, 5 and 6) and ``fuse_group`` (point 2: operators
+grouped into kernels).
 """
 from __future__ import annotations
 
@@ -69,6 +73,7 @@ from ..ir import NODE, Op, Value, rewrite
 from ..lower import single_kernel
 from .common import Decision
 from .fuse_attention import _fold_bias, fused_backward, match_attention
+from .fuse_cosine import fuse_cosine
 from .fuse_gemm import _split_scatter_sums
 from .fuse_group import _OPAQUE, _group
 from .fuse_rewrite import NAME
@@ -77,7 +82,8 @@ from .fuse_rewrite import NAME
 def attention_for_autodiff(outputs) -> Tuple[Tuple[Value, ...], Dict[Value, Value],
                                              List[Decision]]:
     """``outputs`` with each attention pattern that :func:`fused_backward` accepts replaced
-    by its fused ``attention`` operator (autodiff then differentiates it as one operator);
+    by its fused ``attention`` operator (autodiff then differentiates it as one operator),
+    and its cosine score inputs by ``cosine_qk`` as the forward has them (point 7);
     returns (outputs, original value -> its replacement, decisions)."""
     decisions: List[Decision] = []
     memo: Dict[Value, Value] = {}
@@ -95,8 +101,8 @@ def attention_for_autodiff(outputs) -> Tuple[Tuple[Value, ...], Dict[Value, Valu
                                   else why + ": differentiated through its operators"))
         return att if ok else None
 
-    fused_outputs = rewrite(outputs, fused, memo)
-    return _fold_bias(fused_outputs, memo, decisions), memo, decisions
+    fused_outputs = _fold_bias(rewrite(outputs, fused, memo), memo, decisions)
+    return fuse_cosine(fused_outputs, memo, decisions, "autodiff"), memo, decisions
 
 
 
@@ -126,6 +132,7 @@ def run(outputs, stats=None, enabled: bool = True, mapping: Optional[Dict[Value,
         return fused
 
     new_outputs = _fold_bias(rewrite(outputs, attention, memo), memo, decisions)
+    new_outputs = fuse_cosine(new_outputs, memo, decisions)
     new_outputs = _split_scatter_sums(new_outputs, memo, decisions, stats)
     made: Dict[Value, Value] = {}
     out = tuple(_group(new_outputs, decisions, made, stats))
@@ -140,5 +147,11 @@ def run(outputs, stats=None, enabled: bool = True, mapping: Optional[Dict[Value,
         # backward reads the output saved under it.
         mapping.update((v, k) for v, k in made.items()
                        if v.op == Op.ATTENTION and "bias" in v.attr("roles"))
+        # So do cosine_qk and its outputs (point 7), which replaced no original value; each
+        # output is a step, read in the forward or not (lowering: ``ir.select_kernels``).
+        for c, k in made.items():
+            if c.op == Op.COSINE_QK:
+                mapping[c] = k
+                mapping.update((N.pick(c, r), s) for r, s in N.select_kernels(k).items())
     return out, decisions
 

@@ -154,7 +154,8 @@ def run_attention(step, inputs: List[torch.Tensor], ix: GraphIndex, backend: str
     p, seed = _dropout(body, roles)
     return edge_attention_triton(g, *terms, scale=scale, negative_slope=slope, dropout=p,
                                  seed=seed, spec=spec, plan=plan, return_lse=True,
-                                 dst_index=_dst_index(rows, ix), bias=_bias(roles, terms[0]))
+                                 dst_index=_dst_index(rows, ix), bias=_bias(roles, terms[0]),
+                                 k_norm=_k_norm(roles))
 
 
 def _dropout(att: Value, roles) -> Tuple[float, Optional[torch.Tensor]]:
@@ -166,6 +167,12 @@ def _dropout(att: Value, roles) -> Tuple[float, Optional[torch.Tensor]]:
 def _bias(roles, v: torch.Tensor) -> Optional[torch.Tensor]:
     """The epilogue bias ``[H, Dv]`` of an attention step (its ``bias`` role), or None."""
     return roles["bias"][1].reshape(v.shape[1:]) if "bias" in roles else None
+
+
+def _k_norm(roles) -> Optional[torch.Tensor]:
+    """The ``[N]`` norm that k's rows are v's divided by (the ``k_norm`` role, a cosine_qk
+    step's ``[N, 1, 1]`` output: ``AttentionSpec.normed_k``), or None."""
+    return roles["k_norm"][1].reshape(-1) if "k_norm" in roles else None
 
 
 def _dst_index(rows: AttentionRows, ix: GraphIndex) -> Optional[torch.Tensor]:
@@ -240,11 +247,13 @@ def run_attention_bwd(step, inputs: List[torch.Tensor], ix: GraphIndex, backend:
     joint = body.attr("joint", False)
     flags = [r in needs for r in _OP_ROLES]
     p, seed = _dropout(att, roles)
+    k_norm = _k_norm(roles)
     grads = edge_attention_grads_triton(
         g, spec, plan, flags, grad, *terms, out, lse, att.attr("scale"), att.attr("slope"),
         dst_index=_dst_index(step.spec[1], ix), joint_kv=joint, bias=_bias(roles, terms[0]),
-        into_kv=p == 0 and _into_kv(terms, flags, owned),
-        dropout=p, seed=seed)
+        # (the in-place op takes no k_norm: its keys are gathered)
+        into_kv=p == 0 and k_norm is None and _into_kv(terms, flags, owned),
+        dropout=p, seed=seed, k_norm=k_norm)
     result = {}
     if joint:   # one [rows, H * (Dk + Dv)] buffer in k's slot; k and v are views of it
         kv = grads[2]

@@ -304,7 +304,8 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
                                 joint_kv: bool = False,
                                 bias: Optional[torch.Tensor] = None,
                                 into_kv: bool = False, dropout: float = 0.0,
-                                seed: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+                                seed: Optional[torch.Tensor] = None,
+                                k_norm: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """The fused backward as the ``hector::edge_attention_backward`` op, called directly by
     the compiler's backward plan (whose IR autodiff differentiated the attention as one
     operator): ``[dv, dq, dk, d a_src, d a_dst]`` for ``needs`` (same order), an empty tensor
@@ -319,10 +320,14 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
     ``into_kv``: dv and dk written over ``v`` and ``k`` themselves, which the caller reads
     for the last time here (``hector::edge_attention_backward_into``; they must need no
     copy and not overlap); the same return value, the gradients being those tensors (with
-    ``joint_kv``, :func:`joint_of` them: the buffer they are column slices of)."""
+    ``joint_kv``, :func:`joint_of` them: the buffer they are column slices of).
+
+    ``k_norm``: the forward's (``spec.normed_k``: k's rows are v's divided by it)."""
     _check_joint(joint_kv, needs[2], needs[0])
     if dropout > 0 and into_kv:
         raise ValueError("into_kv: the in-place backward takes no dropout")
+    if k_norm is not None and into_kv:
+        raise ValueError("into_kv: the in-place backward takes no k_norm")
     prepare_handles(graph, spec, plan)
     # (k and v go in as they are when written over: the op refuses what it would copy)
     tensors = [t if into_kv and name in ("k", "v") else _operand(t, name)
@@ -343,7 +348,7 @@ def edge_attention_grads_triton(graph, spec: AttentionSpec, plan: AttentionPlan,
                 out.contiguous(), lse.contiguous(), float(scale), negative_slope,
                 float(dropout), 0, "auto", launch_handle(graph, spec, plan), list(needs),
                 seed_tensor=seed_tensor(seed, v.device) if dropout > 0 else None,
-                dst_index=dst_index, joint_kv=joint_kv, bias=bias)
+                dst_index=dst_index, joint_kv=joint_kv, bias=bias, k_norm=k_norm)
 
 
 _OPERANDS = ("v", "q", "k", "a_src", "a_dst")
