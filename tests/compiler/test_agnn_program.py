@@ -2,8 +2,8 @@
 (``passes.fuse_cosine``): ``k = normalize(x)`` and ``q = k * beta`` become one ``cosine_qk``
 step, the attention forms its keys from v = x and the norm, autodiff makes one
 ``cosine_qk_bwd``.  Against PyG's AGNNConv, hector.nn's AGNNConv and the program without
-fusion: output and the gradients of x and beta, both backends; the rule's explain lines,
-and its declines where the pattern differs."""
+fusion: output and the gradients of x and beta, both backends; its launches against the
+layer's; the rule's explain lines, and its declines where the pattern differs."""
 import sys
 from pathlib import Path
 
@@ -14,6 +14,7 @@ import hector
 from hector.compiler import models
 from hector.compiler.explain import explain
 from hector.compiler.ir import Op
+from hector.compiler.launches import CallCounter, count_step, summary, total
 from hector.compiler.program import Program
 from hector.graph import with_self_loops
 from hector.nn import AGNNConv
@@ -83,7 +84,57 @@ def test_the_program_is_pyg_agnnconv_the_layer_and_the_unfused_program(backend, 
     assert "k_norm" in att.body.attr("roles") and att.spec[0].normed_k
 
 
-def test_explain_says_the_rule_applied():
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_frozen_beta_leaves_x_gradient_as_it_was(backend):
+    """beta needs no gradient: the backward's part narrows the cosine step to dx alone, and
+    x's gradient is PyG's."""
+    dev = device_for(backend)
+    graph, ei, x = _graph(dev), _edges(dev), _x(dev, torch.float32)
+    ours = hector.compile(models.agnn, in_dim=F, backend=backend).to(dev)
+    ref = pyg.AGNNConv(requires_grad=True).to(dev)
+    for m in (ours, ref):
+        with torch.no_grad():
+            m.beta.fill_(0.7)
+        m.beta.requires_grad_(False)
+    got, want = (_run(f, x, [], True) for f in (lambda t: ours(graph, x=t),
+                                                lambda t: ref(t, ei)))
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < 1e-5
+    cp = ours.program.compile_exact(graph)
+    part = cp.backward_part(tuple(t for t in cp.grad_targets if t.op == Op.INPUT)).plan
+    assert [s.body.attr("needs") for s in part.steps if s.template == "cosine"] == [("x",)]
+
+
+def _launches(f, params):
+    f().sum().backward()            # the first call plans and fills caches: not counted
+    step = count_step(f, device_for("triton").type, params)
+    with torch.no_grad(), CallCounter(device_for("triton").type) as inference:
+        f()
+    return step, inference.launches
+
+
+@pytest.mark.parametrize("x_grad", [False, True])
+def test_launches_no_more_than_the_layers(x_grad):
+    """Triton backend: forward and inference two launches (cosine_qk, the attention), the
+    backward no more than hector.nn.AGNNConv's on the same graph and features (without x's
+    gradient: the attention's destination side and beta's gradient as one dot)."""
+    dev = device_for("triton")
+    graph, x = _graph(dev), _x(dev, torch.float32).requires_grad_(x_grad)
+    ours = hector.compile(models.agnn, in_dim=F, backend="triton").to(dev)
+    layer = AGNNConv(backend="triton", add_self_loops=False).to(dev)
+    extra = [x] if x_grad else []
+    prog, prog_inf = _launches(lambda: ours(graph, x=x), list(ours.parameters()) + extra)
+    lay, _ = _launches(lambda: layer(x, graph), list(layer.parameters()) + extra)
+    for c in (prog["forward"], prog_inf):
+        assert total(c) <= 2, summary(c)
+        assert c["triton::cosine_qk_kernel"] == 1 and c["triton::attention_fwd_kernel"] == 1
+    assert total(prog["backward"]) <= total(lay["backward"]), (
+        summary(prog["backward"]), summary(lay["backward"]))
+    assert prog["backward"]["triton::cosine_qk_bwd_kernel"] == int(x_grad)
+    assert prog["backward"]["triton::attention_bwd_src_kernel"] == int(x_grad)
+
+
+def test_explain_says_the_rule_applied_and_the_part_without_x_is_narrowed():
     graph = _graph("cpu")
     text = explain(models.agnn, graph, in_dim=F)
     assert ("[fuse] applied: normalize + beta product -> cosine_qk -- one kernel writes q, k "
@@ -93,6 +144,14 @@ def test_explain_says_the_rule_applied():
     assert "hector::cosine_qk_backward (Triton cosine_qk_bwd kernel" in text
     forward = text.split("== forward plan")[1].split("ops called")[0]
     assert "cosine_node_cosine_qk" in forward and "traversal" not in forward
+    cp = hector.compile(models.agnn, in_dim=F).program.compile_exact(graph)
+    whole = cp.backward_plan.steps
+    assert [s.body.attr("needs") for s in whole if s.template == "cosine"] == [("x", "beta")]
+    part = cp.backward_part(tuple(t for t in cp.grad_targets if t.op != Op.INPUT)).plan
+    needs = {s.body.op: s.body.attr("needs") for s in part.steps
+             if s.body.op in (Op.ATTENTION_BWD, Op.COSINE_QK_BWD)}
+    assert needs == {Op.ATTENTION_BWD: ("q",), Op.COSINE_QK_BWD: ("beta",)}
+    assert not any(s.template == "traversal" for s in part.steps)     # (no dx sum)
 
 
 # -- where the pattern differs -------------------------------------------------------------

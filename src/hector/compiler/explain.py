@@ -136,8 +136,8 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
 def _parameters_only(cp) -> str:
     """Which backward steps run when no input needs a gradient (``BackwardStage.part``)."""
     part = cp.backward_part(tuple(t for t in cp.grad_targets if t.op != Op.INPUT))
-    kept = set(part.plan.steps)
-    steps = [i for i, s in enumerate(cp.backward_plan.steps) if s in kept]
+    kept = {s.output for s in part.plan.steps}      # (a step there may be narrowed)
+    steps = [i for i, s in enumerate(cp.backward_plan.steps) if s.output in kept]
     return (f"when the inputs need no gradient (a first layer's features, a mini-batch's "
             f"input rows), steps {steps} run ({len(steps)} of {len(cp.backward_plan.steps)}) "
             f"and the forward keeps {len(part.saved_values)} of {len(cp.saved_values)} "
@@ -301,13 +301,15 @@ def _gemm_op(step) -> str:
 
 
 def _cosine_op(step) -> str:
+    if "x" not in step.body.attr("needs", ("x",)):     # (lower.narrowed: dbeta alone)
+        return "torch.dot (dbeta = <dq, k>: x needs no gradient)"
     return _COSINE[step.body.op]
 
 
 def _step_kernels(step, graph, kernels: _Kernels) -> List[str]:
     """Lines naming the Triton kernels one plan step launches on the Triton backend."""
     if step.template == "cosine":
-        return kernels.describe(
+        return [] if "x" not in step.body.attr("needs", ("x",)) else kernels.describe(
             "cosine_qk" if step.body.op == Op.COSINE_QK else "cosine_qk_bwd", {}, None)
     spec = step.spec[0] if isinstance(step.spec, tuple) else step.spec
     if step.template == "gemm" and isinstance(spec, GemmSpec):

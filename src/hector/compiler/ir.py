@@ -552,13 +552,28 @@ def cosine_qk_bwd(dq: Value, dk: Value, c: Value) -> Value:
     """The gradients of :func:`cosine_qk` node ``c``'s inputs given those of its ``q`` and
     ``k`` (``hector::cosine_qk_backward``: one pass over the rows, reading x and the norm).
     A tuple-valued node: ``pick(.., "x")``, and ``pick(.., "beta")`` where ``c`` has a
-    beta.  Arguments: ``dq``, ``dk``, x, c's norm and k[, beta]."""
+    beta.  Arguments: ``dq``, ``dk``, x, c's norm and k[, beta]; :func:`narrow` to beta's
+    gradient alone reads ``dq``, k and beta (``<dq, k>``)."""
     _need(c.op == Op.COSINE_QK, f"cosine_qk_bwd: not a cosine_qk node ({c.op})")
     x, beta = c.args[0], c.args[1:]
     _need(dq.kind == dk.kind == x.kind and dq.shape == dk.shape == x.shape,
           "cosine_qk_bwd: dq and dk must match x")
     return Value(Op.COSINE_QK_BWD, (dq, dk, x, pick(c, "norm"), pick(c, "k")) + beta, x.kind,
                  x.shape, (("needs", ("x",) + (("beta",) if beta else ())),))
+
+
+def narrow(b: Value, roles) -> Value:
+    """Tuple-valued backward node ``b`` computing only the outputs ``roles`` (some of
+    :func:`pick_roles`), its arguments the ones those read: an ``attention_bwd``'s
+    ``needs``; a ``cosine_qk_bwd`` asked for beta alone reads ``dq``, k and beta."""
+    needs = tuple(r for r in b.attr("needs") if r in roles)
+    _need(b.op in (Op.ATTENTION_BWD, Op.COSINE_QK_BWD) and needs and not b.attr("joint"),
+          f"narrow: {b.op} to {sorted(roles)}")
+    attrs = tuple((k, needs if k == "needs" else v) for k, v in b.attrs)
+    args = b.args
+    if b.op == Op.COSINE_QK_BWD and "x" not in needs:
+        args = (args[0], args[4], args[5])
+    return Value(b.op, args, b.kind, b.shape, attrs)
 
 
 def _cosine_outputs(b: Value) -> Dict[str, Tuple[str, Tuple[int, ...]]]:

@@ -209,6 +209,43 @@ def _extra_products(steps: List[Step]) -> List[Step]:
     return [merged.get(k, t) for k, t in enumerate(steps) if k not in gone]
 
 
+def narrowed(plan: Plan, outputs: Tuple[Value, ...]) -> Plan:
+    """``plan.pruned(outputs)`` with each attention or cosine backward step computing only
+    the gradients its remaining ``select`` steps read (``ir.narrow``), and the steps only
+    the others needed left out too: a backward whose inputs need no gradient (a first
+    layer's features) launches nothing for them (AGNN's: no source-side attention kernel,
+    beta's gradient one dot)."""
+    plan = plan.pruned(outputs)
+    need, picked, keep = set(plan.outputs), {}, []
+    for step in reversed(plan.steps):
+        if step.output not in need and (step.extra is None or step.extra not in need):
+            continue
+        if step.template == "select":
+            picked.setdefault(step.inputs[0], set()).add(step.body.attr("role"))
+        elif step.body.op in (Op.ATTENTION_BWD, Op.COSINE_QK_BWD):
+            step = _narrow_step(step, picked.get(step.output, set()))
+        keep.append(step)
+        need.update(step.inputs)
+    return Plan(tuple(reversed(keep)), plan.outputs, tuple(v for v in plan.leaves if v in need))
+
+
+def _narrow_step(step: Step, roles) -> Step:
+    """``step`` (a tuple-valued backward) computing only ``roles``, its inputs renumbered to
+    the ones they read; as it was where it computes nothing more (or a joint k|v buffer)."""
+    body = step.body
+    if not roles or "kv" in roles or body.attr("joint") or roles >= set(body.attr("needs")):
+        return step
+    small = N.narrow(body, roles)
+    olds = list(dict.fromkeys(a.attr("index") for a in small.args))
+    args = tuple(arg(olds.index(a.attr("index")), a) for a in small.args)
+    body = Value(small.op, args, small.kind, small.shape, small.attrs)
+    dtype, strategy = ((step.spec[0].dtype, step.spec[1].strategy)
+                       if step.template == "attention" else (None, "auto"))
+    spec, note = _spec(step.template, body, dtype, strategy)
+    return replace(step, body=body, inputs=tuple(step.inputs[i] for i in olds), spec=spec,
+                   note=note)
+
+
 def _name(template: str, body: Value) -> str:
     ops = [b.op for b in toposort([body]) if b.op != Op.ARG]
     return f"{template}_{body.kind}_" + "_".join(dict.fromkeys(ops))
@@ -248,6 +285,8 @@ def _spec(template: str, body: Value, dtype: torch.dtype,
     if template == "cosine" and body.op == Op.COSINE_QK:
         return None, ("k = normalize(x), q = beta k and each row's norm in one pass "
                       "(hector::cosine_qk; torch: cosine_qk_torch)")
+    if template == "cosine" and "x" not in body.attr("needs"):
+        return None, "dbeta of cosine_qk alone (x needs no gradient): <dq, k>, one dot"
     if template == "cosine":
         grads = " and d".join(body.attr("needs"))
         return None, (f"d{grads} of cosine_qk in one pass (hector::cosine_qk_backward; "

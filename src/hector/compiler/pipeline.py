@@ -45,7 +45,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .ir import Op, Value, attention_lse, toposort
-from .lower import lower
+from .lower import lower, narrowed
 from .passes import autodiff, canonicalize, compact, fuse as fusion, reorder, siblings
 from .passes.common import Cheaper, Decision, GraphStats
 from . import schedule
@@ -113,15 +113,16 @@ class BackwardStage:
 
     def part(self, targets: Tuple[Value, ...], forward_plan: Plan) -> "BackwardPart":
         """What the gradients of ``targets`` alone need (``grad_targets`` order; all of them:
-        the whole stage): the backward plan pruned to them, the forward values it reads and
-        the forward's releases keeping just those (the rest is freed in the forward, as
-        when nothing records)."""
+        the whole stage): the backward plan pruned to them (``lower.narrowed``: its
+        attention and cosine backwards computing only the gradients they need), the forward
+        values it reads and the forward's releases keeping just those (the rest is freed in
+        the forward, as when nothing records)."""
         found = self.parts.get(targets)
         if found is None:
             outs = tuple(o for t, o in zip(self.grad_targets, self.backward_plan.outputs)
                          if t in targets)
             plan = (self.backward_plan if len(outs) == len(self.backward_plan.outputs)
-                    else self.backward_plan.pruned(outs))
+                    else narrowed(self.backward_plan, outs))
             read = set(plan.leaves)
             kept = [i for i, leaf in enumerate(self.saved_leaves) if leaf in read]
             saved_values = tuple(self.saved_values[i] for i in kept)

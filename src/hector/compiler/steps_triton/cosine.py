@@ -30,7 +30,8 @@ def _beta(args: List[torch.Tensor], at: int, x: torch.Tensor, ix: GraphIndex) ->
 def run_cosine(step, inputs: List[torch.Tensor], ix: GraphIndex,
                backend: str) -> Dict[str, torch.Tensor]:
     """A cosine step's outputs by role: ``q``, ``k`` (x's ``[rows, 1, D]``) and ``norm``
-    (``[rows, 1, 1]``, fp32 on Triton), or the gradients ``x`` and, with a beta, ``beta``."""
+    (``[rows, 1, 1]``, fp32 on Triton), or the gradients ``x`` and, with a beta, ``beta``
+    (beta's alone where the step was narrowed to it: ``ir.narrow``)."""
     body = step.body
     args = per_argument(body, inputs)
     if body.op == Op.COSINE_QK:
@@ -40,6 +41,9 @@ def run_cosine(step, inputs: List[torch.Tensor], ix: GraphIndex,
         q, k, norm = (call(cosine_qk_op, flat.contiguous(), beta) if backend == "triton"
                       else cosine_qk_torch(flat, beta))
         return {"q": q.view(x.shape), "k": k.view(x.shape), "norm": norm.view(-1, 1, 1)}
+    if "x" not in body.attr("needs"):       # (ir.narrow) beta's alone: <dq, k>, one launch
+        dq, k, beta = args
+        return {"beta": torch.dot(dq.reshape(-1), k.reshape(-1)).reshape(beta.shape)}
     dq, dk, x, norm = (t.flatten(1) for t in args[:4])
     beta = _beta(args, 5, x, ix)
     if backend == "triton":
