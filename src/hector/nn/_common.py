@@ -64,17 +64,21 @@ def no_edge_features(edge_attr, layer: str) -> None:
 def load_from_pyg(module: torch.nn.Module, pyg_module: torch.nn.Module,
                   unused: tuple = ()) -> torch.nn.Module:
     """Copy a PyG layer's parameters (our layers use PyG's parameter names) and match its
-    device and dtype.  ``unused``: name prefixes of PyG parameters that this configuration of
-    the PyG layer owns but never uses in its forward (left out)."""
+    device and dtype (of its first parameter, else of its first floating buffer: PyG's
+    ``AGNNConv`` with a fixed beta has only that).  Moved first, then copied: a float64
+    value is not rounded through our float32 tensors.  ``unused``: name prefixes of PyG
+    parameters that this configuration of the PyG layer owns but never uses in its forward
+    (left out)."""
     state = {k: v for k, v in pyg_module.state_dict().items()
              if not any(k.startswith(p) for p in unused)}
+    ref = next(itertools.chain(pyg_module.parameters(),
+                               (b for b in pyg_module.buffers() if b.is_floating_point())), None)
+    if ref is not None:
+        module.to(device=ref.device, dtype=ref.dtype)
     missing, unexpected = module.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"cannot take over {type(pyg_module).__name__}'s parameters: missing "
                          f"{missing}, unexpected {unexpected}")
-    ref = next(iter(pyg_module.parameters()), None)
-    if ref is not None:
-        module.to(device=ref.device, dtype=ref.dtype)
     return module.train(pyg_module.training)
 
 
