@@ -154,3 +154,19 @@ def test_transformer_from_pyg_without_root_weight(concat, beta):
     theirs = dict(ref.named_parameters())
     for name, p in ours.named_parameters():
         torch.testing.assert_close(p.grad, theirs[name].grad, rtol=1e-5, atol=1e-6)
+
+
+def test_from_pyg_keeps_a_float64_layers_values_exactly():
+    """A float64 PyG layer's values arrive unrounded (moved to its dtype, then copied), and a
+    PyG layer whose only floating state is a buffer (AGNN with a fixed beta) sets our dtype."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    torch.manual_seed(0)
+    ref = pyg.GATConv(4, 3, heads=2).double()
+    with torch.no_grad():
+        ref.bias.fill_(0.1)              # (not representable in float32)
+    ours = GATConv.from_pyg(ref, backend="torch")
+    theirs = dict(ref.named_parameters())
+    for name, p in ours.named_parameters():
+        assert p.dtype == torch.float64 and torch.equal(p, theirs[name]), name
+    fixed = AGNNConv.from_pyg(pyg.AGNNConv(requires_grad=False).double(), backend="torch")
+    assert fixed.beta.dtype == torch.float64
