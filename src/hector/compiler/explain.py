@@ -114,7 +114,10 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
     for title, plan in (("forward plan", cp.forward_plan), ("backward plan", cp.backward_plan)):
         if plan is None or (title == "backward plan" and not backward):
             continue
-        out += ["", f"== {title} ({len(plan.steps)} kernels)", plan.describe(), "", "ops called:"]
+        picks = sum(step.template == "select" for step in plan.steps)   # (launch nothing)
+        out += ["", f"== {title} ({len(plan.steps)} steps"
+                + (f", {picks} of them output picks that launch nothing" if picks else "")
+                + ")", plan.describe(), "", "ops called:"]
         for i, step in enumerate(plan.steps):
             kern = step.spec.kernel if step.template == "traversal" else None
             out.append(f"  [{i}] " + (_EDGEWISE_KERNEL if kern == "edgewise" else
