@@ -50,31 +50,38 @@ def profile(fn, path, steps=10):
         f.write(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
 
 
+def step_of(module, x, call):
+    """A training step as a loop makes it: zero_grad, ``call(x)``, sum, backward."""
+    def step():
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+        call(x).sum().backward()
+    return step
+
+
+def capture(step) -> torch.cuda.CUDAGraph:
+    """``step`` captured in a plain ``torch.cuda.graph`` after three warm-up calls on a side
+    stream, as a user would capture it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):     # (warm calls of a hector layer replay here)
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 def linear_floor(W, features=64):
     """Eager, manual-capture and reduce-overhead steps of one ``nn.Linear`` (the same step:
     zero_grad, forward, sum, backward), ms each."""
     lin = torch.nn.Linear(features, features).to(W.device)
     x = W.x(features).detach().clone().requires_grad_()
-
-    def step_with(call):
-        def step():
-            lin.zero_grad(set_to_none=True)
-            x.grad = None
-            call(x).sum().backward()
-        return step
-    row = {"eager ms": per_step(step_with(lin))}
-    eager = step_with(lin)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            eager()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        eager()
-    row["manual capture ms"] = per_step(graph.replay)
-    row["compile RO ms"] = per_step(step_with(torch.compile(lin, mode="reduce-overhead")))
+    row = {"eager ms": per_step(step_of(lin, x, lin))}
+    row["manual capture ms"] = per_step(capture(step_of(lin, x, lin)).replay)
+    row["compile RO ms"] = per_step(step_of(lin, x, torch.compile(lin, mode="reduce-overhead")))
     return row
 
 
@@ -85,11 +92,7 @@ def check(layer_name, W, features=64, profile_dir=None):
     row = {}
 
     def step_with(call):
-        def step():
-            ours.zero_grad(set_to_none=True)
-            x.grad = None
-            call(x).sum().backward()
-        return step
+        return step_of(ours, x, call)
     eager = step_with(suites.caller(layer_name, ours, W, False))
     for _ in range(4):
         eager()
@@ -100,15 +103,7 @@ def check(layer_name, W, features=64, profile_dir=None):
     except Exception as exc:           # noqa: BLE001 (reported, not fatal)
         row["compile"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):     # (as a user would: warm calls replay here)
-            for _ in range(3):
-                eager()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            eager()
+        graph = capture(eager)
         graph.replay()
         torch.cuda.synchronize()
         got = x.grad.clone()
