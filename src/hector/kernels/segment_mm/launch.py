@@ -189,6 +189,9 @@ def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Bounds,
     ``(dW, db)``, ``db [S, N]`` the per-segment sums of the dy rows (a bias gradient) from the
     same pass over dy; with ``csr`` (ptr, col, val) the rows ``a_r`` are that CSR's row
     ``gather[r]`` summed over ``x`` (the forward's CSR prologue, ``spec.has_csr``)."""
+    rows = dense_wgrad_rows(spec, bounds, x, dy, csr)
+    if rows is not None:
+        return _wgrad_dense(rows, x, dy, weight, spec.transpose_weight, sums)
     meta = sched.wgrad_meta
     kt, nt = _cdiv(spec.K, meta["BLOCK_K"]), _cdiv(spec.N, meta["BLOCK_N"])
     rows = wgrad_rows(sched, total_rows(bounds), kt * nt, x.device)
@@ -213,6 +216,33 @@ def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Bounds,
     if sums:
         return dw.to(weight.dtype), db.to(weight.dtype)
     return dw.to(weight.dtype)
+
+
+def dense_wgrad_rows(spec: GemmSpec, bounds: Bounds, x: torch.Tensor, dy: torch.Tensor,
+                     csr=None) -> Optional[Tuple[int, int]]:
+    """The rows ``(lo, hi)`` when ``dW`` is one plain product ``x[lo:hi]^T dy[lo:hi]`` on a
+    GPU (one segment of host bounds, rows neither gathered nor scattered, no prologue, in
+    IEEE fp32 or a half type), else None.  That product is cuBLAS's: on such dense shapes
+    its split-K GEMM beats the segment kernel's row runs and atomics (169343 x 128 x 128 on
+    the H200: 0.128 ms against 0.196-0.316; docs/perf-notes.md, "Segment GEMM"), and a
+    projection over all nodes (GAT's, a relational layer's root weight) is exactly this."""
+    if (csr is not None or spec.has_gather or spec.has_scatter or spec.prologue is not None
+            or spec.input_precision != "ieee" or isinstance(bounds, DeviceBounds)
+            or len(bounds) != 2 or x.device.type != "cuda" or interpreting()
+            or dy.dtype != x.dtype):
+        return None
+    return int(bounds[0]), int(bounds[1])
+
+
+def _wgrad_dense(rows: Tuple[int, int], x, dy, weight, transpose: bool, sums: bool):
+    """``launch_wgrad``'s result for :func:`dense_wgrad_rows`' case, by ``torch.mm``."""
+    lo, hi = rows
+    a, g = x[lo:hi], dy[lo:hi]
+    dw = (torch.mm(g.t(), a) if transpose else torch.mm(a.t(), g)).unsqueeze(0)
+    dw = dw.to(weight.dtype)
+    if sums:
+        return dw, g.sum(0, keepdim=True).to(weight.dtype)
+    return dw
 
 
 ScheduleChoice = Union[None, str, GemmSchedule]
