@@ -83,6 +83,14 @@ def test_the_pipeline_fuses_it_into_one_attention_on_node_rows():
     assert {s.spec[1].rows for s in fwd if s.template == "gemm"} == {NODE}
     bwd = [s for s in cp.backward_plan.steps if s.template == "attention"]
     assert len(bwd) == 1 and bwd[0].body.op == Op.ATTENTION_BWD
+    # z's gradient, the value gradient plus the scores' gradients times the attention
+    # vectors, is one GEMM adding the value gradient as it stores (the addend epilogue): no
+    # node-row pass adds the two
+    added = [s for s in cp.backward_plan.steps
+             if s.template == "gemm" and s.spec is not None and s.spec[0].has_addend]
+    assert len(added) == 1 and "addend epilogue" in added[0].note
+    assert not [s for s in cp.backward_plan.steps
+                if s.template == "traversal" and s.body.op == Op.ADD]
 
 
 def _one_vector(m, in_dim, out_dim, heads):

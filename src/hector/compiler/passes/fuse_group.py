@@ -211,13 +211,15 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
 
     def addend_epilogue(v: Value) -> Optional[Tuple[Value, Optional[Value], Value]]:
         """(linear, bias or None, addend) when ``v`` is ``add(add(linear, addend), bias)``
-        or ``add(linear, addend)`` (either order inside each add) and the addend is a
-        scatter-epilogue GEMM's output (``gemm_scatter``): RGCN's root linear then adds the
-        relation sum its GEMM left in a node buffer, and the bias, as it stores its rows,
-        instead of a node-row pass reading three node tensors and writing a fourth (433 us
-        of RGCN's 6.9 ms forward on synthetic wikikg2, H200).  The linear: node rows, read
-        by this add alone, one weight per segment (not per head), bias as ``epilogue``
-        takes one."""
+        or ``add(linear, addend)`` (either order inside each add) and the addend is node
+        rows another step writes anyway: a scatter-epilogue GEMM's output (``gemm_scatter``:
+        RGCN's root linear then adds the relation sum its GEMM left in a node buffer, and
+        the bias, as it stores its rows, instead of a node-row pass reading three node
+        tensors and writing a fourth: 433 us of RGCN's 6.9 ms forward on synthetic wikikg2,
+        H200), or a kernel's output, a pick of one or a leaf (GAT's backward adds the
+        attention's value gradient to its scores' gradient times the attention vectors: one
+        node-row pass and one ``[N, F]`` buffer fewer).  The linear: node rows, read by this
+        add alone, one weight per segment (not per head), bias as ``epilogue`` takes one."""
         if v.op != Op.ADD or v.kind == WEIGHT:
             return None
         bias = next((a for a in v.args if a.kind == WEIGHT), None)
@@ -230,7 +232,8 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
         lin = [a for a in inner.args if a.op == Op.LINEAR]
         rest = [a for a in inner.args if a.op != Op.LINEAR]
         if len(lin) != 1 or len(rest) != 1 or not (gemm_scatter(rest[0])
-                                                    or gemm_csr_scatter(rest[0])):
+                                                    or gemm_csr_scatter(rest[0])
+                                                    or rest[0].op in _OPAQUE + (Op.PICK,)):
             return None
         (lin,), (addend,) = lin, rest
         if (consumers[lin] > 1 or lin in is_output or len(_stored_weight(lin).shape) != 2
@@ -244,8 +247,10 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
         lin, bias, addend = addend_epilogue(v)
         decisions.append(Decision(
             NAME, "sum into linear (addend epilogue)", True,
-            "the node GEMM adds the scatter GEMM's node rows" + (" and the bias" if bias else "")
-            + " as it stores its rows: no node-row pass over three inputs"))
+            "the node GEMM adds the " + ("scatter GEMM's node rows" if addend.op not in _OPAQUE + (Op.PICK,)
+                                         else "node rows another step wrote")
+            + (" and the bias" if bias else "") + " as it stores its rows: no node-row pass "
+            "over its inputs"))
         linear = build(lin, inputs)          # (x and W become the kernel's arguments 0, 1)
         if bias is not None:
             linear = N.binary(Op.ADD, linear, _placeholder(materialise(bias), inputs))
