@@ -8,6 +8,7 @@ Usage (no network needed)::
     python scripts/gpu_gemm_check.py                 # M=2M rows, S=4 and 100, K=N=64 and 128
     python scripts/gpu_gemm_check.py --quick         # M=200k, one S and width
     python scripts/gpu_gemm_check.py --autotune      # schedule='autotune' for the Triton path
+    python scripts/gpu_gemm_check.py --dense-wgrad   # one dense segment's dW: kernel / cuBLAS
 
 Columns: ``fwd``/``bwd`` milliseconds (bwd = dx + dW), speed-up of Triton over the torch
 backend, the dense matmul's time, achieved TFLOP/s (2*M*K*N per pass) and TB/s counting the
@@ -123,6 +124,33 @@ def print_row(row=None):
               flush=True)
 
 
+def dense_wgrad_table(rows_list, shapes, dtype) -> None:
+    """One dense segment's weight gradient ``x^T dy`` (no gather, no scatter), the segment
+    kernel (row runs, atomics) against ``torch.mm`` (what ``launch.dense_wgrad_rows``
+    chooses): the data behind that rule."""
+    from hector.kernels.segment_mm import launch
+    from hector.kernels.segment_mm.spec import GemmSpec, default_schedule
+    rule = launch.dense_wgrad_rows
+    print("| rows | K | N | kernel ms | cuBLAS ms | kernel / cuBLAS | rule picks |")
+    print("|---|---|---|---|---|---|---|")
+    for m in rows_list:
+        for k, n in shapes:
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            dy = torch.randn(m, n, device="cuda", dtype=dtype)
+            spec = GemmSpec.of(x, None, None, False, n)
+            like = torch.empty((1, k, n), device="cuda", dtype=dtype)
+            call = (spec, default_schedule(spec), (0, m), x, None, dy, None, like)
+            picks = "cuBLAS" if rule(spec, (0, m), x, dy) is not None else "kernel"
+            try:
+                launch.dense_wgrad_rows = lambda *a, **kw: None
+                t_kernel = bench(lambda: launch.launch_wgrad(*call))
+            finally:
+                launch.dense_wgrad_rows = rule
+            t_mm = bench(lambda: torch.mm(x.t(), dy))
+            print(f"| {m} | {k} | {n} | {t_kernel:.4f} | {t_mm:.4f} | {t_kernel / t_mm:.2f} "
+                  f"| {picks} |", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int)
@@ -133,10 +161,18 @@ def main(argv=None):
                         choices=["gather", "gather+scatter"])
     parser.add_argument("--autotune", action="store_true")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--dense-wgrad", action="store_true",
+                        help="only the table of one dense segment's weight gradient")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: this script checks the Triton kernels on a GPU", file=sys.stderr)
         return 2
+    if args.dense_wgrad:
+        dense_wgrad_table(
+            [args.rows] if args.rows else [20_000, 169_343, 500_000, 1_000_000, 2_000_000],
+            [(d, d) for d in args.dims] if args.dims else [(64, 64), (128, 64), (128, 128)],
+            DTYPES[args.dtypes[0]] if args.dtypes != ["fp32", "bf16"] else torch.float32)
+        return 0
     import triton
     from hector.kernels.segment_mm.op import segment_mm
     # --quick changes the defaults only; explicit sizes win.

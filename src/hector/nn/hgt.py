@@ -30,7 +30,9 @@ def _pieces(out: torch.Tensor, slices) -> Dict[str, torch.Tensor]:
     pieces of one ``torch.split`` over all of ``out``'s rows: its backward concatenates the
     pieces' gradients once (rows no piece returns get zeros).  A slice per type would give
     each its own full-height zeroed gradient, summed by autograd: on synthetic mag 3 fills and
-    2 adds of 1.9M x 64 rows, 1 ms of a 30 ms training step."""
+    2 adds of 1.9M x 64 rows, 1 ms of a 30 ms training step.  Under autograd each piece is
+    copied out of the split (one pass over the returned rows), so that it can be modified
+    in place as any layer's output can."""
     sizes, index, at = [], {}, 0
     for t, lo, hi in slices:
         if lo > at:
@@ -41,6 +43,11 @@ def _pieces(out: torch.Tensor, slices) -> Dict[str, torch.Tensor]:
     if at < out.shape[0]:
         sizes.append(out.shape[0] - at)
     parts = torch.split(out, sizes)
+    if out.requires_grad and torch.is_grad_enabled():
+        # (the pieces of a split may not be modified in place under autograd, PyG's outputs
+        # may: a copy of each returned piece, whose gradients still meet in the split's one
+        # backward)
+        return {t: parts[i].clone() for t, i in index.items()}
     return {t: parts[i] for t, i in index.items()}
 
 
