@@ -1,5 +1,5 @@
-"""The weight gradient of one dense segment (rows neither gathered nor scattered) on a GPU
-is cuBLAS's product (``launch.dense_wgrad_rows``): which cases take it, that its result
+"""The weight gradient of one dense segment (rows neither gathered nor scattered, not too
+many of them) on a GPU is cuBLAS's product (``launch.dense_wgrad_rows``): which cases take it, that its result
 equals the segment kernel's (dW plain and stored transposed, with and without the bias
 sums), and that every other case keeps the kernel."""
 import pytest
@@ -32,6 +32,9 @@ def test_the_dense_case_is_chosen_only_on_a_gpu_for_one_plain_segment(monkeypatc
     assert launch.dense_wgrad_rows(_spec(x), (0, 4, 10), g, dy) is None   # two segments
     assert launch.dense_wgrad_rows(_spec(x), (0, 10), g, dy, csr=(idx,) * 3) is None
     assert launch.dense_wgrad_rows(_spec(x), (0, 10), g, dy.double()) is None
+    tall = launch.DENSE_WGRAD_MAX_ROWS
+    assert launch.dense_wgrad_rows(_spec(x), (5, 5 + tall), g, dy) == (5, 5 + tall)
+    assert launch.dense_wgrad_rows(_spec(x), (0, tall + 1), g, dy) is None   # the kernel's
     monkeypatch.setattr(launch, "interpreting", lambda: True)
     assert launch.dense_wgrad_rows(_spec(x), (0, 10), g, dy) is None
 

@@ -218,18 +218,27 @@ def launch_wgrad(spec: GemmSpec, sched: GemmSchedule, bounds: Bounds,
     return dw.to(weight.dtype)
 
 
+#: The most rows a dense weight gradient hands to cuBLAS (``dense_wgrad_rows``).  Measured
+#: (docs/perf-notes.md, "Segment GEMM" and "Attention layers"): at 169k rows cuBLAS's
+#: product is faster (H200, 169343 x 128 x 128: 0.128 ms against the kernel's 0.196); at
+#: 1.94M rows x 64 x 64 (RGCN's root weight on synthetic mag, H100) the kernel's many row runs
+#: are faster (the step 0.1 ms slower with cuBLAS); 882k rows (am) was even.  Between the
+#: two, a power of two; `scripts/gpu_gemm_check.py --dense-wgrad` tables the crossover.
+DENSE_WGRAD_MAX_ROWS = 1 << 19
+
+
 def dense_wgrad_rows(spec: GemmSpec, bounds: Bounds, x: torch.Tensor, dy: torch.Tensor,
                      csr=None) -> Optional[Tuple[int, int]]:
     """The rows ``(lo, hi)`` when ``dW`` is one plain product ``x[lo:hi]^T dy[lo:hi]`` on a
-    GPU (one segment of host bounds, rows neither gathered nor scattered, no prologue, in
-    IEEE fp32 or a half type), else None.  That product is cuBLAS's: on such dense shapes
-    its split-K GEMM beats the segment kernel's row runs and atomics (169343 x 128 x 128 on
-    the H200: 0.128 ms against 0.196-0.316; docs/perf-notes.md, "Segment GEMM"), and a
-    projection over all nodes (GAT's, a relational layer's root weight) is exactly this."""
+    GPU (one segment of host bounds, at most ``DENSE_WGRAD_MAX_ROWS`` rows, neither gathered
+    nor scattered, no prologue, in IEEE fp32 or a half type), else None.  That product is
+    cuBLAS's: on such shapes its GEMM beats the segment kernel's row runs and atomics, and
+    a projection over a graph's nodes (GAT's, a relational layer's root weight) is exactly
+    this."""
     if (csr is not None or spec.has_gather or spec.has_scatter or spec.prologue is not None
             or spec.input_precision != "ieee" or isinstance(bounds, DeviceBounds)
             or len(bounds) != 2 or x.device.type != "cuda" or interpreting()
-            or dy.dtype != x.dtype):
+            or dy.dtype != x.dtype or bounds[1] - bounds[0] > DENSE_WGRAD_MAX_ROWS):
         return None
     return int(bounds[0]), int(bounds[1])
 
