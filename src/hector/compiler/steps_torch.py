@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from ..graph.build import (counts_of, counts_to_ptr, host_constant, sort_key, sorted_ptr,
                            take_rows)
+from ..graph.capacity import with_compact_maps
 from ..kernels.activations import gelu_grad
 from ..kernels.traversal.reference import edge_softmax_torch
 from ..kernels.attention.reference import dropout_keep
@@ -27,7 +28,7 @@ class GraphIndex:
 
     def __init__(self, graph):
         self.graph = graph
-        g = graph
+        g = with_compact_maps(graph)
         self.rows = {NODE: g.num_nodes, EDGE: g.num_edges, CSRC: g.compact_src.num_rows,
                      CDST: g.compact_dst.num_rows}
         self._idx: Dict[tuple, torch.Tensor] = {}

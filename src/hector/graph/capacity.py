@@ -25,7 +25,9 @@ past the real ones the last relation and node, and destination slots past the ba
 sink each in turn (a scatter by destination slot never lands on a real node, nor piles on
 one row).  The compiled relational layers run on such blocks with no host read: their
 segment GEMMs take the device bounds, their traversal CSRs are built without reads and
-walked in one bin of whole rows.
+walked in one bin of whole rows.  A block of one relation and node type gets the same
+compact maps (bounds too) when a compiled program first asks for them
+(:func:`with_compact_maps`), so the compiled attention layers (GAT) run on it the same way.
 
 The block's degree statistics are its bounds: in-degree at most ``width`` (``+ 1``), mean
 ``edges / nodes``; a source's out-degree, unknown without a read, is summarised the same
@@ -162,24 +164,46 @@ def _relational(g: Graph, etype: torch.Tensor, c: Capacity) -> None:
     g.src, g.dst, g.etype, g.edge_perm = src.to(idx), dst.to(idx), et.to(torch.int32), perm.to(idx)
     g.num_relations, g.num_node_types = r, t
     g.rel_ptr = build.search_ptr(et, r).to(idx)
-    pad = (r - 1) * max(n, 1) + max(n - 1, 0)    # the last relation and node
-    maps = [build.compact_from_runs(build.compact_runs(end, et, n, r, keys_sorted=sorted_),
-                                    total, n, pad_key=pad)
-            for end, sorted_ in ((src, False), (dst, True))]
-    g.compact_src, g.compact_dst = (m.narrowed(idx) for m in maps)
+    _compact_maps(g, src, dst, et, r)
     nodes = torch.arange(n, device=dev)
     type_ptr = c.type_ptr.long()
     g.node_type = (torch.searchsorted(type_ptr, nodes, right=True) - 1).clamp_(max=t - 1).to(
         torch.int32)
     g.node_type_ptr = torch.cat([type_ptr[:t], type_ptr.new_full((1,), n)]).to(idx)
-    g.host_ptr = {"edge": DeviceBounds(g.rel_ptr, total),
-                  "compact_src": DeviceBounds(g.compact_src.rel_ptr, total),
-                  "compact_dst": DeviceBounds(g.compact_dst.rel_ptr, total),
-                  "node": DeviceBounds(g.node_type_ptr, n)}
+    g.host_ptr.update(edge=DeviceBounds(g.rel_ptr, total),
+                      node=DeviceBounds(g.node_type_ptr, n))
     slots = torch.arange(c.dst_node.numel(), device=dev)
     sink = c.first_sink + slots % max(n - c.first_sink, 1) if n > c.first_sink else n - 1
     g.dst_index = torch.where(slots < c.dst_count, c.dst_node.long(), sink).to(idx)
     g.dst_type_ptr = None
+
+
+def with_compact_maps(graph: Graph) -> Graph:
+    """``graph``, with its compact maps built if it is a capacity block that has none yet.
+    A block of one relation and node type builds them on first need, as a relational one
+    does at once (see :func:`_compact_maps`): the compiled programs read them, the layers
+    that call the attention op directly never do, nor does the twin without self loops of
+    a layer that adds them."""
+    if graph.compact_src is None and graph.capacity is not None:
+        none = torch.zeros_like(graph.dst, dtype=torch.int64)      # (the one relation)
+        _compact_maps(graph, graph.src, graph.dst, none, 1)
+    return graph
+
+
+def _compact_maps(g: Graph, src: torch.Tensor, dst: torch.Tensor, etype: torch.Tensor,
+                  r: int) -> None:
+    """``g``'s compact maps over its canonical edges (``src``, ``dst``, ``etype`` int64 of
+    ``r`` relations), each of ``num_edges`` rows (a bound: the real row counts stay on the
+    device, in the map's ``rel_ptr``; rows past the real ones take the last relation and
+    node), their pointers device bounds in ``host_ptr``: no host read."""
+    n, total = g.num_nodes, g.num_edges
+    pad = (r - 1) * max(n, 1) + max(n - 1, 0)    # the last relation and node
+    maps = [build.compact_from_runs(build.compact_runs(end, etype, n, r, keys_sorted=sorted_),
+                                    total, n, pad_key=pad)
+            for end, sorted_ in ((src, False), (dst, True))]
+    g.compact_src, g.compact_dst = (m.narrowed(g.index_dtype) for m in maps)
+    g.host_ptr = dict(g.host_ptr, compact_src=DeviceBounds(g.compact_src.rel_ptr, total),
+                      compact_dst=DeviceBounds(g.compact_dst.rel_ptr, total))
 
 
 def _graph(gptr, col, dst, num_nodes: int, num_dst: int, max_row: int, capacity: Capacity,

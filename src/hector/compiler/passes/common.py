@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from ...graph.capacity import with_compact_maps
 from ..ir import CDST, CSRC, EDGE, NODE
 
 
@@ -49,7 +50,8 @@ class GraphStats:
     def of(graph, typed: bool = True) -> "GraphStats":
         """``typed``: ask the graph for ``typed_sources`` (on a graph without names, one read
         of its edges); a program without per-node-type weights passes False (never needs
-        it)."""
+        it).  A capacity block's compact rows are bounds (``graph.capacity``)."""
+        with_compact_maps(graph)
         return GraphStats(graph.num_nodes, graph.num_edges, graph.compact_src.num_rows,
                           graph.compact_dst.num_rows, graph.num_relations, graph.num_node_types,
                           typed and graph.relation_source_types() is not None)
