@@ -138,6 +138,16 @@ def test_gat_residual_matches_pyg(strategy, concat, bias):
                 dtype=dtype, residual=True, bias=bias)
 
 
+@pytest.mark.parametrize("concat, bias", [(True, True), (True, False), (False, True)])
+def test_gat_residual_float64_matches_pyg_to_rounding(concat, bias):
+    """The residual folded into the attention's store (heads concatenated) on the torch
+    backend in float64: output and every gradient to rounding."""
+    ei = random_graph(40, 150, seed=4, hub=80)
+    x = torch.randn(40, 12, generator=torch.Generator().manual_seed(5))
+    compare("gat", ei, x, heads=3, concat=concat, backend="torch", dtype=torch.float64,
+            residual=True, bias=bias)
+
+
 @pytest.mark.parametrize("heads, concat", [(1, True), (3, True), (3, False)])
 def test_gat_inference_scores_in_the_projection_epilogue(monkeypatch, heads, concat):
     """Without autograd on the Triton backend, GAT's projection and both scores are one

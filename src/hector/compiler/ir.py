@@ -473,10 +473,11 @@ def attention(roles: Dict[str, Value], shape: Tuple[int, int], scale: float,
     v_src [+ bias]`` with ``score = scale <q_dst, k_src> [* p] + a_src + a_dst``; ``roles``
     maps the terms present (:data:`ATTENTION_ROLES`) to their values (``bias``: a weight row
     of ``heads * dim`` added to every output row by the kernel's epilogue, rows without
-    edges included; ``seed``: the dropout seed leaf, with ``dropout`` > 0: the attention
-    weights dropped as :func:`dropout` drops edge values; ``k_norm``: a promise that k's rows
-    are v's divided by it, one value per node (:func:`cosine_qk`'s norm): the kernels form
-    each key from the v row they gather, and it carries no gradient).  Read them back with
+    edges included, or node rows shaped as the output, row ``i`` added to output row ``i``;
+    ``seed``: the dropout seed leaf, with ``dropout`` > 0: the attention weights dropped as
+    :func:`dropout` drops edge values; ``k_norm``: a promise that k's rows are v's divided by
+    it, one value per node (:func:`cosine_qk`'s norm): the kernels form each key from the v
+    row they gather, and it carries no gradient).  Read them back with
     :func:`attention_roles`."""
     _need("v" in roles and set(roles) <= set(ATTENTION_ROLES),
           f"attention: roles must include 'v' and be among {ATTENTION_ROLES}, got {sorted(roles)}")

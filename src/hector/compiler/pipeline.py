@@ -290,9 +290,9 @@ def _autodiff_input(stage: ForwardStage):
         return stage.optimized, stage.materialised, []
     forward, memo, decisions = fusion.attention_for_autodiff(stage.optimized)
     materialised = {memo[o]: p for o, p in stage.materialised.items() if o in memo}
-    # (an attention with a bias, fuse_attention._fold_bias; a cosine_qk and its outputs)
-    materialised.update((v, p) for v, p in stage.materialised.items()
-                        if v.op in (Op.ATTENTION, Op.COSINE_QK, Op.PICK))
+    # Values no original one became (an attention with a bias or addend, the addend ``A + b``
+    # of ``fuse_attention._fold_bias``) are the forward's own.
+    materialised.update((v, p) for v, p in stage.materialised.items() if v not in memo)
     for v in toposort(forward):
         if v.op == Op.ATTENTION and v in materialised:
             materialised[attention_lse(v)] = attention_lse(materialised[v])

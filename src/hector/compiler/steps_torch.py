@@ -514,9 +514,17 @@ def attention_torch_lse(v: Value, a: List[torch.Tensor], ix: GraphIndex):
     alpha = alpha if z is None else alpha * z.to(alpha.dtype)
     msg = alpha * edge_side(t, value, "src", ix)
     out = msg.new_zeros((ix.rows[NODE],) + tuple(msg.shape[1:])).index_add(0, dst, msg)
-    if "bias" in roles:         # the epilogue bias (fuse: RGAT's output bias)
-        out = out + roles["bias"][1].reshape(out.shape[1:]).to(out.dtype)
+    if "bias" in roles:         # the epilogue bias or addend (fuse: RGAT's bias, GAT's residual)
+        out = out + _epilogue_term(roles["bias"], out)
     return out, lse
+
+
+def _epilogue_term(role, out: torch.Tensor) -> torch.Tensor:
+    """An attention's ``bias`` role (value, tensor) shaped to broadcast over ``out``
+    ``[N, H, D]``: a weight row as ``[H, D]``, node rows (an addend) as ``[N, H, D]``."""
+    value, t = role
+    shape = out.shape[1:] if value.kind == WEIGHT else out.shape
+    return t.reshape(shape).to(out.dtype)
 
 
 def _kept(att: Value, roles, ix: GraphIndex):
@@ -556,8 +564,8 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
     z = _kept(att, roles, ix)                     # d out / d alpha carries the mask too
     z = 1.0 if z is None else z
     d_alpha = z * (g_e * _acc(edge_side(vt, value, "src", ix))).sum(-1, keepdim=True)
-    if "bias" in roles:         # ``out`` includes the epilogue bias; delta is <g, attention>
-        out = out - roles["bias"][1].reshape(out.shape[1:]).to(out.dtype)
+    if "bias" in roles:         # ``out`` includes the epilogue term; delta is <g, attention>
+        out = out - _epilogue_term(roles["bias"], out)
     delta = (_acc(grad) * _acc(out)).sum(-1, keepdim=True).index_select(0, dst)
     ds = alpha * (d_alpha - delta)
     slope = att.attr("slope")

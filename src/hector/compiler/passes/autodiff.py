@@ -122,13 +122,15 @@ def _attention_adjoints(v: Value, g: Value) -> List[Tuple[Value, Value]]:
     """The fused attention's adjoint: its backward kernels (:func:`N.attention_bwd`) give
     every role's gradient at once; a per-relation prior ``p`` is folded into the keys there
     (``k' = k p_r``), so ``dk = dk' p_r`` and ``dp_r = sum over rows of relation r of
-    <dk', k>``; an epilogue ``bias``'s gradient is the output gradient summed over rows."""
+    <dk', k>``; an epilogue ``bias``'s gradient is the output gradient summed over rows (a
+    weight row), or the output gradient itself (node rows: an addend)."""
     roles = N.attention_roles(v)
     needs = tuple(r for r, a in roles.items()
                   if r not in ("p", "bias", "seed", "k_norm") and a.op != Op.CONST)
     bwd = N.attention_bwd(v, g, N.attention_lse(v), needs)
-    pairs = [(roles["bias"], _unbroadcast(N.reshape(g, 1), roles["bias"]))] \
-        if "bias" in roles else []
+    b = roles.get("bias")
+    pairs = [] if b is None else [(b, _unbroadcast(N.reshape(g, 1), b)) if b.kind == WEIGHT
+                                  else (b, g if g.shape == b.shape else N.reshape(g, b.heads))]
     for role in needs:
         d = N.pick(bwd, role)
         if role == "k" and "p" in roles:

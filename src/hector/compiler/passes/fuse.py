@@ -38,7 +38,12 @@
    as it stores each output row (RGAT's output bias: one pass over the node rows less, 0.24
    ms per forward on synthetic mag).  Done where the attention is formed, for the forward
    and for autodiff alike, so the backward reads the biased output it saved (the kernels
-   subtract ``b`` again where they need the attention's own output).
+   subtract ``b`` again where they need the attention's own output).  Node rows as wide
+   as the output added to it with the heads concatenated (GAT's residual ``x W_res``,
+   Transformer's root projection) are an addend in that role, the kernel adding row ``i``
+   to output row ``i``; with a bias as well the role is ``x W + b``, which the residual
+   GEMM's bias epilogue stores (point 5): the sum costs those two kernels, no node-row
+   pass.  The backward keeps the addend (the output it saved includes it).
    A weight gradient reads its ``dy`` rows through a plain gather of node rows in place too
    (RGCN's backward: the destinations' gradient per compact (dst, relation) row; on
    wikikg2 a 3.3 GB copy, and the traversal writing it).
@@ -142,11 +147,16 @@ def run(outputs, stats=None, enabled: bool = True, mapping: Optional[Dict[Value,
                 mapping[orig] = made[new]
             elif new.op in _OPAQUE:
                 mapping[orig] = new
-        # An attention with its epilogue bias replaced no original value, but autodiff
-        # differentiates that very node (``attention_for_autodiff`` folds alike): its
-        # backward reads the output saved under it.
-        mapping.update((v, k) for v, k in made.items()
-                       if v.op == Op.ATTENTION and "bias" in v.attr("roles"))
+        # An attention with its epilogue bias or addend replaced no original value, nor did
+        # an addend the fold formed (``A + b``), but autodiff differentiates those very nodes
+        # (``attention_for_autodiff`` folds alike): its backward reads the output saved
+        # under the attention, and the addend, which the output includes.
+        for v, k in made.items():
+            if v.op == Op.ATTENTION and "bias" in v.attr("roles"):
+                mapping[v] = k
+                b = N.attention_roles(v)["bias"]
+                if b in made:
+                    mapping[b] = made[b]
         # So do cosine_qk and its outputs (point 7), which replaced no original value; each
         # output is a step, read in the forward or not (lowering: ``ir.select_kernels``).
         for c, k in made.items():

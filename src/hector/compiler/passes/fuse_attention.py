@@ -114,28 +114,71 @@ def fused_backward(att: Value) -> Tuple[bool, str]:
 
 
 def _fold_bias(outputs, memo: Dict[Value, Value], decisions: List[Decision]):
-    """``outputs`` with each ``[reshape](attention) + b`` (see the module's point 4) made
-    ``[reshape](attention(..., bias=b))``; ``memo`` (original value -> replacement, of an
-    earlier rewrite) is updated to map to the new values."""
+    """``outputs`` with each ``[reshape](attention) + t`` (see the module's point 4) made
+    ``[reshape](attention(..., bias=t))``: ``t`` one weight row (the kernel adds it to every
+    row), or node rows as wide as the output (an addend: row ``i`` added to output row
+    ``i``); a second term added to an attention that already has one joins it, ``A + b``
+    with the node rows first (a node linear plus a bias row is what the GEMM's bias epilogue
+    stores).  ``memo`` (original value -> replacement, of an earlier rewrite) is updated to
+    map to the new values."""
     alone = _read_once(outputs)
+    folded = set()          # the values this rewrite made: ``[reshape](attention(.., bias))``
 
     def fold(orig: Value, new: Value, _memo) -> Optional[Value]:
         if orig.op != Op.ADD:
             return None
-        x, b = orig.args if orig.args[1].kind == WEIGHT else orig.args[::-1]
-        att = x.args[0] if x.op == Op.RESHAPE else x
-        if att.op != Op.ATTENTION or b.kind != WEIGHT or "bias" in att.attr("roles"):
-            return None
-        width = att.heads * att.dim
-        if (b.per or tuple(b.shape) != (width,) or tuple(x.shape) != (1, width)
-                or not alone(att) or not alone(x)):
-            return None
-        decisions.append(Decision(NAME, "bias add into attention", True,
-                                  "the attention kernel adds the bias row as it stores each "
-                                  "output row (no pass over the node rows)"))
-        roles = dict(N.attention_roles(att), bias=b)
-        fused = N.attention(roles, att.shape, att.attr("scale"), att.attr("slope"),
-                            att.attr("dropout", 0.0))
-        return Value(x.op, (fused,), x.kind, x.shape, x.attrs) if x is not att else fused
+        for i in (0, 1):
+            x_o, x, t = orig.args[i], new.args[i], new.args[1 - i]
+            att = x.args[0] if x.op == Op.RESHAPE else x
+            if att.op != Op.ATTENTION or not alone(x_o):
+                continue
+            if x not in folded and not (x_o.op == Op.RESHAPE and alone(x_o.args[0])
+                                        or x_o.op == Op.ATTENTION):
+                continue
+            term = _output_term(att, x, t)
+            if term is None:
+                continue
+            roles = N.attention_roles(att)
+            had = roles.get("bias")
+            if had is not None and had.kind == WEIGHT and t.kind == WEIGHT:
+                continue
+            decisions.append(_fold_decision(term, had))
+            bias = t if had is None else \
+                N.binary(Op.ADD, *((had, t) if had.kind != WEIGHT else (t, had)))
+            fused = N.attention(dict(roles, bias=bias), att.shape, att.attr("scale"),
+                                att.attr("slope"), att.attr("dropout", 0.0))
+            out = Value(x.op, (fused,), x.kind, x.shape, x.attrs) if x is not att else fused
+            folded.add(out)
+            return out
+        return None
 
     return _rewrite_after(outputs, fold, memo)
+
+
+def _output_term(att: Value, x: Value, t: Value) -> Optional[str]:
+    """What ``t`` added to ``x`` (``[reshape](att)``) is for the attention's store: "bias"
+    (one weight row of the output's width, not sliced), "addend" (node rows shaped as
+    ``x``), or None."""
+    width = att.heads * att.dim
+    if t.kind == WEIGHT:
+        ok = not t.per and tuple(t.shape) == (width,) and tuple(x.shape) == (1, width)
+        return "bias" if ok else None
+    ok = t.kind == NODE and att.kind == NODE and tuple(t.shape) == tuple(x.shape)
+    return "addend" if ok else None
+
+
+def _fold_decision(term: str, had: Optional[Value]) -> Decision:
+    what = "bias" if term == "bias" else "node-rows addend"
+    if had is not None:
+        return Decision(NAME, f"{what} add into attention (joins its "
+                        f"{'bias' if had.kind == WEIGHT else 'addend'})", True,
+                        "the kernel adds one term per row, A + b (a node linear plus a bias "
+                        "row: the GEMM's bias epilogue stores it)")
+    if term == "bias":
+        return Decision(NAME, "bias add into attention", True,
+                        "the attention kernel adds the bias row as it stores each output row "
+                        "(no pass over the node rows)")
+    return Decision(NAME, "node-rows addend add into attention", True,
+                    "the attention kernel adds addend row i to output row i as it stores it "
+                    "(no pass over the node rows); the backward keeps the addend, whose "
+                    "gradient is the output's")

@@ -165,8 +165,12 @@ def _dropout(att: Value, roles) -> Tuple[float, Optional[torch.Tensor]]:
 
 
 def _bias(roles, v: torch.Tensor) -> Optional[torch.Tensor]:
-    """The epilogue bias ``[H, Dv]`` of an attention step (its ``bias`` role), or None."""
-    return roles["bias"][1].reshape(v.shape[1:]) if "bias" in roles else None
+    """The epilogue term of an attention step (its ``bias`` role): a weight row as
+    ``[H, Dv]``, node rows (an addend, one per output row) as ``[rows, H, Dv]``; or None."""
+    if "bias" not in roles:
+        return None
+    value, t = roles["bias"]
+    return t.reshape(v.shape[1:]) if value.kind == WEIGHT else t.view(t.shape[0], *v.shape[1:])
 
 
 def _k_norm(roles) -> Optional[torch.Tensor]:
