@@ -57,9 +57,13 @@ def match_cosine(att: Value, readers: Dict[Value, Set[Value]],
     if x.heads != 1:
         return None, f"{x.heads} heads: the cosine_qk kernel normalises one row per node"
     mine = {att} if beta is None else {att, q}
-    if k in outputs or not readers[k] <= mine:
+    # (the attention itself may read them in another role too: an addend folded into its
+    # store, ``fuse_attention._fold_bias``)
+    also = {r for r, a in roles.items() if a == k and r not in ("k", "q")}
+    if k in outputs or not readers[k] <= mine or also:
         return None, "normalize(x) is read beside the attention's q and k"
-    if beta is not None and (q in outputs or readers[q] != {att}):
+    also = {r for r, a in roles.items() if a == q and r != "q"}
+    if beta is not None and (q in outputs or readers[q] != {att} or also):
         return None, "q is read beside the attention"
     c = N.cosine_qk(x, beta)
     new = dict(roles, q=N.pick(c, "q"), k=N.pick(c, "k"))
