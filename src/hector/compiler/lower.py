@@ -111,7 +111,11 @@ def _bias_sums_with_wgrads(steps: List[Step]) -> List[Step]:
     mag: four bias gradients of 0.23-0.35 ms each).  Only when no step between the two reads
     either's output (the merged step runs where the later one was)."""
     def kernel_of(s: Step) -> bool:
-        return (s.template == "gemm" and s.extra is None and s.body.op in (Op.WGRAD, Op.WSUM)
+        # (a bias shared by all rows sums them with torch's one launch alone, but paired
+        # adds none: Transformer's query, key, value and root biases, RGCN's)
+        shared = s.template == "weight" and s.body.op == Op.WSUM and s.body.per is None
+        return ((s.template == "gemm" or shared) and s.extra is None
+                and s.body.op in (Op.WGRAD, Op.WSUM)
                 and s.body.args[-1 if s.body.op == Op.WGRAD else 0].op == Op.ARG)
     wgrads = {}
     for i, s in enumerate(steps):
