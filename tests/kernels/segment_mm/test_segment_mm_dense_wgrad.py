@@ -1,7 +1,7 @@
 """The weight gradient of one dense segment (rows neither gathered nor scattered, not too
-many of them) on a GPU is cuBLAS's product (``launch.dense_wgrad_rows``): which cases take it, that its result
-equals the segment kernel's (dW plain and stored transposed, with and without the bias
-sums), and that every other case keeps the kernel."""
+many of them) on a GPU is cuBLAS's product (``launch.dense_wgrad_rows``): which cases take
+it, that its result equals the segment kernel's (dW plain and stored transposed, with and
+without the bias sums), and that every other case keeps the kernel."""
 import pytest
 import torch
 

@@ -245,12 +245,12 @@ def _group(outputs, decisions: List[Decision], made: Dict[Value, Value], stats=N
 
     def with_addend(v: Value, inputs: List[Value]) -> Value:
         lin, bias, addend = addend_epilogue(v)
+        rows = ("node rows another step wrote" if addend.op in _OPAQUE + (Op.PICK,)
+                else "scatter GEMM's node rows")
         decisions.append(Decision(
             NAME, "sum into linear (addend epilogue)", True,
-            "the node GEMM adds the " + ("scatter GEMM's node rows" if addend.op not in _OPAQUE + (Op.PICK,)
-                                         else "node rows another step wrote")
-            + (" and the bias" if bias else "") + " as it stores its rows: no node-row pass "
-            "over its inputs"))
+            f"the node GEMM adds the {rows}" + (" and the bias" if bias else "")
+            + " as it stores its rows: no node-row pass over its inputs"))
         linear = build(lin, inputs)          # (x and W become the kernel's arguments 0, 1)
         if bias is not None:
             linear = N.binary(Op.ADD, linear, _placeholder(materialise(bias), inputs))
