@@ -171,7 +171,7 @@ def main(argv=None):
         dense_wgrad_table(
             [args.rows] if args.rows else [20_000, 169_343, 500_000, 1_000_000, 2_000_000],
             [(d, d) for d in args.dims] if args.dims else [(64, 64), (128, 64), (128, 128)],
-            DTYPES[args.dtypes[0]] if args.dtypes != ["fp32", "bf16"] else torch.float32)
+            DTYPES[args.dtypes[0]])     # (the first: fp32 by default)
         return 0
     import triton
     from hector.kernels.segment_mm.op import segment_mm

@@ -26,6 +26,8 @@ import torch
 
 from hector.compiler import warm
 
+from capture_after_use import step_of   # (scripts/ is on the path of a script run)
+
 
 def _cpu_code(fn):
     """``fn`` with its ``"cuda"`` device checks reading ``"cpu"``."""
@@ -71,14 +73,6 @@ def per_call(fn, steps):
     return (time.process_time() - c0) / steps * 1e6
 
 
-def _train_step(call, x, module):
-    def step():
-        module.zero_grad(set_to_none=True)
-        x.grad = None
-        call(x).sum().backward()
-    return step
-
-
 class _Identity(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, *params):
@@ -104,15 +98,15 @@ def main():
     x = W.x(F).detach().clone().requires_grad_(True)
     rows = []
     lin = torch.nn.Linear(F, F)
-    rows.append(("torch Linear", "train", per_call(_train_step(lin, x, lin), a.steps)))
+    rows.append(("torch Linear", "train", per_call(step_of(lin, x, lin), a.steps)))
     fn = lambda t: _Identity.apply(lin(t), *lin.parameters())   # noqa: E731
-    rows.append(("torch Linear + Function", "train", per_call(_train_step(fn, x, lin), a.steps)))
+    rows.append(("torch Linear + Function", "train", per_call(step_of(lin, x, fn), a.steps)))
     patch()
     for name in a.layers.split(","):
         ref = suites.pyg_layer(name, W, F, 1)
         ours = suites.hector_layer(name, ref, "torch")
         call = suites.caller(name, ours, W, False)
-        step = _train_step(call, x, ours)
+        step = step_of(ours, x, call)
         rows.append((name, "train", per_call(step, a.steps)))
         stats = warm.warm_stats(ours)
         assert stats["replayed"] > a.steps, (name, stats)       # (the proxy measured replays)
