@@ -49,6 +49,20 @@ def _attention_steps(plan):
     return [s for s in plan.steps if s.template == "attention"]
 
 
+def stored_by_the_attention(cp):
+    """(the forward's attention step, the applied fuse decisions) of a plan whose one
+    attention adds its bias role as it stores (a bias row, or node rows: an addend), checked:
+    nothing reads the attention's rows back (at most a view of them is the output), and its
+    backward keeps the role, with no gradient of its own."""
+    (fwd,) = _attention_steps(cp.forward_plan)
+    assert "bias" in fwd.body.attr("roles")
+    after = cp.forward_plan.steps[cp.forward_plan.steps.index(fwd) + 1:]
+    assert all(getattr(s.spec, "schedule", None) == "view" for s in after), after
+    (bwd,) = _attention_steps(cp.backward_plan)
+    assert "bias" in bwd.body.attr("roles") and "bias" not in bwd.body.attr("needs")
+    return fwd, [d.what for r in cp.log for d in r.decisions if d.applied]
+
+
 @pytest.mark.parametrize("heads", [1, 2])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_rgat_bias_in_the_attention_epilogue(backend, heads, monkeypatch):
@@ -62,14 +76,7 @@ def test_rgat_bias_in_the_attention_epilogue(backend, heads, monkeypatch):
         assert rel_err(gr, ref_grads[name]) < 1e-4, name
     bias = torch.linspace(-1, 2, heads * 6)
     torch.testing.assert_close(out[-4:], bias.expand(4, -1))     # edgeless rows: bias alone
-    (fwd,) = _attention_steps(cp.forward_plan)
-    assert "bias" in fwd.body.attr("roles")
-    # Nothing reads the attention's rows back: at most a view of them is the output.
-    after = cp.forward_plan.steps[cp.forward_plan.steps.index(fwd) + 1:]
-    assert all(getattr(s.spec, "schedule", None) == "view" for s in after), after
-    (bwd,) = _attention_steps(cp.backward_plan)
-    assert "bias" in bwd.body.attr("roles") and "bias" not in bwd.body.attr("needs")
-    decided = [d.what for r in cp.log for d in r.decisions if d.applied]
+    _, decided = stored_by_the_attention(cp)
     assert "bias add into attention" in decided
 
 
