@@ -172,6 +172,32 @@ def test_edge_dropout_changes_the_encoder_graph_each_epoch_but_not_evaluation(kg
     assert len({checksum for _, _, checksum in sizes}) > 1     # another part each epoch
 
 
+@pytest.mark.parametrize("decay", [None, 0.5])
+def test_lr_decay_scales_the_rate_at_each_evaluation_without_a_new_best(kg, monkeypatch, decay):
+    # validation MRR by evaluation: a best, two worse, a new best, one worse
+    mrrs = iter([0.3, 0.2, 0.1, 0.4, 0.35])
+    real = linkpred._evaluate
+
+    def scripted(*a, **kw):
+        out = real(*a, **kw)
+        return dict(out, mrr=next(mrrs)) if a[7] == "validation" else out
+    rates = []
+    real_epoch = linkpred.link_epoch
+
+    def epoch_spy(encode, decoder, opt, *a):
+        rates.append(opt.param_groups[0]["lr"])
+        return real_epoch(encode, decoder, opt, *a)
+    monkeypatch.setattr(linkpred, "_evaluate", scripted)
+    monkeypatch.setattr(linkpred, "link_epoch", epoch_spy)
+    more = [] if decay is None else ["--lr-decay", str(decay)]
+    run(["--task", "link", "--model", "rgcn", "--dataset", "triples", "--root", str(kg),
+         "--hidden", "8", "--epochs", "5", "--eval-every", "1", "--patience", "9",
+         "--lr", "0.01"] + more)
+    f = 1.0 if decay is None else decay
+    # the rate each epoch uses: scaled after evaluations 2 and 3 (and 5, the last)
+    assert rates == pytest.approx([0.01, 0.01, 0.01 * f, 0.01 * f * f, 0.01 * f * f])
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--model", "gat"], "--model must be one of rgcn, rgat, hgt"),
     (["--model", "rgcn", "--decoder", "complex", "--hidden", "7"], "even --hidden"),
@@ -186,6 +212,8 @@ def test_edge_dropout_changes_the_encoder_graph_each_epoch_but_not_evaluation(kg
     (["--model", "rgcn", "--dtype", "bf16"], "fp32 only"),
     (["--model", "rgcn", "--edge-dropout", "1"], r"--edge-dropout must be in \[0, 1\)"),
     (["--model", "rgcn", "--edge-dropout", "-0.1"], r"--edge-dropout must be in \[0, 1\)"),
+    (["--model", "rgcn", "--lr-decay", "0"], r"--lr-decay must be in \(0, 1\]"),
+    (["--model", "rgcn", "--lr-decay", "1.5"], r"--lr-decay must be in \(0, 1\]"),
     (["--model", "rgcn", "--edge-dropout", "0.2", "--fanout", "3,3"],
      "--edge-dropout applies to the full-graph encoder"),
 ])

@@ -60,6 +60,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="--task link: each epoch the encoder passes messages over a random "
                         "(1 - this) of the training triples, both directions (R-GCN's edge "
                         "dropout; default 0; evaluation uses them all)")
+    p.add_argument("--lr-decay", type=float,
+                   help="--task link: multiply the learning rate by this at every evaluation "
+                        "without a new best validation MRR (default 1: never)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument("--dtype", default="fp32", choices=DTYPES,

@@ -13,7 +13,9 @@ machinery of :mod:`hector.loader`; the L2 penalty then covers the batch's entity
 whole graph.
 Every ``--eval-every`` epochs the filtered MRR on the validation triples (filtered by the
 training and validation triples: the test triples are never read before the final
-evaluation) decides early stopping (``--patience`` evaluations without a new best); the best
+evaluation) decides early stopping (``--patience`` evaluations without a new best); with
+``--lr-decay F`` each such evaluation also multiplies the learning rate by ``F`` (a step
+size that stays fixed past the validation peak lets the late epochs wander off it); the best
 model's test triples are then ranked, filtered by all three splits.  The last line is
 ``RESULT task=link ... mrr=... hits1=... hits3=... hits10=... epoch_time=<ms> ...``.
 ``--checkpoint PATH`` saves the run at every evaluation: the model (entity table, encoder,
@@ -49,7 +51,7 @@ DECODERS = {"distmult": DistMult, "transe": TransE, "complex": ComplEx}
 LINK_DEFAULTS = dict(epochs=1000, lr=0.01, hidden=200, heads=1, dropout=0.2, patience=5,
                      batch_size=None, negatives=1, reg=0.01, eval_every=50, eval_batch=512,
                      num_bases=None, decoder="distmult", clip=1.0, fanout=None, num_blocks=None,
-                     edge_dropout=0.0)
+                     edge_dropout=0.0, lr_decay=1.0)
 #: Triples per step with ``--fanout`` when ``--batch-size`` is left out.
 SAMPLED_BATCH = 4096
 
@@ -58,7 +60,8 @@ SAMPLED_BATCH = 4096
 #: ignored): option -> its value when left out.
 NODE_ONLY = {"weight_decay": None, "prefetch": None}
 #: ``--task link``'s own options, which node classification does not take.
-LINK_ONLY = ("decoder", "negatives", "reg", "eval_every", "clip", "num_blocks", "edge_dropout")
+LINK_ONLY = ("decoder", "negatives", "reg", "eval_every", "clip", "num_blocks", "edge_dropout",
+             "lr_decay")
 
 
 def link_config(args) -> Dict[str, object]:
@@ -74,7 +77,7 @@ def link_config(args) -> Dict[str, object]:
     cfg = dict(LINK_DEFAULTS)
     for key in ("epochs", "lr", "hidden", "heads", "dropout", "patience", "batch_size",
                 "negatives", "reg", "eval_every", "num_bases", "decoder", "clip", "fanout",
-                "num_blocks", "edge_dropout"):
+                "num_blocks", "edge_dropout", "lr_decay"):
         value = getattr(args, key, None)
         if value is not None:
             cfg[key] = value
@@ -95,6 +98,8 @@ def link_config(args) -> Dict[str, object]:
         raise ValueError("--lr must be > 0, --reg >= 0, --clip >= 0 and --dropout in [0, 1)")
     if not 0 <= cfg["edge_dropout"] < 1:
         raise ValueError(f"--edge-dropout must be in [0, 1), got {cfg['edge_dropout']!r}")
+    if not 0 < cfg["lr_decay"] <= 1:
+        raise ValueError(f"--lr-decay must be in (0, 1], got {cfg['lr_decay']!r}")
     if cfg["edge_dropout"] and cfg["fanout"] is not None:
         raise ValueError("--edge-dropout applies to the full-graph encoder; with --fanout the "
                          "sampled neighbourhoods already pass messages over a subset of edges")
@@ -209,6 +214,8 @@ def train_link(args, out=None) -> dict:
             bad = 0
         else:
             bad += 1
+            for group in opt.param_groups:    # (kept in the optimizer's state: resumable)
+                group["lr"] *= cfg["lr_decay"]
         if ckpt:
             checkpoint.save(ckpt, model=_states(parts), optimizer=opt.state_dict(),
                             epoch=epoch, best=best, bad_epochs=bad, rng=_rng_state(gen, loader),
