@@ -1,7 +1,7 @@
 """Capacity blocks of one relation and node type (``hector.graph.capacity``) build their
 compact maps on first need (``with_compact_maps``, which the compiler's graph statistics and
 index call): none at build, then maps of ``edges`` rows each (a bound) with no host read,
-the ordinary block's on the sampled part, padding rows on the last node, segment pointers
+the ordinary block's on the sampled part, padding rows on the sinks in turn, segment pointers
 kept on the device as ``DeviceBounds``."""
 import sys
 from pathlib import Path
@@ -17,6 +17,8 @@ from hector.loader import NeighborLoader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loader"))
 from test_neighbor_loader import random_graph  # noqa: E402
 from test_static_sampler import _HostReads  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_capacity_relational import assert_fillers_on_sinks  # noqa: E402
 
 
 def test_compact_maps_on_first_need_are_the_ordinary_blocks():
@@ -41,8 +43,7 @@ def test_compact_maps_on_first_need_are_the_ordinary_blocks():
                 # (the sinks' padding edges have rows of their own after the sampled ones)
                 assert k <= int(m.rel_ptr[-1]) <= m.num_rows and not bool(m.rel.any())
                 assert torch.equal(m.edge_row[:E].long(), r.edge_row.long())
-                past = torch.arange(m.num_rows) >= int(m.rel_ptr[-1])
-                assert bool((m.node[past] == cap.num_nodes - 1).all())
+                assert_fillers_on_sinks(m, cap)
         for c in caps + twins:
             for kind in ("compact_src", "compact_dst"):
                 b = c.host_ptr[kind]

@@ -2,8 +2,8 @@
 types): built with no host read, every field is the ordinary block's on the sampled part
 (the padding edges take the last relation and sink destinations, so the real edges, compact
 rows and node-type ranges are prefixes), segment pointers kept on the device as
-``DeviceBounds`` of the capacities, padding compact rows on the last relation and node,
-destination slots past the batch's on a sink."""
+``DeviceBounds`` of the capacities, padding compact rows on the last relation and the sinks
+in turn, destination slots past the batch's on a sink."""
 import sys
 from pathlib import Path
 
@@ -24,6 +24,17 @@ def _loader(case, seed=3):
     graph = make()
     return graph, NeighborLoader(graph, fanouts, input_nodes=inputs, batch_size=7,
                                  shuffle=True, seed=seed, static=True)
+
+
+def assert_fillers_on_sinks(m, cap):
+    """The compact rows past the real ones name sinks, spread evenly: no node's row of a
+    traversal from compact rows to nodes holds them all (one program would walk them)."""
+    fillers = m.node[torch.arange(m.num_rows) >= int(m.rel_ptr[-1])].long()
+    first_sink, n = cap.capacity.first_sink, cap.num_nodes
+    assert bool((fillers >= first_sink).all()) and bool((fillers < n).all())
+    if fillers.numel():
+        most = int(torch.bincount(fillers, minlength=n).max())
+        assert most == -(-fillers.numel() // (n - first_sink))
 
 
 @pytest.mark.parametrize("case", RELATIONAL)
@@ -56,8 +67,8 @@ def test_sampled_part_is_the_ordinary_block(case):
                 assert torch.equal(m.rel[:k].long(), r.rel.long())
                 assert torch.equal(m.rel_ptr[:R].long(), r.rel_ptr[:R].long())
                 assert torch.equal(m.edge_row[:E].long(), r.edge_row.long())
+                assert_fillers_on_sinks(m, cap)
                 past = torch.arange(m.num_rows) >= int(m.rel_ptr[-1])
-                assert bool((m.node[past] == cap.num_nodes - 1).all())
                 assert bool((m.rel[past] == R - 1).all())
             assert torch.equal(cap.node_type[:N].long(), ref.node_type.long())
             assert torch.equal(cap.node_type_ptr[:T].long(),

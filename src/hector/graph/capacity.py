@@ -21,9 +21,9 @@ relation, then destination), compact maps of ``edges`` rows each (a bound: their
 counts stay on the device, in their ``rel_ptr[-1]``), and every segment pointer kept on the
 device as a :class:`~hector.kernels.sizes.DeviceBounds` in ``host_ptr``.  The padding edges
 take the last relation, the nodes past the sampled ones the last node type, compact rows
-past the real ones the last relation and node, and destination slots past the batch's a
-sink each in turn (a scatter by destination slot never lands on a real node, nor piles on
-one row).  The compiled relational layers run on such blocks with no host read: their
+past the real ones the last relation and a sink each in turn, and destination slots past the
+batch's a sink each in turn (a scatter by compact row or destination slot never lands on a
+real node, nor piles on one row: a row walked by one program).  The compiled relational layers run on such blocks with no host read: their
 segment GEMMs take the device bounds, their traversal CSRs are built without reads and
 walked in one bin of whole rows.  A block of one relation and node type gets the same
 compact maps (bounds too) when a compiled program first asks for them
@@ -194,16 +194,29 @@ def _compact_maps(g: Graph, src: torch.Tensor, dst: torch.Tensor, etype: torch.T
                   r: int) -> None:
     """``g``'s compact maps over its canonical edges (``src``, ``dst``, ``etype`` int64 of
     ``r`` relations), each of ``num_edges`` rows (a bound: the real row counts stay on the
-    device, in the map's ``rel_ptr``; rows past the real ones take the last relation and
-    node), their pointers device bounds in ``host_ptr``: no host read."""
+    device, in the map's ``rel_ptr``; rows past the real ones: :func:`filler_keys`), their
+    pointers device bounds in ``host_ptr``: no host read."""
     n, total = g.num_nodes, g.num_edges
-    pad = (r - 1) * max(n, 1) + max(n - 1, 0)    # the last relation and node
     maps = [build.compact_from_runs(build.compact_runs(end, etype, n, r, keys_sorted=sorted_),
-                                    total, n, pad_key=pad)
+                                    total, n,
+                                    pad_key=filler_keys(total, n, g.capacity.first_sink, r,
+                                                        g.device))
             for end, sorted_ in ((src, False), (dst, True))]
     g.compact_src, g.compact_dst = (m.narrowed(g.index_dtype) for m in maps)
     g.host_ptr = dict(g.host_ptr, compact_src=DeviceBounds(g.compact_src.rel_ptr, total),
                       compact_dst=DeviceBounds(g.compact_dst.rel_ptr, total))
+
+
+def filler_keys(rows: int, num_nodes: int, first_sink: int, num_relations: int,
+                device) -> torch.Tensor:
+    """``[rows]`` keys (``relation * N + node``) for a capacity block's compact rows past the
+    real ones: the last relation and the sinks in turn.  One shared node would make its row of
+    a traversal from compact rows to nodes hold every filler row (most of a fitted block's
+    rows), walked in order by one program: the step's longest kernel."""
+    n = max(num_nodes, 1)
+    sinks, first = max(n - first_sink, 1), min(first_sink, n - 1)
+    keys = torch.arange(rows, dtype=torch.int64, device=device).remainder_(sinks)
+    return keys.add_((max(num_relations, 1) - 1) * n + first)
 
 
 def _graph(gptr, col, dst, num_nodes: int, num_dst: int, max_row: int, capacity: Capacity,
