@@ -25,9 +25,10 @@ past the real ones the last relation and a sink each in turn, and destination sl
 batch's a sink each in turn (a scatter by compact row or destination slot never lands on a
 real node, nor piles on one row: a row walked by one program).  The compiled relational
 layers run on such blocks with no host read: their segment GEMMs take the device bounds,
-their traversal CSRs are built without reads and walked in one bin of whole rows.  A block of one relation and node type gets the same
-compact maps (bounds too) when a compiled program first asks for them
-(:func:`with_compact_maps`), so the compiled attention layers (GAT) run on it the same way.
+their traversal CSRs are built without reads and walked in one bin of whole rows.  A block
+of one relation and node type gets the same compact maps (bounds too) when a compiled
+program first asks for them (:func:`with_compact_maps`), so the compiled attention layers
+(GAT) run on it the same way.
 
 The block's degree statistics are its bounds: in-degree at most ``width`` (``+ 1``), mean
 ``edges / nodes``; a source's out-degree, unknown without a read, is summarised the same
