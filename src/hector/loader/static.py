@@ -396,7 +396,8 @@ def relabel(node_type: torch.Tensor, num_graph_nodes: int, num_types: int, n: in
     order_key = torch.where(idx < n, idx, n + cand)
     order_key = torch.where(is_first, node_type[cand] * span + order_key,
                             num_types * span)
-    order = torch.sort(order_key).indices
+    # (keys below 2^31 sort as int32: half the radix passes of int64 on CUDA)
+    order = torch.sort(build.sort_key(order_key, num_types * span + 1)).indices
     rank = torch.empty_like(order)
     rank[order] = idx
     num_nodes = is_first.sum()
