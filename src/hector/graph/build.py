@@ -226,13 +226,14 @@ def compact_from_runs(runs: CompactRuns, num_rows: int, num_nodes: int,
                       pad_key: Optional[torch.Tensor] = None) -> CompactMap:
     """The compact map of :func:`compact_runs` once its row count is known on the host: what
     ``torch.unique(key, sorted=True, return_inverse=True)`` gives, value for value.  With
-    ``pad_key`` (``[num_rows]`` int64 keys, written into), ``num_rows`` is a capacity (a bound
-    on the row count, which stays on the device in ``rel_ptr[-1]``): rows past the real ones
+    ``pad_key`` (``[num_rows]`` int64 keys, read only), ``num_rows`` is a capacity (a bound on
+    the row count, which stays on the device in ``rel_ptr[-1]``): rows past the real ones
     hold their entry of it."""
     n = max(num_nodes, 1)
     # Every key of a run is the same value, so which one lands in the row does not matter.
     uniq = (runs.ordered.new_empty(num_rows) if pad_key is None
-            else pad_key.to(runs.ordered.dtype)).scatter_(0, runs.run, runs.ordered)
+            else pad_key.to(runs.ordered.dtype, copy=True)).scatter_(0, runs.run,
+                                                                      runs.ordered)
     if runs.perm is None:
         edge_row = runs.run
     else:

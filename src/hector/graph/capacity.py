@@ -174,8 +174,8 @@ def _relational(g: Graph, etype: torch.Tensor, c: Capacity) -> None:
     g.host_ptr.update(edge=DeviceBounds(g.rel_ptr, total),
                       node=DeviceBounds(g.node_type_ptr, n))
     slots = torch.arange(c.dst_node.numel(), device=dev)
-    sink = c.first_sink + slots % max(n - c.first_sink, 1) if n > c.first_sink else n - 1
-    g.dst_index = torch.where(slots < c.dst_count, c.dst_node.long(), sink).to(idx)
+    g.dst_index = torch.where(slots < c.dst_count, c.dst_node.long(),
+                              sinks_in_turn(slots, n, c.first_sink)).to(idx)
     g.dst_type_ptr = None
 
 
@@ -198,10 +198,9 @@ def _compact_maps(g: Graph, src: torch.Tensor, dst: torch.Tensor, etype: torch.T
     device, in the map's ``rel_ptr``; rows past the real ones: :func:`filler_keys`), their
     pointers device bounds in ``host_ptr``: no host read."""
     n, total = g.num_nodes, g.num_edges
+    pad = filler_keys(total, n, g.capacity.first_sink, r, g.device)
     maps = [build.compact_from_runs(build.compact_runs(end, etype, n, r, keys_sorted=sorted_),
-                                    total, n,
-                                    pad_key=filler_keys(total, n, g.capacity.first_sink, r,
-                                                        g.device))
+                                    total, n, pad_key=pad)
             for end, sorted_ in ((src, False), (dst, True))]
     g.compact_src, g.compact_dst = (m.narrowed(g.index_dtype) for m in maps)
     g.host_ptr = dict(g.host_ptr, compact_src=DeviceBounds(g.compact_src.rel_ptr, total),
@@ -215,9 +214,17 @@ def filler_keys(rows: int, num_nodes: int, first_sink: int, num_relations: int,
     a traversal from compact rows to nodes hold every filler row (most of a fitted block's
     rows), walked in order by one program: the step's longest kernel."""
     n = max(num_nodes, 1)
-    sinks, first = max(n - first_sink, 1), min(first_sink, n - 1)
-    keys = torch.arange(rows, dtype=torch.int64, device=device).remainder_(sinks)
-    return keys.add_((max(num_relations, 1) - 1) * n + first)
+    rows_ = torch.arange(rows, dtype=torch.int64, device=device)
+    return sinks_in_turn(rows_, n, first_sink).add_((max(num_relations, 1) - 1) * n)
+
+
+def sinks_in_turn(i: torch.Tensor, num_nodes: int, first_sink: int) -> torch.Tensor:
+    """The sink of each entry ``i`` (int64), the sinks ``[first_sink, num_nodes)`` in turn,
+    for padding that must not pile on one row; the last node where there is no sink."""
+    sinks = num_nodes - first_sink
+    if sinks > 0:
+        return i.remainder(sinks).add_(first_sink)
+    return torch.full_like(i, max(num_nodes - 1, 0))
 
 
 def _graph(gptr, col, dst, num_nodes: int, num_dst: int, max_row: int, capacity: Capacity,

@@ -75,9 +75,7 @@ def link_config(args) -> Dict[str, object]:
         raise ValueError(f"--task link: --model must be one of {', '.join(LINK_MODELS)}, got "
                          f"{args.model!r}")
     cfg = dict(LINK_DEFAULTS)
-    for key in ("epochs", "lr", "hidden", "heads", "dropout", "patience", "batch_size",
-                "negatives", "reg", "eval_every", "num_bases", "decoder", "clip", "fanout",
-                "num_blocks", "edge_dropout", "lr_decay"):
+    for key in LINK_DEFAULTS.keys() - {"eval_batch"}:     # (every option but that one)
         value = getattr(args, key, None)
         if value is not None:
             cfg[key] = value
