@@ -14,8 +14,9 @@ import pytest
 import torch
 
 pyg = pytest.importorskip("torch_geometric.nn")
+import hector  # noqa: E402
 from hector import datasets  # noqa: E402
-from hector.graph import Graph  # noqa: E402
+from hector.graph import Graph, with_self_loops  # noqa: E402
 from hector.nn import AGNNConv, GATConv, TransformerConv  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -149,18 +150,10 @@ def test_gat_residual_float64_matches_pyg_to_rounding(concat, bias):
 
 
 @pytest.mark.parametrize("heads, concat", [(1, True), (3, True), (3, False)])
-def test_gat_inference_scores_in_the_projection_epilogue(monkeypatch, heads, concat):
-    """Without autograd on the Triton backend, GAT's projection and both scores are one
-    segment GEMM (the scores its epilogue's extra product); with autograd, not (its weight
-    gradient is slower than cuBLAS's).  Either way the output is PyG's."""
-    import hector.nn.gat as gat_module
-    calls = []
-
-    def counted(*args, **kwargs):
-        calls.append(kwargs.get("extra_weight") is not None)
-        return segment_mm(*args, **kwargs)
-    segment_mm = gat_module.segment_mm
-    monkeypatch.setattr(gat_module, "segment_mm", counted)
+def test_gat_scores_in_the_projection_epilogue(heads, concat):
+    """GATConv is its compiled program: the projection and both scores are one segment GEMM
+    (the scores its epilogue's extra product), and the output is PyG's."""
+    from hector.compiler.lower import extra_cols
     ei = random_graph(40, 150, seed=7, hub=30)
     x = torch.randn(40, 12, generator=torch.Generator().manual_seed(8)).to(DEVICE)
     ref = make_layers("gat", 12, heads, concat)
@@ -168,18 +161,10 @@ def test_gat_inference_scores_in_the_projection_epilogue(monkeypatch, heads, con
     want = ref.double()(x.double(), ei.to(DEVICE))
     with torch.no_grad():
         got = ours(x, ei.to(DEVICE))
-    assert calls == [True]
     assert rel_err(got, want) < TOL[torch.float32]
-    ours(x, ei.to(DEVICE))
-    assert calls == [True]          # autograd on: the two products, no segment GEMM
-
-
-def test_gat_scores_in_the_epilogue_where_measured_faster():
-    """One head always; several heads only on small graphs (they lost on a 169k-row one)."""
-    from hector.nn.gat import EPILOGUE_SCORES_MAX_ROWS, scores_in_epilogue
-    big = EPILOGUE_SCORES_MAX_ROWS + 1
-    assert scores_in_epilogue(big, 1) and scores_in_epilogue(2708, 4)
-    assert not scores_in_epilogue(big, 4)
+    graph = with_self_loops(Graph(ei.to(DEVICE), num_nodes=40))
+    plan = ours.program.compiled_for(graph, backward=False).forward_plan
+    assert [extra_cols(s) for s in plan.steps if s.template == "gemm"] == [2 * heads]
 
 
 @pytest.mark.parametrize("kind", ["gat", "transformer"])
@@ -308,7 +293,9 @@ def test_cpu_training_keeps_no_edge_messages(kind):
         sizes.append(t.numel())
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+    # (inside retain_saved the compiled layers keep their saved values through autograd's
+    # save_for_backward, which the hooks see)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), hector.retain_saved():
         out = layer(x, ei)
     out.sum().backward()
     heads, width = (1, f) if kind == "agnn" else (2, 16)     # AGNN: one head over x itself

@@ -19,10 +19,13 @@ def ring(n=50):
 
 
 def test_explain_reports_strategy_and_reason():
-    text = hector.explain(GATConv(8, 4, heads=2), star())
-    assert "-- forward + destination-side backward (CSR by destination): edge-parallel" in text
+    text = hector.explain(GATConv(8, 4, heads=2), star())      # (its compiled program)
+    assert "forward + destination-side backward: Schedule(strategy='edge'" in text
     assert "the longest row would straggle (max degree 3001" in text   # + its self loop
-    assert "self loops replaced" in text and "2 head(s)" in text and "leaky_relu(0.2)" in text
+    assert "self loops replaced" in text and "heads=2, dim_qk=0, dim_v=4" in text
+    assert "negative_slope=0.2" in text and "roles=('v', 'a_src', 'a_dst', 'bias')" in text
+    loopless = hector.explain(GATConv(8, 4, add_self_loops=False), star())
+    assert "self loops replaced" not in loopless and "max degree 3000" in loopless
     flat = hector.explain(TransformerConv(8, 4, heads=2), ring())
     assert "(CSR by destination): node-parallel" in flat and "no row long enough" in flat
     forced = hector.explain(TransformerConv(8, 4, strategy="edge"), ring())
@@ -30,7 +33,10 @@ def test_explain_reports_strategy_and_reason():
 
 
 def test_explain_agnn_and_bad_graph():
-    text = hector.explain(AGNNConv(), ring(), features=16)
-    assert "scale * <q_v, k_u>" in text and "aggregate v (16 per head)" in text
+    text = hector.explain(AGNNConv(), ring(), features=16)     # (its program for width 16)
+    assert "hector::cosine_qk" in text and "dim_qk=16, dim_v=16, has_qk=True" in text
+    assert "normed_k=True" in text
+    with pytest.raises(ValueError, match="needs features="):
+        hector.explain(AGNNConv(), ring())
     with pytest.raises(TypeError, match="graph must be a hector.Graph"):
         hector.explain(GATConv(8, 4), torch.zeros(2, 3, dtype=torch.long))

@@ -60,7 +60,8 @@ _EDGEWISE_KERNEL = ("hector.kernels.edgewise.op (generated edgewise Triton kerne
 
 MODELS = ("rgcn", "rgat", "hgt")
 #: Explained from their ``hector.nn`` layer (built by the command line, which may import
-#: ``nn``): the fused attention's spec, strategy and kernels.
+#: ``nn``): GAT's and AGNN's compiled programs; the Transformer's fused attention spec,
+#: strategy and kernels (its layer calls the attention op by hand).
 ATTENTION_MODELS = ("gat", "agnn", "transformer")
 
 
@@ -70,6 +71,11 @@ def _program(module_or_fn, **dims):
     program = getattr(module_or_fn, "program", None)
     if isinstance(program, Program):
         return program
+    if callable(getattr(module_or_fn, "program_for", None)):   # (one program per input width)
+        if dims.get("features") is None:
+            raise ValueError(f"explain({type(module_or_fn).__name__}) needs features=<the "
+                             "width of x>: the layer compiles one program per width")
+        return module_or_fn.program_for(dims["features"])
     if isinstance(module_or_fn, CompiledModule):
         return module_or_fn.program
     if callable(module_or_fn):
@@ -93,6 +99,9 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
             text += "\n\n" + launch_counts(module_or_fn, graph, dtype, dims.get("features"))
         return text
     program = _program(module_or_fn, **dims)
+    loops = bool(getattr(module_or_fn, "add_self_loops", False))  # (GAT, AGNN: as they run)
+    if loops:
+        graph = with_self_loops(graph)
     program.check_graph(graph)
     cp = program.compile_exact(graph, dtype, backward=backward)   # decisions cite this graph
     s = cp.stats
@@ -100,7 +109,8 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
            f"(options {program.options}, autodiff={program.autodiff})",
            f"graph: {s.num_nodes} nodes, {s.num_edges} edges, {s.num_relations} relations, "
            f"{s.num_node_types} node types; unique (src, rel) rows {s.compact_src_rows}, "
-           f"unique (dst, rel) rows {s.compact_dst_rows}", ""]
+           f"unique (dst, rel) rows {s.compact_dst_rows}"
+           + ("; self loops replaced by one per node, as the layer does" if loops else ""), ""]
     out.append(format_ir(program.traced.outputs, "captured IR"))
     for rec in cp.log:
         if not backward and (rec.name == "autodiff" or rec.name.startswith("backward/")):
@@ -374,7 +384,8 @@ def run(args, attention_layer: Optional[Callable] = None) -> int:
                 raise ValueError(f"hector explain {args.model}: no attention layer builder "
                                  "given")
             layer = attention_layer(args.model, args.in_dim, args.out_dim, args.heads)
-            print(explain(layer, homo, launches=launches, features=args.in_dim))
+            print(explain(layer, homo, backward=not args.forward_only, launches=launches,
+                          features=args.in_dim))
             return 0
         # its DSL program: GAT and AGNN add one self loop per node, as their layers do
         graph = homo if args.model == "transformer" else with_self_loops(homo)

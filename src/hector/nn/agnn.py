@@ -1,14 +1,13 @@
-r"""AGNN (Thekumparampil et al. 2018), PyG ``AGNNConv`` semantics, on hector's fused attention."""
+r"""AGNN (Thekumparampil et al. 2018), PyG ``AGNNConv`` semantics, compiled by Hector."""
 from __future__ import annotations
 
+from typing import Dict
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..device import choose_backend
-from ..kernels.attention.cosine import cosine_qk
-from ..kernels.attention.op import edge_attention
-from ..kernels.attention.spec import AttentionSpec
+from ..compiler import models
+from ..compiler.program import Program
 from ._common import (as_one_graph, check_backend, check_input, check_strategy, load_from_pyg,
                       resolve_graph, take_rows)
 from ..compiler.warm import graphed
@@ -20,6 +19,10 @@ class AGNNConv(nn.Module):
     .. math::
         \alpha_{ij} = \mathrm{softmax}_j\big(\beta \cos(x_i, x_j)\big), \qquad
         x_i' = \sum_{j \in N(i)} \alpha_{ij} x_j
+
+    compiled from :func:`hector.compiler.models.agnn` (one program per feature width, made on
+    its first call): the normalisation is one kernel each way, and score, softmax and
+    aggregation one fused attention that forms each key from the value row it gathers.
 
     Args:
         requires_grad: learn :math:`\beta` (else fixed at 1).
@@ -40,10 +43,19 @@ class AGNNConv(nn.Module):
             self.beta = nn.Parameter(torch.ones(1))
         else:
             self.register_buffer("beta", torch.ones(1))
+        self._programs: Dict[int, Program] = {}
 
     def reset_parameters(self) -> None:
         if self.requires_grad:
             self.beta.data.fill_(1)
+
+    def program_for(self, features: int) -> Program:
+        """The compiled program for ``features``-wide inputs (made once per width)."""
+        prog = self._programs.get(features)
+        if prog is None:
+            prog = self._programs[features] = Program(
+                models.agnn, in_dim=features, backend=self.backend, strategy=self.strategy)
+        return prog
 
     @graphed
     def forward(self, x, edge_index):
@@ -51,24 +63,8 @@ class AGNNConv(nn.Module):
                                                      add_self_loops=self.add_self_loops)
         check_input(self, x)
         graph = resolve_graph(x, edge_index, loops)
-        beta = self.beta.to(x.dtype)
-        norm = None
-        if choose_backend(self.backend, x, "x") == "triton":
-            # One kernel each way instead of ~12 torch ops; the norm lets the attention form
-            # each key from x's row, which it gathers per edge anyway (k = x / norm): one
-            # row gathered per edge instead of two.
-            q, k, norm = cosine_qk(x, beta, with_norm=True)
-        else:
-            k = F.normalize(x, p=2.0, dim=-1)
-            q = k * beta
-        out = edge_attention(graph, x.unsqueeze(1), q=q.unsqueeze(1), k=k.unsqueeze(1),
-                             strategy=self.strategy, backend=self.backend, k_norm=norm)
-        return take_rows(out.squeeze(1), rows)
-
-    def attention_spec(self, dtype=torch.float32, features=None):
-        """What this layer asks of the fused attention op (``features``: the width of x)."""
-        f = features or 1
-        return AttentionSpec(1, f, f, True, False, False, None, False, dtype)
+        out = self.program_for(int(x.shape[1]))(graph, {"x": x}, {"beta": self.beta})
+        return take_rows(out[0], rows)
 
     @classmethod
     def from_pyg(cls, module, strategy: str = "auto", backend: str = "auto") -> "AGNNConv":

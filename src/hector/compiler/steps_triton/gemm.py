@@ -230,7 +230,7 @@ def _run_gemm(step, rs, x: torch.Tensor, w: torch.Tensor, ix: GraphIndex, backen
                      transpose_weight=rs.transpose_weight, backend=backend,
                      gather_unique=gather is None, scatter_unique=rs.scatter is None, bias=bias,
                      prologue=gs.prologue,
-                     addend=None if addend is None else addend.reshape(num_out, -1),
+                     addend=None if addend is None else addend.flatten(1),   # (0 rows ok)
                      extra_weight=extra_weight, **kw)
     if extra_weight is not None:
         out, more = out
