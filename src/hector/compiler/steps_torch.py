@@ -18,6 +18,7 @@ from ..kernels.activations import gelu_grad
 from ..kernels.traversal.reference import edge_softmax_torch
 from ..kernels.attention.reference import dropout_keep
 from ..kernels.segment_mm.head_blocks import head_blocks_torch
+from . import attention_csr
 from .ir import (CDST, CSRC, EDGE, NODE, NORMALIZE_EPS, Op, Value, WEIGHT, attention_roles,
                  place_tiles, toposort)
 
@@ -504,11 +505,14 @@ def attention_torch_lse(v: Value, a: List[torch.Tensor], ix: GraphIndex):
     of score -> edge softmax -> weighted aggregation), evaluated edge by edge: the torch
     backend of an attention step (the log-sum-exp is what :func:`attention_bwd_torch`
     reads)."""
+    roles = attention_roles(v, tuple(zip(v.args, a)))
+    if attention_csr.applies(roles, ix.graph):
+        out, lse = attention_csr.forward(v, roles, ix.graph)
+        return (out + _epilogue_term(roles["bias"], out) if "bias" in roles else out), lse
     score = _activated(v, attention_score(v, a, ix))
     dst = ix.move(NODE, EDGE, "dst")
     lse = _lse(score, dst, ix.rows[NODE])
     alpha = torch.exp(_acc(score) - lse[dst][..., None]).to(score.dtype)
-    roles = attention_roles(v, tuple(zip(v.args, a)))
     value, t = roles["v"]
     z = _kept(v, roles, ix)
     alpha = alpha if z is None else alpha * z.to(alpha.dtype)
@@ -556,6 +560,11 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
     n = len(att.args)
     role_t, (grad, out, lse) = a[:n], a[n:n + 3]
     roles = attention_roles(att, tuple(zip(att.args, role_t)))
+    if "bias" in roles:         # ``out`` includes the epilogue term; delta is <g, attention>
+        out = out - _epilogue_term(roles["bias"], out)
+    if attention_csr.applies(roles, ix.graph):
+        return _joint(b, attention_csr.backward(att, roles, ix.graph, grad, out, lse,
+                                                b.attr("needs")))
     s = attention_score(att, role_t, ix)
     dst = ix.move(NODE, EDGE, "dst")
     alpha = torch.exp(_acc(_activated(att, s)) - lse[dst][..., None])
@@ -564,8 +573,6 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
     z = _kept(att, roles, ix)                     # d out / d alpha carries the mask too
     z = 1.0 if z is None else z
     d_alpha = z * (g_e * _acc(edge_side(vt, value, "src", ix))).sum(-1, keepdim=True)
-    if "bias" in roles:         # ``out`` includes the epilogue term; delta is <g, attention>
-        out = out - _epilogue_term(roles["bias"], out)
     delta = (_acc(grad) * _acc(out)).sum(-1, keepdim=True).index_select(0, dst)
     ds = alpha * (d_alpha - delta)
     slope = att.attr("slope")
@@ -587,7 +594,12 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
             contrib = contrib.new_zeros((ix.rows[like.kind],) + tuple(contrib.shape[1:])) \
                 .index_add(0, ix.move(like.kind, EDGE, end), contrib)
         grads[role] = contrib.to(t.dtype)
-    if b.attr("joint", False):    # (ir.joint_kv) k and v gradients side by side
+    return _joint(b, grads)
+
+
+def _joint(b: Value, grads: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """With ``joint`` (``ir.joint_kv``), the k and v gradients side by side as ``kv`` too."""
+    if b.attr("joint", False):
         grads["kv"] = torch.cat([grads["k"].flatten(1), grads["v"].flatten(1)], 1).unsqueeze(1)
     return grads
 
