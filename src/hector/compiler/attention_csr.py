@@ -78,10 +78,10 @@ def forward(att, roles: dict, graph):
     return out.to(value.dtype), lse.view(-1, heads)
 
 
-def backward(att, roles: dict, graph, grad: torch.Tensor, out: torch.Tensor,
-             lse: torch.Tensor, needs) -> Dict[str, torch.Tensor]:
-    """Role -> gradient on the role's rows (``out``: the forward's, without its epilogue
-    term), as ``steps_torch.attention_bwd_torch`` forms them."""
+def backward(att, roles: dict, graph, grad: torch.Tensor, lse: torch.Tensor,
+             needs) -> Dict[str, torch.Tensor]:
+    """Role -> gradient on the role's rows, as ``steps_torch.attention_bwd_torch`` forms
+    them."""
     value = roles["v"][1]
     heads = value.shape[1]
     layout = _layout(graph, heads)
@@ -92,7 +92,8 @@ def backward(att, roles: dict, graph, grad: torch.Tensor, out: torch.Tensor,
     d_alpha = _sddmm(layout, g, _acc(value))
     if z is not None:
         d_alpha = d_alpha * z
-    delta = (g * _acc(out)).sum(-1).reshape(-1).index_select(0, layout.row)
+    # <g_v, out_v> as the row sum of alpha d_alpha: E*H products rather than N*H*D
+    delta = layout.segment_sum(alpha * d_alpha).index_select(0, layout.row)
     ds = alpha * (d_alpha - delta)
     slope = att.attr("slope")
     if slope is not None:

@@ -560,11 +560,11 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
     n = len(att.args)
     role_t, (grad, out, lse) = a[:n], a[n:n + 3]
     roles = attention_roles(att, tuple(zip(att.args, role_t)))
+    if attention_csr.applies(roles, ix.graph):
+        return _joint(b, attention_csr.backward(att, roles, ix.graph, grad, lse,
+                                                b.attr("needs")))
     if "bias" in roles:         # ``out`` includes the epilogue term; delta is <g, attention>
         out = out - _epilogue_term(roles["bias"], out)
-    if attention_csr.applies(roles, ix.graph):
-        return _joint(b, attention_csr.backward(att, roles, ix.graph, grad, out, lse,
-                                                b.attr("needs")))
     s = attention_score(att, role_t, ix)
     dst = ix.move(NODE, EDGE, "dst")
     alpha = torch.exp(_acc(_activated(att, s)) - lse[dst][..., None])
