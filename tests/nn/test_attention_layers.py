@@ -302,3 +302,21 @@ def test_cpu_training_keeps_no_edge_messages(kind):
     messages = (e + 5) * heads * width                       # edges and duplicates, no loops
     assert sizes and max(sizes) < messages / 5, (messages, sorted(sizes)[-3:])
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_settings_changed_after_construction_are_compiled(backend):
+    """GATConv's negative slope and dropout set after construction (as on PyG's layer) are
+    the ones a call computes with: the layer compiles its program for its settings now."""
+    ei = random_graph(30, 90, seed=3)
+    x = torch.randn(30, 8, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    ref = make_layers("gat", 8, 2, True).to(DEVICE).eval()
+    ours = GATConv.from_pyg(ref, backend=backend).eval()
+    ref.negative_slope = ours.negative_slope = 0.5
+    assert rel_err(ours(x, ei.to(DEVICE)), ref(x, ei.to(DEVICE))) < TOL[torch.float32]
+    ours.train()
+    plain = ours(x, ei.to(DEVICE))
+    ours.dropout = 0.5
+    dropped = ours(x, ei.to(DEVICE))
+    assert rel_err(plain, ref(x, ei.to(DEVICE))) < TOL[torch.float32]
+    assert rel_err(dropped, plain) > 0.01          # (half the attention weights dropped)

@@ -3,7 +3,7 @@ features against it, and take over a PyG layer's parameters."""
 from __future__ import annotations
 
 import itertools
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -39,6 +39,17 @@ def param_dtype(module: torch.nn.Module):
     """The dtype of :func:`first_floating` (None if there is none)."""
     t = first_floating(module)
     return None if t is None else t.dtype
+
+
+def program_of(module: torch.nn.Module, key: tuple, make: Callable[[], object]):
+    """The layer's compiled program for ``key``: the hyper-parameters it compiles as they are
+    now (a user may set ``dropout`` or ``strategy`` after construction; the program made for
+    the old value would silently keep it), made by ``make`` on first need and kept."""
+    programs = module.__dict__.setdefault("_programs", {})
+    prog = programs.get(key)
+    if prog is None:
+        prog = programs[key] = make()
+    return prog
 
 
 def check_input(module: torch.nn.Module, x, name: str = "x", width=None) -> torch.Tensor:

@@ -1,15 +1,13 @@
 r"""AGNN (Thekumparampil et al. 2018), PyG ``AGNNConv`` semantics, compiled by Hector."""
 from __future__ import annotations
 
-from typing import Dict
-
 import torch
 from torch import nn
 
 from ..compiler import models
 from ..compiler.program import Program
 from ._common import (as_one_graph, check_backend, check_input, check_strategy, load_from_pyg,
-                      resolve_graph, take_rows)
+                      program_of, resolve_graph, take_rows)
 from ..compiler.warm import graphed
 
 
@@ -43,19 +41,16 @@ class AGNNConv(nn.Module):
             self.beta = nn.Parameter(torch.ones(1))
         else:
             self.register_buffer("beta", torch.ones(1))
-        self._programs: Dict[int, Program] = {}
 
     def reset_parameters(self) -> None:
         if self.requires_grad:
             self.beta.data.fill_(1)
 
     def program_for(self, features: int) -> Program:
-        """The compiled program for ``features``-wide inputs (made once per width)."""
-        prog = self._programs.get(features)
-        if prog is None:
-            prog = self._programs[features] = Program(
-                models.agnn, in_dim=features, backend=self.backend, strategy=self.strategy)
-        return prog
+        """The compiled :func:`hector.compiler.models.agnn` for ``features``-wide inputs and
+        the layer's settings now (made once for each)."""
+        return program_of(self, (features, self.strategy, self.backend), lambda: Program(
+            models.agnn, in_dim=features, backend=self.backend, strategy=self.strategy))
 
     @graphed
     def forward(self, x, edge_index):

@@ -9,7 +9,7 @@ from .. import checks as C
 from ..compiler import models
 from ..compiler.program import Program
 from ._common import (as_one_graph, check_backend, check_input, check_strategy,
-                      load_from_pyg, no_edge_features, resolve_graph, take_rows)
+                      load_from_pyg, no_edge_features, program_of, resolve_graph, take_rows)
 from ..compiler.warm import graphed
 
 
@@ -63,11 +63,17 @@ class GATConv(nn.Module):
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
         self.res = nn.Linear(in_channels, total, bias=False) if residual else None
         self.bias = nn.Parameter(torch.empty(total)) if bias else None
-        self.program = Program(models.gat, in_dim=in_channels, out_dim=out_channels,
-                               heads=heads, negative_slope=negative_slope, concat=concat,
-                               bias=bias, dropout=dropout, residual=residual,
-                               backend=self.backend, strategy=self.strategy)
         self.reset_parameters()
+
+    @property
+    def program(self) -> Program:
+        """The compiled :func:`hector.compiler.models.gat` for the layer's settings now."""
+        key = (self.negative_slope, self.dropout, self.strategy, self.backend)
+        return program_of(self, key, lambda: Program(
+            models.gat, in_dim=self.in_channels, out_dim=self.out_channels, heads=self.heads,
+            negative_slope=self.negative_slope, concat=self.concat,
+            bias=self.bias is not None, dropout=self.dropout, residual=self.res is not None,
+            backend=self.backend, strategy=self.strategy))
 
     def reset_parameters(self) -> None:
         for w in (self.lin.weight, self.att_src, self.att_dst) + (
