@@ -10,7 +10,7 @@ from torch import nn
 from .. import checks as C
 from ..compiler import models
 from ..compiler.program import Program
-from ._common import as_one_graph, check_input, load_from_pyg, take_rows
+from ._common import as_one_graph, check_input, load_from_pyg, program_of, take_rows
 from ..compiler.warm import graphed
 from .rgcn import compiler_options, glorot_, relational_graph, unsupported
 
@@ -84,11 +84,19 @@ class RGATConv(nn.Module):
         self.b1 = nn.Parameter(torch.zeros(1, out_channels))
         self.l2 = nn.Parameter(torch.empty(out_channels, out_channels))
         self.b2 = nn.Parameter(torch.zeros(1, out_channels))
-        self.program = Program(models.rgat, in_dim=in_channels, out_dim=out_channels, heads=heads,
-                               negative_slope=negative_slope, concat=concat, bias=bias,
-                               num_bases=num_bases, num_blocks=num_blocks,
-                               num_relations=num_relations, **compiler_options(**compiler))
+        self._compiler = compiler_options(**compiler)
         self.reset_parameters()
+        self.program        # (compiled now: bad compiler options fail at construction)
+
+    @property
+    def program(self) -> Program:
+        """The compiled :func:`hector.compiler.models.rgat` for the layer's settings now (a
+        negative slope set after construction included)."""
+        return program_of(self, (self.negative_slope,), lambda: Program(
+            models.rgat, in_dim=self.in_channels, out_dim=self.out_channels,
+            heads=self.heads, negative_slope=self.negative_slope, concat=self.concat,
+            bias=self.bias is not None, num_bases=self.num_bases, num_blocks=self.num_blocks,
+            num_relations=self.num_relations, **self._compiler))
 
     def reset_parameters(self) -> None:
         for name in ("basis", "att", "weight", "q", "k"):
