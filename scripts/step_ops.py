@@ -4,6 +4,7 @@ of small index kernels (each a few microseconds in a CUDA graph).
 
     python scripts/step_ops.py [--profile mag] [--scale 0.01] [--batch-size 64]
         [--fanout 25,20] [--model rgcn] [--phases sample,blocks] [--sites 12] [--worst]
+        [--backend triton|torch]
 
 Counts every aten op that runs a kernel (views, slices and the like are left out) while one
 ``StaticSampler`` batch is sampled (``sample``), its capacity blocks built on fitted
@@ -63,6 +64,9 @@ def main():
     p.add_argument("--phases", default="sample,blocks")
     p.add_argument("--sites", type=int, default=12)
     p.add_argument("--worst", action="store_true")
+    p.add_argument("--backend", default="triton", choices=("triton", "torch"),
+                   help="the network's backend (torch: fast, the index building's counts "
+                        "are the same, the layers' own ops are not the GPU's)")
     a = p.parse_args()
     phases = a.phases.split(",")
     data = synthetic.load(a.profile, device="cpu", scale=a.scale)
@@ -85,7 +89,7 @@ def main():
         x = torch.randn(data.graph.num_nodes, 64, generator=torch.Generator().manual_seed(0))
         data.x = x
         cfg = dict(defaults(a.model, "synthetic:" + a.profile), dropout=0.0, num_bases=None)
-        net = build(a.model, data, cfg, backend="triton")
+        net = build(a.model, data, cfg, backend=a.backend)
         n_id = sb.n_id_of(caps)
         with Count() as counts["forward"]:
             logits = net(x.index_select(0, n_id), blocks, n_id=n_id)

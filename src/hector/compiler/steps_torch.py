@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..graph.build import (counts_of, counts_to_ptr, host_constant, sort_key, sorted_ptr,
                            take_rows)
-from ..graph.capacity import with_compact_maps
+from ..graph.capacity import compact_rows, with_compact_maps
 from ..kernels.activations import gelu_grad
 from ..kernels.traversal.reference import edge_softmax_torch
 from ..kernels.attention.reference import dropout_keep
@@ -23,15 +23,30 @@ from .ir import (CDST, CSRC, EDGE, NODE, NORMALIZE_EPS, Op, Value, WEIGHT, atten
                  place_tiles, toposort)
 
 
+class _Pointers(dict):
+    """A graph's segment pointers by row kind (``graph.host_ptr``'s); the compact kinds' are
+    read on first need, a capacity block's maps built then (:func:`with_compact_maps`)."""
+
+    def __init__(self, graph):
+        super().__init__({kind: graph.host_ptr[kind] for kind in (EDGE, NODE)})
+        self.graph = graph
+
+    def __missing__(self, kind: str):
+        self[kind] = with_compact_maps(self.graph).host_ptr[kind]
+        return self[kind]
+
+
 class GraphIndex:
     """Row counts, per-row types, movement indices and host-side segment pointers of one
     graph, built once and memoised on it (the compiler asks for them every call)."""
 
     def __init__(self, graph):
-        self.graph = graph
-        g = with_compact_maps(graph)
-        self.rows = {NODE: g.num_nodes, EDGE: g.num_edges, CSRC: g.compact_src.num_rows,
-                     CDST: g.compact_dst.num_rows}
+        self.graph = g = graph
+        # A capacity block of one relation builds its compact maps only when a plan reads
+        # compact rows (``_Pointers``, ``move``, ``relation``): an attention layer's program
+        # never does, and the maps are two sorts and some forty kernels a batch.
+        src_rows, dst_rows = compact_rows(g)
+        self.rows = {NODE: g.num_nodes, EDGE: g.num_edges, CSRC: src_rows, CDST: dst_rows}
         self._idx: Dict[tuple, torch.Tensor] = {}
         self._counts: Dict[tuple, torch.Tensor] = {}
         self._groups: Dict[tuple, tuple] = {}
@@ -39,7 +54,7 @@ class GraphIndex:
         # The four segment pointers as Python ints, read by the Graph build with its other
         # sizes (one device read per graph; a mini-batch block pays none here); a capacity
         # block's are DeviceBounds, never read by the Triton path (see host_bounds).
-        self.ptr = {kind: g.host_ptr[kind] for kind in (EDGE, CSRC, CDST, NODE)}
+        self.ptr = _Pointers(g)
         self.node_perm = None if g.node_types_contiguous else g.node_perm.long()
         # Graph-only quantities the runtime derives (host segment pointers, layouts), keyed
         # by the caller: built on the first call, read on every later one.
@@ -67,7 +82,7 @@ class GraphIndex:
         call widening the graph's int32 array was a row-sized copy each step)."""
         key = ("relation", kind)
         if key not in self.memo:
-            g = self.graph
+            g = self.graph if kind == EDGE else with_compact_maps(self.graph)
             self.memo[key] = {EDGE: g.etype, CSRC: g.compact_src.rel,
                               CDST: g.compact_dst.rel}[kind].long()
         return self.memo[key]
@@ -96,7 +111,7 @@ class GraphIndex:
         """For each row of kind ``many``, its row of kind ``one``."""
         key = (one, many, end)
         if key not in self._idx:
-            g = self.graph
+            g = self.graph if (one, many) == (NODE, EDGE) else with_compact_maps(self.graph)
             if (one, many) == (NODE, EDGE):
                 t = g.src if end == "src" else g.dst
             elif (one, many) == (NODE, CSRC):

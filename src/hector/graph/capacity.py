@@ -38,7 +38,7 @@ statistics say (``kernels.attention.plan.make_plan``): its rows are bounded by t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -177,6 +177,14 @@ def _relational(g: Graph, etype: torch.Tensor, c: Capacity) -> None:
     g.dst_index = torch.where(slots < c.dst_count, c.dst_node.long(),
                               sinks_in_turn(slots, n, c.first_sink)).to(idx)
     g.dst_type_ptr = None
+
+
+def compact_rows(graph: Graph) -> Tuple[int, int]:
+    """``graph``'s (compact_src, compact_dst) row counts, without building a capacity block's
+    maps: each is ``num_edges`` rows there, a bound (:func:`_compact_maps`)."""
+    if graph.compact_src is None and graph.capacity is not None:
+        return graph.num_edges, graph.num_edges
+    return graph.compact_src.num_rows, graph.compact_dst.num_rows
 
 
 def with_compact_maps(graph: Graph) -> Graph:

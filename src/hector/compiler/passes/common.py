@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from ...graph.capacity import with_compact_maps
+from ...graph.capacity import compact_rows
 from ..ir import CDST, CSRC, EDGE, NODE
 
 
@@ -51,9 +51,9 @@ class GraphStats:
         """``typed``: ask the graph for ``typed_sources`` (on a graph without names, one read
         of its edges); a program without per-node-type weights passes False (never needs
         it).  A capacity block's compact rows are bounds (``graph.capacity``)."""
-        with_compact_maps(graph)
-        return GraphStats(graph.num_nodes, graph.num_edges, graph.compact_src.num_rows,
-                          graph.compact_dst.num_rows, graph.num_relations, graph.num_node_types,
+        src, dst = compact_rows(graph)
+        return GraphStats(graph.num_nodes, graph.num_edges, src, dst, graph.num_relations,
+                          graph.num_node_types,
                           typed and graph.relation_source_types() is not None)
 
     def rows(self, kind: str) -> int:

@@ -25,6 +25,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ...graph import Graph
+from ...graph.capacity import with_compact_maps
 from ...graph.derived import AttentionGraph
 from ...kernels.attention.custom_ops import edge_attention_grads_triton, edge_attention_triton
 from ...kernels.attention.launch import overlap, rows_dense
@@ -186,7 +187,8 @@ def _dst_index(rows: AttentionRows, ix: GraphIndex) -> Optional[torch.Tensor]:
     derived graph's, one per canonical edge in its own order (``edge_perm``); memoised."""
     if not rows.dst_edge:
         return None
-    g, edge_row = ix.graph, ix.graph.compact_dst.edge_row
+    g = ix.graph
+    edge_row = with_compact_maps(g).compact_dst.edge_row
     if rows.graph == "graph":
         return edge_row
     return g.derived("attention_dst_rows_" + rows.source, lambda: torch.index_select(
