@@ -30,7 +30,10 @@ def applies(roles: dict, graph) -> bool:
         return False
     if torch.is_grad_enabled() or torch.compiler.is_compiling() or "p" in roles:
         return False
-    return all(roles[r][0].kind == NODE for r in _NODE_ROLES if r in roles)
+    # (plain tensors only: the fake or functional tensors of a traced call, which sparse
+    # layouts do not support, take the edge-wise form)
+    return all(roles[r][0].kind == NODE and type(roles[r][1]) is torch.Tensor
+               for r in _NODE_ROLES if r in roles)
 
 
 def _acc(t: torch.Tensor) -> torch.Tensor:

@@ -522,6 +522,8 @@ def attention_torch_lse(v: Value, a: List[torch.Tensor], ix: GraphIndex):
     reads)."""
     roles = attention_roles(v, tuple(zip(v.args, a)))
     if attention_csr.applies(roles, ix.graph):
+        for end in ("src", "dst"):   # (the edge-wise form's index memos: a traced call of the
+            ix.move(NODE, EDGE, end)  # plans must find them filled, not write them)
         out, lse = attention_csr.forward(v, roles, ix.graph)
         return (out + _epilogue_term(roles["bias"], out) if "bias" in roles else out), lse
     score = _activated(v, attention_score(v, a, ix))
@@ -578,8 +580,6 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
     if attention_csr.applies(roles, ix.graph):
         return _joint(b, attention_csr.backward(att, roles, ix.graph, grad, lse,
                                                 b.attr("needs")))
-    if "bias" in roles:         # ``out`` includes the epilogue term; delta is <g, attention>
-        out = out - _epilogue_term(roles["bias"], out)
     s = attention_score(att, role_t, ix)
     dst = ix.move(NODE, EDGE, "dst")
     alpha = torch.exp(_acc(_activated(att, s)) - lse[dst][..., None])
@@ -588,6 +588,8 @@ def attention_bwd_torch(b: Value, att: Value, a: List[torch.Tensor],
     z = _kept(att, roles, ix)                     # d out / d alpha carries the mask too
     z = 1.0 if z is None else z
     d_alpha = z * (g_e * _acc(edge_side(vt, value, "src", ix))).sum(-1, keepdim=True)
+    if "bias" in roles:         # ``out`` includes the epilogue term; delta is <g, attention>
+        out = out - _epilogue_term(roles["bias"], out)
     delta = (_acc(grad) * _acc(out)).sum(-1, keepdim=True).index_select(0, dst)
     ds = alpha * (d_alpha - delta)
     slope = att.attr("slope")
