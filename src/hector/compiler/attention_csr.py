@@ -2,9 +2,9 @@
 whose every operand is a node row (GAT, AGNN, Transformer programs): every head's weights in
 one block-diagonal CSR matrix (``kernels.attention.reference``'s layout, kept on the graph),
 the scores and the value gradient's weights by SDDMM, the aggregation and the row gradients
-by sparse-dense products (MKL), the softmax over contiguous rows.  Edge by edge instead,
-each ``[E, H, D]`` gather and ``index_add`` made a layer's CPU step 2-5x slower (Cora, one
-thread; docs/perf-notes.md, "Attention layers on the CPU").
+by sparse-dense products (MKL), the softmax over contiguous rows: no ``[E, H, D]`` gather
+or ``index_add``, which made the edge-by-edge form far slower on the CPU (docs/perf-notes.md,
+"Attention layers on the CPU").
 
 Same math as ``steps_torch.attention_torch_lse`` / ``attention_bwd_torch`` (which stay the
 reference and the path everywhere else): the forward returns the output and the
@@ -40,7 +40,7 @@ def _acc(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
 
 
-def _scores(att, roles, layout, heads: int):
+def _scores(att, roles, layout):
     """(activated score, pre-activation score) per CSR entry ``[N*H*deg]``."""
     s = None
     if "q" in roles:
@@ -68,7 +68,7 @@ def forward(att, roles: dict, graph):
     value = roles["v"][1]
     heads = value.shape[1]
     layout = _layout(graph, heads)
-    t, _ = _scores(att, roles, layout, heads)
+    t, _ = _scores(att, roles, layout)
     top = torch.segment_reduce(t, "max", offsets=layout.crow)
     top = torch.where(torch.isinf(top), torch.zeros_like(top), top)     # (rows without edges)
     p = torch.exp(t - top.index_select(0, layout.row))
@@ -88,7 +88,7 @@ def backward(att, roles: dict, graph, grad: torch.Tensor, lse: torch.Tensor,
     value = roles["v"][1]
     heads = value.shape[1]
     layout = _layout(graph, heads)
-    t, s = _scores(att, roles, layout, heads)
+    t, s = _scores(att, roles, layout)
     alpha = torch.exp(t - _acc(lse).reshape(-1).index_select(0, layout.row))
     z = _kept(att, roles, layout, heads, graph.num_edges)
     g = _acc(grad).contiguous()
