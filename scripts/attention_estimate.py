@@ -63,7 +63,7 @@ def geomean(values):
 
 
 def reordered(layer: str, heads: int) -> bool:
-    """A one-head Transformer's cheapest formulation is the reordered one (``nn._reorder``):
+    """A one-head Transformer's cheapest formulation is the reordered one (``compiler.passes.reorder_attention``):
     one input row gathered per edge and three products' worth of node multiply-adds, against
     a key and a value row and four products; it bounds both parts of the floor."""
     return layer == "transformer" and heads == 1

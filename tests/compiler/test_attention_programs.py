@@ -218,19 +218,19 @@ def _transformer_pair(heads, concat, beta, bias=True, root_weight=True, backend=
 
 def _transformer_views(ref, heads, C):
     """The program's weights as views of PyG's parameters (what a layer shell would pass)."""
-    out = {n: getattr(ref, "lin_" + n).weight.t() for n in ("query", "key", "value")}
+    out = {n: getattr(ref, "lin_" + n).weight for n in ("query", "key", "value")}
     if ref.lin_query.bias is not None:
         out.update({n + "_bias": getattr(ref, "lin_" + n).bias.view(heads, C)
                     for n in ("query", "key", "value")})
     if ref.root_weight:
-        out["skip"] = ref.lin_skip.weight.t()
+        out["skip"] = ref.lin_skip.weight
         if ref.lin_skip.bias is not None:
             out["skip_bias"] = ref.lin_skip.bias
         if ref.lin_beta is not None:
-            w = ref.lin_beta.weight.t()
-            third = w.shape[0] // 3
-            out.update(beta_out=w[:third], beta_root=w[third:2 * third],
-                       beta_diff=w[2 * third:])
+            w = ref.lin_beta.weight
+            third = w.shape[1] // 3
+            out.update(beta_out=w[:, :third], beta_root=w[:, third:2 * third],
+                       beta_diff=w[:, 2 * third:])
     return out
 
 

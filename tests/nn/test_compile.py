@@ -26,7 +26,7 @@ from helpers import random_hetero, random_relational  # noqa: E402
 # is the message GEMM's extra product (hector::segment_mm_extra).  transformer_1h: one head,
 # keys and values moved across the attention (``reorder=True``; the graph has nodes without
 # incoming edges, so b_v is added through the per-graph has-edges mask); transformer_2h: the
-# same with two heads reading x's rows as a key shared by the heads (head stride 0).
+# same asked of two heads, which the compiler declines (the layer as written).
 LAYERS = ("gat", "agnn", "transformer", "transformer_1h", "transformer_2h", "rgcn",
           "rgcn_dense", "rgat", "rgat_1h", "hgt", "hgt_wide")
 

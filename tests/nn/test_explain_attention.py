@@ -26,8 +26,8 @@ def test_explain_reports_strategy_and_reason():
     assert "negative_slope=0.2" in text and "roles=('v', 'a_src', 'a_dst', 'bias')" in text
     loopless = hector.explain(GATConv(8, 4, add_self_loops=False), star())
     assert "self loops replaced" not in loopless and "max degree 3000" in loopless
-    flat = hector.explain(TransformerConv(8, 4, heads=2), ring())
-    assert "(CSR by destination): node-parallel" in flat and "no row long enough" in flat
+    flat = hector.explain(TransformerConv(8, 4, heads=2), ring())      # (its program)
+    assert "backward: Schedule(strategy='node'" in flat and "no row long enough" in flat
     forced = hector.explain(TransformerConv(8, 4, strategy="edge"), ring())
     assert "requested by the caller" in forced and "chunk=" in forced
 

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..graph.derived import has_in_edges
 from .ir import Op, Value, toposort
 from .plan import Plan, Step
 from .lower import extra_cols
@@ -109,6 +110,10 @@ def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
             if leaf.op == Op.CONST:
                 env[leaf] = torch.full((ix.rows[leaf.kind],) + leaf.shape, leaf.attr("value"),
                                        device=ix.graph.device)
+            elif leaf.op == Op.HAS_EDGES:
+                dtype = next((t.dtype for t in env.values() if t.is_floating_point()),
+                             torch.float32)
+                env[leaf] = has_in_edges(ix.graph, dtype).view(-1, 1, 1)
             else:
                 raise ValueError(f"plan leaf {leaf.op}({dict(leaf.attrs)}) has no value")
     # The traversal CSRs' row bins in one read; not while torch.compile traces (a host read
@@ -261,6 +266,7 @@ class PlanFunction(torch.autograd.Function):
             outs = tuple(o.clone() for o in outs)
         ctx.compiled, ctx.part, ctx.ix, ctx.backend = compiled, part, ix, backend
         ctx.leaves = leaves
+        ctx.metas = [(t.shape, t.dtype, t.device) for t in tensors]
         _stash(ctx, [env[v] for v in part.saved_values], outs, given)
         return outs if len(outs) > 1 else outs[0]
 
@@ -283,7 +289,28 @@ class PlanFunction(torch.autograd.Function):
         by_target = dict(zip(part.targets, (env[o] for o in part.plan.outputs)))
         grads_in = [by_target.get(leaf) if needs else None
                     for leaf, needs in zip(ctx.leaves, ctx.needs_input_grad[4:])]
+        # A parameter the optimised program no longer reads (a key bias that the softmax
+        # cancels, dropped by reordering) has gradient zero, given as such: optimizers and
+        # DistributedDataParallel expect one for every parameter the layer as written reads.
+        unread = _unread_params(compiled, ctx.leaves)
+        for i, (leaf, needs) in enumerate(zip(ctx.leaves, ctx.needs_input_grad[4:])):
+            if needs and leaf in unread:
+                shape, dtype, device = ctx.metas[i]
+                grads_in[i] = torch.zeros(shape, dtype=dtype, device=device)
         return (None, None, None, None, *grads_in)
+
+
+def _unread_params(compiled, leaves: Tuple[Value, ...]) -> frozenset:
+    """The parameters among ``leaves`` that neither the plans nor a weight root read (found
+    once per entry and leaf order)."""
+    memo = compiled.forward.__dict__.setdefault("_unread", {})
+    found = memo.get(leaves)
+    if found is None:
+        targets = set(compiled.grad_targets)
+        read = set(toposort([v for v in targets if v.op != Op.PARAM]))
+        found = memo[leaves] = frozenset(v for v in leaves if v.op == Op.PARAM
+                                         and v not in targets and v not in read)
+    return found
 
 
 def ix_device(ix: GraphIndex) -> torch.device:

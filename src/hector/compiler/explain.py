@@ -19,7 +19,6 @@ from ..graph import Graph, with_self_loops
 from ..kernels import autotune, registry
 from ..kernels.attention import spec as attention_spec
 from ..kernels.attention.launch import score_params
-from ..kernels.attention.plan import make_plan
 from ..kernels.attention.spec import AttentionSpec
 from ..kernels.edgewise.launch import edgewise_params
 from ..kernels.segment_mm import spec as gemm_spec
@@ -60,8 +59,7 @@ _EDGEWISE_KERNEL = ("hector.kernels.edgewise.op (generated edgewise Triton kerne
 
 MODELS = ("rgcn", "rgat", "hgt")
 #: Explained from their ``hector.nn`` layer (built by the command line, which may import
-#: ``nn``): GAT's and AGNN's compiled programs; the Transformer's fused attention spec,
-#: strategy and kernels (its layer calls the attention op by hand).
+#: ``nn``): its compiled program, on the graph the layer runs on (GAT's and AGNN's self loops).
 ATTENTION_MODELS = ("gat", "agnn", "transformer")
 
 
@@ -93,11 +91,6 @@ def explain(module_or_fn: Union[torch.nn.Module, Callable], graph, *, dtype=torc
     (then ``dims`` are its dimensions, as for ``hector.compile``)."""
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a hector.Graph, got {type(graph).__name__}")
-    if hasattr(module_or_fn, "attention_spec"):
-        text = _explain_attention(module_or_fn, graph, dtype, dims.get("features"))
-        if launches:
-            text += "\n\n" + launch_counts(module_or_fn, graph, dtype, dims.get("features"))
-        return text
     program = _program(module_or_fn, **dims)
     loops = bool(getattr(module_or_fn, "add_self_loops", False))  # (GAT, AGNN: as they run)
     if loops:
@@ -192,47 +185,6 @@ def launch_counts(layer, graph: Graph, dtype=torch.float32, features=None) -> st
     return "\n".join([f"== kernel launches per training step ({backend} backend on {dev}{where})",
                       f"forward:  {summary(c['forward'])}",
                       f"backward: {summary(c['backward'])}"])
-
-
-def _explain_attention(layer, graph, dtype, features) -> str:
-    """An attention layer (GAT, AGNN, Transformer): the fused op it calls, and for each
-    traversal the schedule DF-GNN's dynamic fusion picks on this graph, and why."""
-    g = with_self_loops(graph) if getattr(layer, "add_self_loops", False) else graph
-    reordering = getattr(layer, "reordering", None)       # (Transformer: Hector's reordering)
-    spec = (layer.attention_spec(dtype, features, graph=g) if reordering else
-            layer.attention_spec(dtype, features))
-    plan = make_plan(g, spec, layer.strategy)
-    terms = [name for name, on in (("scale * <q_v, k_u>", spec.has_qk), ("a_src[u]", spec.has_src),
-                                   ("a_dst[v]", spec.has_dst)) if on]
-    out = [f"== hector.explain: {layer!r} (strategy={layer.strategy!r})",
-           f"graph: {g.num_nodes} nodes, {g.num_edges} edges"
-           + (" (self loops replaced by one per node)" if g is not graph else "")
-           + f"; in-degree max {g.in_degree.max}, mean {g.in_degree.mean:.1f}, cv "
-           f"{g.in_degree.cv:.2f}, {g.in_degree.num_super} super nodes",
-           "",
-           f"fused op: hector.kernels.attention.op.edge_attention, {spec.heads} head(s), score = "
-           f"{' + '.join(terms)}" + (f", leaky_relu({spec.negative_slope})" if spec.has_leaky else "")
-           + f", softmax over incoming edges, aggregate v ({spec.dim_v} per head)"
-           + (", dropout on alpha" if spec.has_dropout else ""), ""]
-    if reordering:
-        out[-1:-1] = [f"linear reordering: {reordering(g)}"]
-    kernels = _Kernels()
-    for side, sched, names in (
-            ("forward + destination-side backward (CSR by destination)", plan.dst,
-             ("attention_fwd", "attention_bwd_dst")),
-            ("source-side backward (CSR by source, no atomics)", plan.src,
-             ("attention_bwd_src",))):
-        out += [f"-- {side}: {sched.strategy}-parallel",
-                f"  why: {sched.reason}",
-                f"  tiles: BLOCK_E={sched.block_e} BLOCK_H={sched.block_h} "
-                f"BLOCK_DK={sched.block_dk} BLOCK_DV={sched.block_dv} num_warps={sched.num_warps}"
-                + (f", chunk={sched.chunk} edges" if sched.strategy == "edge" else ""),
-                "  kernels:"]
-        bias = getattr(layer, "bias_in_kernel", False)      # (GAT with concatenated heads)
-        for name in names:
-            out.extend("    " + line for line in kernels.traversal(name, spec, sched, bias))
-        out.append("")
-    return "\n".join(out + kernels.sources())
 
 
 class _Kernels:

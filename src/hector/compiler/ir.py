@@ -41,6 +41,7 @@ class Op:
     INPUT, PARAM, CONST = "input", "param", "const"
     SAVED, GRAD_OUTPUT = "saved", "grad_output"     # leaves of a backward IR
     SEED = "seed"          # the dropout seed a training call draws (one per program)
+    HAS_EDGES = "has_edges"  # per node: 1 where it has an incoming edge, else 0 (graph data)
     ARG = "arg"                                     # a kernel body's i-th input
     # row operators
     LINEAR, GATHER, SCATTER = "linear", "gather", "scatter"
@@ -81,7 +82,8 @@ BINARY = (Op.ADD, Op.SUB, Op.MUL)
 WEIGHT_OPS = (Op.PARAM, Op.WMUL, Op.WCOMBINE, Op.BLOCKDIAG, Op.WT, Op.WSCALE, Op.WSRC,
               Op.WCAT, Op.WHEADS, Op.WCOLS, Op.WBLOCKS)
 #: Values with no computation of their own: passes leave them alone, lowering makes no step.
-LEAVES = (Op.INPUT, Op.PARAM, Op.CONST, Op.SAVED, Op.GRAD_OUTPUT, Op.ARG, Op.SEED)
+LEAVES = (Op.INPUT, Op.PARAM, Op.CONST, Op.SAVED, Op.GRAD_OUTPUT, Op.ARG, Op.SEED,
+          Op.HAS_EDGES)
 #: The score terms a fused ``attention`` node can read, in the order its arguments hold them.
 ATTENTION_ROLES = ("v", "q", "k", "a_src", "a_dst", "p", "bias", "seed", "k_norm")
 
@@ -464,6 +466,12 @@ def wsum(dy: Value, w: Value) -> Value:
 
 def const(kind: str, shape: Tuple[int, ...], value: float) -> Value:
     return Value(Op.CONST, (), kind, tuple(shape), _attrs(value=float(value)))
+
+
+def has_edges() -> Value:
+    """``[N, 1, 1]``: 1.0 on the nodes with an incoming edge, else 0 (graph data, bound by
+    the executor like a constant; no gradient)."""
+    return Value(Op.HAS_EDGES, (), NODE, (1, 1))
 
 
 # -- made by fusion ------------------------------------------------------------------------

@@ -88,12 +88,16 @@ def transformer(m, in_dim, out_dim, heads=1, concat=True, beta=False, dropout=0.
                 root_weight=True):
     """PyG ``TransformerConv``: scaled dot-product attention over incoming edges plus the root
     projection, mixed by PyG's gate with ``beta`` (its three-part weight given as the slices
-    ``beta_out``, ``beta_root``, ``beta_diff`` of ``lin_beta.weight``)."""
+    ``beta_out``, ``beta_root``, ``beta_diff`` of ``lin_beta.weight``).  The projections'
+    weights are stored as PyG's ``nn.Linear`` weights, ``[out, in]``."""
     x = m.node_input("x", in_dim)
     width = heads * out_dim if concat else out_dim
 
+    def w(name, shape):    # stored as PyG's nn.Linear weights, [out, in]
+        return m.weight(name, shape, stored="transposed")
+
     def proj(name):        # W x (+ b): heads of out_dim
-        y = m.linear(x, m.weight(name, (in_dim, heads * out_dim)), heads=heads)
+        y = m.linear(x, w(name, (in_dim, heads * out_dim)), heads=heads)
         return y + m.weight(name + "_bias", (heads, out_dim), init="zeros") if bias else y
     q, k, v = proj("query"), proj("key"), proj("value")
     alpha = m.edge_softmax(m.dot(m.dst(q), m.src(k)) / math.sqrt(out_dim))
@@ -101,14 +105,14 @@ def transformer(m, in_dim, out_dim, heads=1, concat=True, beta=False, dropout=0.
     out = m.heads(out, 1) if concat else m.head_mean(out)
     if not root_weight:
         return out
-    r = m.linear(x, m.weight("skip", (in_dim, width)))
+    r = m.linear(x, w("skip", (in_dim, width)))
     if bias:
         r = r + m.weight("skip_bias", (width,), init="zeros")
     if not beta:
         return out + r
-    gate = m.sigmoid(m.linear(out, m.weight("beta_out", (width, 1)))
-                     + m.linear(r, m.weight("beta_root", (width, 1)))
-                     + m.linear(out - r, m.weight("beta_diff", (width, 1))))
+    gate = m.sigmoid(m.linear(out, w("beta_out", (width, 1)))
+                     + m.linear(r, w("beta_root", (width, 1)))
+                     + m.linear(out - r, w("beta_diff", (width, 1))))
     return out + gate * (r - out)                    # = gate r + (1 - gate) out
 
 

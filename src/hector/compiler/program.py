@@ -56,7 +56,7 @@ class Program:
     """A traced layer plus its per-graph compiled plans (no parameters: ``hector.nn`` layers
     keep PyG's parameters and pass them in)."""
 
-    def __init__(self, fn: Callable, *, reorder: bool = True, compact: bool = True,
+    def __init__(self, fn: Callable, *, reorder=True, compact: bool = True,
                  fuse: bool = True, backend: str = "auto", autodiff: str = "ir",
                  num_relations: int = 1, num_node_types: int = 1,
                  plan_cache_size: Optional[int] = None, training: bool = False,
@@ -67,7 +67,9 @@ class Program:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if autodiff not in AUTODIFF:
             raise ValueError(f"autodiff must be one of {AUTODIFF}, got {autodiff!r}")
-        for name in ("reorder", "compact", "fuse"):
+        if reorder not in (True, False, "always"):
+            raise TypeError(f"reorder must be a bool or 'always', got {reorder!r}")
+        for name in ("compact", "fuse"):
             if not isinstance(locals()[name], bool):
                 raise TypeError(f"{name} must be a bool, got {locals()[name]!r}")
         C.check_count(num_relations, "num_relations")
@@ -297,13 +299,14 @@ def node_type_bounds(graph: Graph) -> List[int]:
     return GraphIndex.of(graph).host_bounds(NODE)
 
 
-def compile(fn: Callable, *, reorder: bool = True, compact: bool = True, fuse: bool = True,
+def compile(fn: Callable, *, reorder=True, compact: bool = True, fuse: bool = True,
             backend: str = "auto", autodiff: str = "ir", strategy: str = "auto",
             **dims) -> CompiledModule:
     """Compile DSL function ``fn(m, **dims)`` into a module.
 
     Args:
-        reorder, compact, fuse: switch the optimisation passes.
+        reorder, compact, fuse: switch the optimisation passes (``reorder="always"``: also
+            move keys and values across an attention where the cost model declines).
         backend: 'auto' (Triton on CUDA or under ``TRITON_INTERPRET=1``, else torch),
             'torch' or 'triton'.
         autodiff: 'ir' (backward plan from the IR-level autodiff) or 'torch'.

@@ -96,3 +96,15 @@ class AttentionGraph(Graph):
             raise AttributeError(name)
         raise AttributeError(f"{name!r}: a derived attention graph holds only "
                              f"{', '.join(ATTENTION_FIELDS)} (build a hector.Graph for more)")
+
+
+def has_in_edges(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
+    """``[N]``: 1 where a node has an incoming edge, else 0, in ``dtype`` (made once per
+    graph; under ``torch.compile`` made in the compiled code instead, since a tensor that a
+    compiled region made, kept on the graph, may live in a CUDA-graph pool that later
+    replays overwrite)."""
+    def make():
+        return (graph.csr_in.degrees() > 0).to(dtype)
+    if torch.compiler.is_compiling():
+        return make()
+    return graph.derived(("has_in_edges", dtype), make)

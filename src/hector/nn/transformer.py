@@ -1,20 +1,18 @@
-r"""Graph transformer (Shi et al. 2021), PyG ``TransformerConv`` semantics, on hector's fused
-attention."""
+r"""Graph transformer (Shi et al. 2021), PyG ``TransformerConv`` semantics, compiled by
+Hector from :func:`hector.compiler.models.transformer`."""
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
 
 from .. import checks as C
-from ..kernels.attention.op import edge_attention
-from ..kernels.attention.spec import AttentionSpec
-from ._bias import linear, linear_of
+from ..compiler import models
+from ..compiler.passes.common import Decision
+from ..compiler.passes.reorder_attention import WHAT
+from ..compiler.program import Program
 from ._common import (as_one_graph, check_backend, check_input, check_strategy,
-                      load_from_pyg, no_edge_features, resolve_graph, take_rows)
-from ._reorder import (has_edges, messages, messages_added, query_key,
-                       transformer_reorder)
+                      load_from_pyg, no_edge_features, param_dtype, program_of, resolve_graph,
+                      take_rows)
 from ..compiler.warm import graphed
 
 
@@ -28,13 +26,19 @@ class TransformerConv(nn.Module):
     with the optional gate :math:`\beta_i = \sigma(w^\top [m_i, W_r x_i, m_i - W_r x_i])`
     (``beta=True``) mixing root and message.
 
+    Compiled from :func:`hector.compiler.models.transformer`: score, softmax and aggregation
+    as one fused attention, the root added by its store (``hector explain transformer``
+    prints each decision).
+
     Args: in_channels, out_channels, heads, concat, beta, dropout, bias, root_weight: as in
     PyG's ``TransformerConv``; strategy: ``"auto"``, ``"node"`` or ``"edge"``; backend:
-    ``"auto"``, ``"triton"`` or ``"torch"``; reorder: ``"auto"`` (a cost model per graph),
-    True or False: move the key and value projections across the attention (Hector's linear
-    operator reordering, :mod:`hector.nn._reorder`): the attention then gathers each
-    source's input row once (shared by the heads) instead of its key and value rows (no
-    attention dropout in training).
+    ``"auto"``, ``"triton"`` or ``"torch"``; reorder: ``"auto"`` (the compiler's cost model
+    per graph), True (wherever it holds) or False: move the key and value projections
+    across the attention (Hector's linear operator reordering,
+    :mod:`hector.compiler.passes.reorder_attention`: one head, no attention dropout in the
+    call, every node with an incoming edge); the attention then gathers each source's input
+    row once instead of its key and value rows, and ``lin_key.bias`` (which the softmax
+    cancels) gets no gradient.
 
     Shapes: x ``[N, in_channels]`` -> ``[N, heads * out_channels]`` (concat) or
     ``[N, out_channels]``; on a block (``hector.loader``) or with ``x = (x_src, x_dst)``:
@@ -74,129 +78,58 @@ class TransformerConv(nn.Module):
             if lin is not None:
                 lin.reset_parameters()
 
+    @property
+    def program(self) -> Program:
+        """The compiled :func:`hector.compiler.models.transformer` for the layer's settings
+        now."""
+        key = (self.dropout, self.strategy, self.backend, self.reorder)
+        return program_of(self, key, lambda: Program(
+            models.transformer, in_dim=self.in_channels, out_dim=self.out_channels,
+            heads=self.heads, concat=self.concat, beta=self.beta, dropout=self.dropout,
+            bias=self.lin_key.bias is not None, root_weight=self.root_weight,
+            reorder={True: "always", False: False}.get(self.reorder, True),
+            backend=self.backend, strategy=self.strategy))
+
+    def weights(self) -> dict:
+        """The program's weights as views of the layer's (PyG's) parameters."""
+        H, C = self.heads, self.out_channels
+        out = {}
+        for name in ("query", "key", "value"):
+            lin = getattr(self, "lin_" + name)
+            out[name] = lin.weight
+            if lin.bias is not None:
+                out[name + "_bias"] = lin.bias.view(H, C)
+        if self.lin_skip is not None:
+            out["skip"] = self.lin_skip.weight
+            if self.lin_skip.bias is not None:
+                out["skip_bias"] = self.lin_skip.bias
+        if self.lin_beta is not None:       # [1, 3 width]: out, root, out - root
+            out["beta_out"], out["beta_root"], out["beta_diff"] = \
+                self.lin_beta.weight.chunk(3, dim=1)
+        return out
+
     @graphed
     def forward(self, x, edge_index, edge_attr=None):
         no_edge_features(edge_attr, "TransformerConv")
         x, edge_index, _, rows, _ = as_one_graph(x, edge_index)
         check_input(self, x, width=self.in_channels)
         graph = resolve_graph(x, edge_index, add_self_loops=False)
-        H, C = self.heads, self.out_channels
-        if self.reordering(graph).applied:
-            return self._reordered(x, graph, rows)
-        if rows is None:
-            k, v, q, x_r = self._projections(x)
-        else:       # a block: the skip of its destination rows only, four products
-            k = linear(x, self.lin_key)
-            v = linear(x, self.lin_value)
-            q = linear(x, self.lin_query)
-            x_r = None if self.lin_skip is None else linear(take_rows(x, rows), self.lin_skip)
-        # The skip added by the attention's store (its epilogue reads x_r's rows in place,
-        # a column slice of the joint projection): one pass over the output less.  Only
-        # where it is added as is: a whole graph, heads concatenated, no gate.
-        fold = (x_r is not None and rows is None and self.lin_beta is None
-                and (self.concat or H == 1))
-        out = edge_attention(graph, v.view(-1, H, C), q=q.view(-1, H, C), k=k.view(-1, H, C),
-                             scale=1.0 / math.sqrt(C), dropout=self.dropout,
-                             training=self.training, strategy=self.strategy,
-                             backend=self.backend, bias=x_r.view(-1, H, C) if fold else None)
-        out = take_rows(out, rows)      # a block's destination rows only
-        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
-        return out if fold else self._with_root(out, x_r)
+        out = self.program(graph, {"x": x}, self.weights(), training=self.training)[0]
+        return take_rows(out, rows)      # a block's destination rows only
 
-    def _with_root(self, out, x_r):
-        """The message ``out`` joined with the root's ``x_r``: added, or mixed by the gate."""
-        if x_r is None:
-            return out
-        if self.lin_beta is not None:
-            b = torch.sigmoid(self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)))
-            return b * x_r + (1 - b) * out
-        return out + x_r
-
-    def reordering(self, graph):
-        """The :class:`~hector.compiler.passes.common.Decision` of this layer's linear
-        reordering on ``graph`` (:func:`hector.nn._reorder.transformer_reorder`)."""
-        skip = 0 if self.lin_skip is None else self.lin_skip.out_features
-        return transformer_reorder(self.in_channels, self.out_channels, self.heads, skip,
-                                   graph.num_nodes, graph.num_edges,
-                                   self.training and self.dropout > 0, self.reorder)
-
-    def _reordered(self, x, graph, rows):
-        """Reordered (:mod:`hector.nn._reorder`): ``q'[h] = x W_q[h]^T W_k[h] + W_k[h]^T
-        b_q[h]`` (with the skip in the same product on a whole graph), the attention over
-        one row of ``x`` per node as every head's key and value, then ``W_v[h]`` and ``b_v``
-        after it.  ``b_v`` joins the skip's bias when every output row has edges; else it is
-        added where a row has them."""
-        H, C, F = self.heads, self.out_channels, self.in_channels
-        w_qk, b_qk = query_key(self.lin_query.weight, self.lin_query.bias, self.lin_key.weight,
-                               self.lin_key.bias, H)
-        lin_s = self.lin_skip
-        w_v, b_v = self._value_weights()
-        whole = rows is None and graph.in_degree.num_isolated == 0
-        fold = b_v is not None and lin_s is not None and self.lin_beta is None and whole
-        x_r = None
-        if lin_s is not None:
-            b_s = lin_s.bias + b_v if fold else lin_s.bias
-            if rows is None:
-                weight = torch.cat([w_qk, lin_s.weight])
-                bias = None if b_s is None else torch.cat([b_qk, b_s])
-                q, x_r = linear_of(x, weight, bias).split([H * F, lin_s.out_features], 1)
-            else:
-                x_r = linear_of(take_rows(x, rows), lin_s.weight, b_s)
-        if x_r is None or rows is not None:
-            q = linear_of(x, w_qk, b_qk)
-        keys = x.unsqueeze(1).expand(-1, H, F)      # one row per node, read by every head
-        agg = edge_attention(graph, keys, q=q.view(-1, H, F), k=keys,
-                             scale=1.0 / math.sqrt(C), dropout=self.dropout,
-                             training=self.training, strategy=self.strategy,
-                             backend=self.backend)
-        agg = take_rows(agg, rows)                  # [n, H, F]
-        b_v = None if fold else b_v
-        mask = None if whole or b_v is None else take_rows(has_edges(graph, agg.dtype), rows)
-        addend = x_r if self.lin_beta is None else None
-        if H == 1 or not self.concat:               # one product ([n, H*F] x [H*F, C'])
-            out = messages(agg.reshape(agg.shape[0], H * F), w_v, addend, b_v, mask)
-        else:                                       # per head: [H, n, F] x [H, F, C]
-            per_head = torch.bmm(agg.transpose(0, 1), w_v.view(H, C, F).transpose(1, 2))
-            out = messages_added(per_head.transpose(0, 1).reshape(-1, H * C), addend, b_v,
-                                 mask)
-        return out if self.lin_beta is None else self._with_root(out, x_r)
-
-    def _value_weights(self):
-        """``W_v`` and ``b_v`` as the reordered value product takes them: per head
-        ``[H*C, F]`` (heads concatenated, or one head); with the heads averaged, the mean
-        over heads folded into one ``[C, H*F]`` weight and a ``[C]`` bias."""
-        w, b, H = self.lin_value.weight, self.lin_value.bias, self.heads
-        if H == 1 or self.concat:
-            return w, b
-        C, F = self.out_channels, self.in_channels
-        w_mean = w.view(H, C, F).transpose(0, 1).reshape(C, H * F) / H
-        return w_mean, None if b is None else b.view(H, C).mean(0)
-
-    def _projections(self, x):
-        """(k, v, q, skip or None) from ONE product of ``x`` with the four layers' weights
-        stacked, whose outputs are column slices of one ``[N, 3HC (+ skip)]`` tensor (q, k
-        and v read in place by the attention kernels, which take their row strides).  Its
-        backward is one concatenation of the four gradients (``split``'s) and one linear
-        backward: three products where the four ``nn.Linear`` s took twelve, plus three
-        additions of their input gradients (the step's launches 6 / 17 -> 5 / 9 on the test
-        graph).  The stacked weight is a concatenation of the parameters on
-        every call (weight-sized), so the parameters and their names stay PyG's."""
-        lins = [self.lin_key, self.lin_value, self.lin_query] + (
-            [self.lin_skip] if self.lin_skip is not None else [])
-        weight = torch.cat([lin.weight for lin in lins])
-        bias = (torch.cat([lin.bias for lin in lins]) if lins[0].bias is not None else None)
-        parts = linear_of(x, weight, bias).split([lin.out_features for lin in lins], dim=1)
-        return (*parts[:3], parts[3] if len(parts) > 3 else None)
-
-    def attention_spec(self, dtype=torch.float32, features=None, graph=None):
-        """What this layer asks of the fused attention op (for ``hector.explain``); on
-        ``graph``, as its reordering decides (keys and values then the input rows, shared by
-        the heads)."""
-        c, shared = self.out_channels, False
-        if graph is not None and self.reordering(graph).applied:
-            c, shared = self.in_channels, self.heads > 1
-        return AttentionSpec(self.heads, c, c, True, False, False, None, self.dropout > 0, dtype,
-                             shared_kv=shared)
+    def reordering(self, graph) -> Decision:
+        """The compiler's decision on moving this layer's key and value projections across
+        its attention on ``graph`` (:mod:`hector.compiler.passes.reorder_attention`), for a
+        call in the layer's mode now (a training call with attention dropout declines)."""
+        if self.reorder is False:
+            return Decision("reorder", WHAT, False, "reorder=False")
+        prog = self.program
+        if self.training and prog.training_program is not None:
+            prog = prog.training_program
+        dtype = param_dtype(self) or torch.float32
+        cp = prog.compiled_for(graph, dtype, backward=False)
+        return next((d for rec in cp.log for d in rec.decisions if d.what == WHAT),
+                    Decision("reorder", WHAT, False, "no attention of this form in the IR"))
 
     @classmethod
     def from_pyg(cls, module, strategy: str = "auto", backend: str = "auto",

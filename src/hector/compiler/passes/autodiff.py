@@ -202,7 +202,8 @@ def differentiate(outputs: Sequence[Value]) -> Backward:
         else:
             pairs = _adjoints(v, grads[v])
         for arg, contrib in pairs:
-            if arg.op == Op.CONST or (arg.kind == WEIGHT and arg not in roots):
+            if arg.op in (Op.CONST, Op.HAS_EDGES) or (arg.kind == WEIGHT
+                                                       and arg not in roots):
                 continue
             grads[arg] = _accumulate(grads[arg], contrib) if arg in grads else contrib
     targets = [v for v in order if v.op == Op.INPUT] + [r for r in weight_roots(outputs)]

@@ -45,6 +45,10 @@ class GraphStats:
     #: per-node-type weight of the sources can be re-sliced per relation (``ir.wsrc``).  Not
     #: a row count: a stage is shared only between graphs that agree on it (``program``).
     typed_sources: bool = False
+    #: every node has an incoming edge (read from the graph's degree statistics, kept on the
+    #: host when it was built; False on a mini-batch block, whose sources have none).  Not a
+    #: row count either: asked by :class:`EveryRowHasEdges`.
+    every_row_has_edges: bool = False
 
     @staticmethod
     def of(graph, typed: bool = True) -> "GraphStats":
@@ -52,13 +56,28 @@ class GraphStats:
         of its edges); a program without per-node-type weights passes False (never needs
         it).  A capacity block's compact rows are bounds (``graph.capacity``)."""
         src, dst = compact_rows(graph)
+        covered = not graph.is_block and graph.in_degree.num_isolated == 0
         return GraphStats(graph.num_nodes, graph.num_edges, src, dst, graph.num_relations,
                           graph.num_node_types,
-                          typed and graph.relation_source_types() is not None)
+                          typed and graph.relation_source_types() is not None, covered)
 
     def rows(self, kind: str) -> int:
         return {NODE: self.num_nodes, EDGE: self.num_edges, CSRC: self.compact_src_rows,
-                CDST: self.compact_dst_rows}[kind]
+                CDST: self.compact_dst_rows, ONE: 1}[kind]
+
+
+#: A cost term's row kind that counts one on every graph: a fixed price.
+ONE = "one"
+
+
+@dataclass(frozen=True)
+class EveryRowHasEdges:
+    """The question "does every node of this graph have an incoming edge?" (a rewrite that
+    adds a bias after an aggregation rests on it), kept with a compiled stage like a
+    :class:`Cheaper`."""
+
+    def answer(self, stats: "GraphStats") -> bool:
+        return stats.every_row_has_edges
 
 
 #: A cost: the sum of ``coefficient x rows of kind`` over its terms (multiply-adds, rows moved).

@@ -14,6 +14,9 @@
   of the source rows instead of a node GEMM and a second product (and their backward), with
   ``tau(r)`` the relation's source type (``ir.wsrc``; needs ``GraphStats.typed_sources``).
   Decided by a cost model over the graph's row counts (multiply-adds and elements moved).
+* **keys and values across a dot-product attention** (:mod:`.reorder_attention`): the
+  Transformer's ``W_k`` folded into the query side and ``W_v`` applied after the
+  aggregation, so the attention gathers one input row per edge.  Decided by a cost model.
 * **linear across aggregation**: ``aggregate_{(v, r)}(x_u W_r) -> (aggregate_{(v, r)} x_u) W_r``
   -- a per-relation linear commutes with a sum over rows of one relation, so RGCN multiplies
   once per unique (dst, relation) row instead of once per edge or (src, relation) row.
@@ -28,6 +31,7 @@ from .. import ir as N
 from ..ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, rewrite, toposort
 from .common import Cheaper, Decision, GraphStats
 from .compact import lift
+from . import reorder_attention
 
 NAME = "reorder"
 
@@ -46,10 +50,7 @@ def _src_compactable(v: Value) -> bool:
     return lift(v, "src") is not None
 
 
-#: A row element moved through DRAM costs about the time of this many fp32 multiply-adds on
-#: the H200 (a K = N = 64 segment GEMM, FMA-bound: 7.9 G multiply-adds in 0.44 ms, ~18 T/s,
-#: against ~1.1 T fp32 elements/s of DRAM bandwidth).
-MACS_PER_ELEMENT = 16
+MACS_PER_ELEMENT = reorder_attention.MACS_PER_ELEMENT    # (the unit every rule costs in)
 
 
 def _typed_input(g: Value):
@@ -78,7 +79,9 @@ def _typed_input(g: Value):
     return x, A, b, tuple(dict.fromkeys(chain))
 
 
-def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
+def run(outputs, stats: Optional[GraphStats], enabled=True):
+    """``enabled``: True, False, or ``"always"`` (the keys and values across an attention
+    wherever that holds, without its cost model: :mod:`.reorder_attention`)."""
     decisions: List[Decision] = []
     if not enabled:
         return outputs, [Decision(NAME, "all rewrites", False, "disabled (reorder=False)")]
@@ -157,8 +160,11 @@ def run(outputs, stats: Optional[GraphStats], enabled: bool = True):
             return N.dot(*args)
         return None
 
+    across_attention = reorder_attention.rule(stats, uses, enabled == "always", decisions)
+
     def rule(v: Value):
-        return weight_first(v) or prior_into_weight(v) or across_aggregation(v)
+        return (weight_first(v) or prior_into_weight(v) or across_aggregation(v)
+                or across_attention(v))
 
     def typed_into_relation(v: Value):
         if v.op != Op.LINEAR or v.kind != EDGE:

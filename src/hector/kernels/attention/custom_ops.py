@@ -286,7 +286,7 @@ def _autograd_backward(ctx, dout, dlse):
 def bias_grad(dout: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """The epilogue bias's gradient: for a per-column ``[H, Dv]`` bias ``dout`` summed over
     its rows, as a GEMV against a ones vector (a column reduction ran far below bandwidth on
-    the H200: ``nn._bias``); for a row-wise ``[rows, H, Dv]`` addend ``dout`` itself."""
+    the H200); for a row-wise ``[rows, H, Dv]`` addend ``dout`` itself."""
     if bias.dim() == 3:
         return dout.to(bias.dtype)
     # (bias.numel(), not -1: a graph without nodes has 0 rows, where -1 is ambiguous)
