@@ -477,8 +477,10 @@ def attention_backward(graph, spec: AttentionSpec, plan: AttentionPlan, params: 
             if flag and not merge:
                 _combine_sum(csr, sched, rows, row_ids, nchunks, part, grad)
         if consumed and skips:      # rows with no edges were not written: their gradient is 0
+            # (index_fill_: the value a kernel argument; ``keep[ids] = 1`` would copy a CPU
+            # scalar in, which a CUDA graph capture refuses)
             keep = torch.zeros(n_src, dtype=v.dtype, device=v.device)
-            keep[row_ids.long()] = 1
+            keep.index_fill_(0, row_ids.long(), 1)
             for t in consumed:
                 t.mul_(keep.view(-1, 1, 1))
     return dv, dq, dk, da_src, da_dst
