@@ -30,9 +30,12 @@ def gat_like(m, in_dim, heads=2, dim=4):
     return m.heads(m.aggregate(alpha * m.src(z), "sum"), 1)
 
 
-def transformer_like(m, in_dim, heads=2, dim=4):
-    """A scaled q.k score plus a source term, messages on node rows."""
+def transformer_like(m, in_dim, heads=2, dim=4, relu_input=False):
+    """A scaled q.k score plus a source term, messages on node rows (``relu_input``: the
+    projections of relu(x), no layer input: the siblings pass then keeps them apart)."""
     x = m.node_input("x", in_dim)
+    if relu_input:
+        x = m.relu(x)
 
     def proj(name):
         return m.linear(x, m.weight(name, (in_dim, heads * dim)), heads=heads)

@@ -20,7 +20,11 @@ from test_attention_backward import CASES as _CASES, _compiled, _grads, _graph  
 # RGAT with per-head outputs wide enough that its value rows (N = 32) and its score term
 # (N = 2) stay two GEMMs: with N = 8 + 2 the siblings pass makes them one 16-column GEMM, v
 # becomes a column window of that output, and nothing may be written over a window.
-CASES = [c if c[0] is not hector.compiler.models.rgat else
+# The transformer-like model over relu(x): its projections of a layer input would be one
+# GEMM (siblings' node rows), k and v column windows of it, which nothing may be written
+# over; of relu(x) they stay apart, and the backward writes over k and v.
+CASES = [(c[0], dict(c[1], relu_input=True)) if c[0].__name__ == "transformer_like" else
+         c if c[0] is not hector.compiler.models.rgat else
          (c[0], dict(c[1], out_dim=16)) for c in _CASES]
 
 

@@ -220,7 +220,7 @@ def _transformer_views(ref, heads, C):
     """The program's weights as views of PyG's parameters (what a layer shell would pass)."""
     out = {n: getattr(ref, "lin_" + n).weight for n in ("query", "key", "value")}
     if ref.lin_query.bias is not None:
-        out.update({n + "_bias": getattr(ref, "lin_" + n).bias.view(heads, C)
+        out.update({n + "_bias": getattr(ref, "lin_" + n).bias
                     for n in ("query", "key", "value")})
     if ref.root_weight:
         out["skip"] = ref.lin_skip.weight

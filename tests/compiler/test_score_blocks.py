@@ -81,7 +81,7 @@ def test_explain_says_why():
     assert ("[siblings] applied: 2 per-head score linears of one node value (2 heads) -- one "
             "product of the 8-column rows with their block-diagonal 8 x 4 weight") in text
     assert "+ (x W) V (4 columns" in text
-    assert "[siblings] declined: 1 concat(s) of narrow window gradients" in text
+    assert "[siblings] declined: 1 concat(s) of window gradients" in text
     assert "hector::head_blocks" in text
 
 

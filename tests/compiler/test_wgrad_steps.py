@@ -259,9 +259,10 @@ def test_rgcn_weight_gradient_reads_the_destination_gradient_in_place():
 
 @pytest.mark.parametrize("heads", [1, 2])
 def test_shared_bias_gradients_come_from_the_weight_gradient_kernels(heads):
-    """A bias shared by all rows (Transformer's per-head query, key and value biases, its
-    root's flat one) sums the dy its weight's gradient reads: each is that kernel's second
-    output, no bias-gradient step is left, and both equal the torch backend's sums."""
+    """A bias shared by all rows (Transformer's query, key, value and root biases, stacked
+    as its four projections are one GEMM) sums the dy its weight's gradient reads: it is that
+    kernel's second output, no bias-gradient step is left, and both equal the torch
+    backend's sums."""
     from hector.compiler import models
     from hector.compiler.program import compile as hcompile
     from hector.graph import with_self_loops
@@ -271,7 +272,6 @@ def test_shared_bias_gradients_come_from_the_weight_gradient_kernels(heads):
     m = hcompile(models.transformer, backend="triton", in_dim=12, out_dim=8, heads=heads)
     plan = m.program.compiled_for(g).backward_plan
     paired = [s for s in plan.steps if s.body.op == "wgrad" and s.extra is not None]
-    assert sorted(s.extra.attr("body").shape for s in paired) == sorted(
-        [(heads, 8)] * 3 + [(heads * 8,)])
+    assert [s.extra.attr("body").shape for s in paired] == [(4 * heads * 8,)]
     assert not [s for s in plan.steps if s.body.op == "wsum"]
     _check(paired, g.to(dev), dev)

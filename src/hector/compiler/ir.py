@@ -369,12 +369,22 @@ def wsrc(w: Value) -> Value:
     return Value(Op.WSRC, (w,), WEIGHT, w.shape, _attrs(per="relation"))
 
 
-def wcat(ws: Sequence[Value]) -> Value:
+def wcat(ws: Sequence[Value], rows: bool = False) -> Value:
     """Weights side by side along their last (output) axis, sliced alike: ``(K, N_i) ->
-    (K, sum N_i)`` for matrices, ``(N_i,) -> (sum N_i,)`` for bias rows."""
+    (K, sum N_i)`` for matrices, ``(N_i,) -> (sum N_i,)`` for bias rows; ``rows``: matrices
+    stacked along their first axis instead, ``(N_i, K) -> (sum N_i, K)`` (weights stored
+    transposed: ``wT(wcat(S_i, rows=True))`` is ``wcat(wT(S_i))`` in the layout they are
+    stored in)."""
     _need(len(ws) >= 2 and all(w.kind == WEIGHT for w in ws), "wcat: two or more weights")
     _need(len({w.per for w in ws}) == 1, f"wcat: slicings {[w.per for w in ws]} differ")
-    _need(len({w.shape[:-1] for w in ws}) == 1 and len(ws[0].shape) in (1, 2),
+    _need(len(ws[0].shape) in (1, 2) and not (rows and len(ws[0].shape) != 2),
+          f"wcat: shapes {[w.shape for w in ws]} do not stand side by side")
+    if rows:
+        _need(len({w.shape[1:] for w in ws}) == 1, f"wcat: shapes {[w.shape for w in ws]} "
+              "do not stack")
+        shape = (sum(w.shape[0] for w in ws),) + ws[0].shape[1:]
+        return Value(Op.WCAT, tuple(ws), WEIGHT, shape, _attrs(per=ws[0].per, rows=True))
+    _need(len({w.shape[:-1] for w in ws}) == 1,
           f"wcat: shapes {[w.shape for w in ws]} do not stand side by side")
     shape = ws[0].shape[:-1] + (sum(w.shape[-1] for w in ws),)
     return Value(Op.WCAT, tuple(ws), WEIGHT, shape, _attrs(per=ws[0].per))

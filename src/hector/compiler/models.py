@@ -96,9 +96,11 @@ def transformer(m, in_dim, out_dim, heads=1, concat=True, beta=False, dropout=0.
     def w(name, shape):    # stored as PyG's nn.Linear weights, [out, in]
         return m.weight(name, shape, stored="transposed")
 
-    def proj(name):        # W x (+ b): heads of out_dim
-        y = m.linear(x, w(name, (in_dim, heads * out_dim)), heads=heads)
-        return y + m.weight(name + "_bias", (heads, out_dim), init="zeros") if bias else y
+    def proj(name):        # W x (+ b), then heads of out_dim
+        y = m.linear(x, w(name, (in_dim, heads * out_dim)))
+        if bias:
+            y = y + m.weight(name + "_bias", (heads * out_dim,), init="zeros")
+        return m.heads(y, heads)
     q, k, v = proj("query"), proj("key"), proj("value")
     alpha = m.edge_softmax(m.dot(m.dst(q), m.src(k)) / math.sqrt(out_dim))
     out = m.aggregate(m.dropout(alpha, dropout) * m.src(v), "sum")

@@ -358,7 +358,7 @@ def _eval_elementwise_or_weight(v: Value, a: List[torch.Tensor], ix: GraphIndex)
     if op == Op.WT:
         return x.transpose(-1, -2)
     if op == Op.WCAT:
-        return torch.cat(a, -1)
+        return torch.cat(a, -2 if v.attr("rows") else -1)
     if op == Op.WHEADS:
         return torch.cat(a, -3)
     if op == Op.WCOLS:

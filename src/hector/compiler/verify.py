@@ -44,7 +44,7 @@ def _infer(v: Value) -> Value:
     if op == Op.WT:
         return N.wT(a[0])
     if op == Op.WCAT:
-        return N.wcat(a)
+        return N.wcat(a, bool(v.attr("rows")))
     if op == Op.WHEADS:
         return N.wheads(a)
     if op == Op.WBLOCKS:

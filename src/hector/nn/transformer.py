@@ -92,13 +92,12 @@ class TransformerConv(nn.Module):
 
     def weights(self) -> dict:
         """The program's weights as views of the layer's (PyG's) parameters."""
-        H, C = self.heads, self.out_channels
         out = {}
         for name in ("query", "key", "value"):
             lin = getattr(self, "lin_" + name)
             out[name] = lin.weight
             if lin.bias is not None:
-                out[name + "_bias"] = lin.bias.view(H, C)
+                out[name + "_bias"] = lin.bias
         if self.lin_skip is not None:
             out["skip"] = self.lin_skip.weight
             if self.lin_skip.bias is not None:

@@ -54,10 +54,22 @@ FIXED_MACS = 1_000_000_000
 WHAT = "key and value projections across the attention (q' = q W_k^T, aggregate x, then W_v)"
 
 
+def _chain(v: Value) -> List[Value]:
+    """``v`` and the values between it and its linear (a one-head reshape, the bias add)."""
+    out = [v]
+    if v.op == Op.RESHAPE and v.shape == v.args[0].shape:
+        out.append(v.args[0])
+    if out[-1].op == Op.ADD:
+        out += [a for a in out[-1].args if a.kind != WEIGHT]
+    return out
+
+
 def _affine(v: Value) -> Optional[Tuple[Value, Value, Optional[Value]]]:
-    """``(x, W, b or None)`` for ``v = linear(x, W) [+ b]`` with a dense weight shared by
-    every row and one head; else None."""
+    """``(x, W, b or None)`` for ``v = [reshape](linear(x, W) [+ b])`` with a dense weight
+    shared by every row and one head; else None."""
     b = None
+    if v.op == Op.RESHAPE and v.shape == v.args[0].shape:
+        v = v.args[0]
     if v.op == Op.ADD:
         w = [a for a in v.args if a.kind == WEIGHT]
         rest = [a for a in v.args if a.kind != WEIGHT]
@@ -118,9 +130,7 @@ def rule(stats: Optional[GraphStats], uses, always: bool,
             return None
         x, w_k, _ = ks
         _, w_v, b_v = vs
-        inner = [t for t in (k, val)] + [a for t in (k, val) if t.op == Op.ADD
-                                         for a in t.args if a.kind != WEIGHT]
-        if any(uses[t] != 1 for t in inner):
+        if any(uses[t] != 1 for t in _chain(k) + _chain(val)):
             declined("the key or value rows are read elsewhere too")
             return None
         if dropped is not None:

@@ -7,11 +7,14 @@ linear, one launch instead of several.  HGT's K and V on compact (source, relati
 ``reorder`` folded the node-type linears into the relation's: on synthetic mag two GEMMs of
 N = 64 reading the same 10M gathered rows become one of N = 128.
 
-Only linears of *gathered* rows (a node row read per compact or edge row): there the fused
+Mostly linears of *gathered* rows (a node row read per compact or edge row): there the fused
 GEMM saves the scattered reads.  Over node rows the input is read in order anyway, and one
 output would tie its windows' lifetimes: HGT's K, Q and V on a graph of mixed source types,
 where Q is kept for the attention backward and K and V are rebuilt there instead of kept
-(``autodiff.recomputed``), would keep all three alive.
+(``autodiff.recomputed``), would keep all three alive.  Node-row linears with shared weights
+that only an attention reads (gathered) or that are added to its output join too
+(:func:`_node_member`: the Transformer's query, key, value and root projections, one GEMM
+instead of four, and one of each kind backward).
 
 Its backward (autodiff gives a fused linear's gradient as the ``place`` of its windows'
 gradients: a concat) is free where the windows' gradients come from one fused attention
@@ -58,7 +61,9 @@ def _parts(v: Value, uses: Counter) -> Optional[Tuple[Value, Value, Optional[Val
     if inner.op != Op.LINEAR:
         return None
     x, w = inner.args
-    if w.op == Op.WT or len(w.shape) != 2:
+    # (a stored-transposed weight is read in place by its own GEMM: of gathered rows it
+    # stays so; node rows read by an attention fuse anyway, see :func:`_node_member`)
+    if len(w.shape) != 2 or (w.op == Op.WT and x.op == Op.GATHER):
         return None
     if bias is not None and (len(bias.shape) != 1 or bias.per != w.per
                              or bias.shape[0] != w.shape[1]):
@@ -80,6 +85,21 @@ def _widest(order, uses: Counter) -> Dict[Value, Tuple[Value, Value, Optional[Va
             found.pop(next(a for a in inner.args if a.op == Op.LINEAR), None)
         found[v] = parts
     return found
+
+
+def _node_member(v: Value, x: Value, w: Value, readers) -> bool:
+    """Whether ``v``, a linear of node rows ``x``, may join one GEMM with its siblings: ``x`` a
+    layer input, a parameter for weight (as declared, not a product ``reorder`` made), shared
+    by every row, and ``v`` read only per edge (gathered: an attention's query, key or value)
+    or added (a root term the attention's store adds).  Such windows are kept
+    for the attention backward anyway, so one output ties no lifetimes that were apart
+    (unlike HGT's per-type K, Q, V, or GAT's projection, whose score products ride on its
+    own GEMM); their gradients are built as one concat (:func:`distribute`), read by one
+    transposed GEMM and one weight gradient: the Transformer's four projections."""
+    param = w.args[0] if w.op == Op.WT else w
+    if x.op != Op.INPUT or w.per is not None or param.op != Op.PARAM:
+        return False
+    return bool(readers[v]) and all(r.op in (Op.GATHER, Op.ADD) for r in readers[v])
 
 
 def _declined(widths: List[int]) -> str:
@@ -105,10 +125,14 @@ def fuse_linears(outputs, decisions: List[Decision]):
     uses = Counter(a for v in order for a in v.args)
     uses.update(outputs)               # an output is read by the caller
     outs = set(outputs)
+    readers: Dict[Value, List[Value]] = defaultdict(list)
+    for v in order:
+        for a in dict.fromkeys(v.args):
+            readers[a].append(v)
     groups: Dict[tuple, List[Tuple[Value, tuple]]] = defaultdict(list)
     for v, parts in _widest(order, uses).items():
         x, w, b = parts
-        if x.op == Op.GATHER:
+        if x.op == Op.GATHER or _node_member(v, x, w, readers):
             groups[(x, w.per, b is not None)].append((v, parts))
     window: Dict[Value, Tuple[int, int]] = {}      # member -> (group, its first column)
     fused_groups: List[List[tuple]] = []
@@ -175,6 +199,11 @@ def fused_weight(ws: List[Value]) -> Value:
         if (len({x.shape[:-1] for x in a}) == 1 and len({x.per for x in a}) == 1
                 and len({x.shape[1:] for x in b}) == 1 and len({x.per for x in b}) == 1):
             return N.wmul(N.wsrc(N.wcat(a)), N.wheads(b))
+    if all(w.op == Op.WT for w in ws):
+        # weights stored transposed ([out, in]: the Transformer's nn.Linear weights): stacked
+        # in that layout, so the GEMM reads the stack in place and the parameters' gradients
+        # are row blocks of the stack's (no copy turns one around)
+        return N.wT(N.wcat([w.args[0] for w in ws], rows=True))
     return N.wcat(ws)
 
 
@@ -322,8 +351,11 @@ def distribute(outputs, decisions: List[Decision]):
             v.args[1] if v.op == Op.WGRAD else None
         if p is None or p.op != Op.PLACE or not N.place_tiles(p):
             return None
-        if p.heads * p.dim <= SCORE_MAX_COLS:
-            kept.add(p)      # (the score gradients of :func:`fuse_scores`' one product)
+        if p.heads * p.dim <= SCORE_MAX_COLS or p.kind == NODE:
+            # (the score gradients of :func:`fuse_scores`' one product; the node rows of
+            # :func:`_node_member`'s GEMM: one copy against a GEMM and a weight gradient
+            # per window)
+            kept.add(p)
             return None
         if v.op == Op.LINEAR:
             w = v.args[1]
@@ -349,9 +381,9 @@ def distribute(outputs, decisions: List[Decision]):
 
     new = rewrite(outputs, rule)
     if kept:
-        decisions.append(Decision(NAME, f"{len(kept)} concat(s) of narrow window gradients",
-                                  False, f"at most {SCORE_MAX_COLS} columns a row: built once "
-                                  "(a small copy), then read by one GEMM and one weight "
+        decisions.append(Decision(NAME, f"{len(kept)} concat(s) of window gradients", False,
+                                  f"at most {SCORE_MAX_COLS} columns a row, or node rows: "
+                                  "built once (a copy), then read by one GEMM and one weight "
                                   "gradient instead of one of each per window"))
     if done:
         decisions.append(Decision(NAME, f"{len(done)} readers of a concat of window gradients",
