@@ -263,3 +263,46 @@ def test_siblings_of_typed_products_fuse_into_one_product():
         apart = torch.cat([_wmul(a1, b1, row, (2, 4, 4)), _wmul(a2, b2, row, (2, 4, 4))], -1)
         joint = _wmul(torch.cat([a1, a2], -1), torch.cat([b1, b2], -3), row, (4, 4, 4))
         torch.testing.assert_close(joint, apart)
+
+
+def _node_group(*members):
+    """Linears of node rows of input ``x``: (weight declared stored transposed?, readers)."""
+    x = N.input_("x", 6)
+    outs = []
+    for i, (stored, read_by) in enumerate(members):
+        w = N.param(f"w{i}", (8, 6) if stored else (6, 8))
+        y = N.linear(x, N.wT(w) if stored else w, 1)
+        outs.append(N.gather(y, N.EDGE, "src") if read_by == "gather" else
+                    N.binary("add", y, y) if read_by == "add" else N.normalize(y))
+    return outs
+
+
+def _joined(outputs):
+    _, decisions = siblings.run(tuple(outputs))
+    return [d for d in decisions if d.applied and "node input" in d.what]
+
+
+def test_node_rows_of_an_input_join_only_when_an_attention_reads_them():
+    """Node-row linears of a layer input with declared weights join one GEMM when each is
+    gathered or added (an attention's query, key, value and root): the Transformer's four
+    projections, stored transposed, stacked in that layout.  A linear read otherwise (GAT's
+    projection, which its score products read) and inputs that are no layer input stay
+    apart; so do weights ``reorder`` made (products of parameters)."""
+    joined = _joined(_node_group((True, "gather"), (True, "gather"), (True, "add")))
+    assert len(joined) == 1 and "3 linears" in joined[0].what
+    assert not _joined(_node_group((False, "gather"), (False, "other")))
+    x = N.normalize(N.input_("x", 6))                  # (not a layer input)
+    apart = [N.gather(N.linear(x, N.param(f"w{i}", (6, 8)), 1), N.EDGE, "src")
+             for i in range(2)]
+    assert not _joined(apart)
+    x = N.input_("x", 6)
+    made = [N.gather(N.linear(x, N.wmul(N.param(f"a{i}", (6, 4)), N.param(f"b{i}", (4, 8))),
+                              1), N.EDGE, "src") for i in range(2)]
+    assert not _joined(made)
+    # the Transformer program: one GEMM of the stacked [out, in] weights, read in place
+    cp = hector.compile(models.transformer, in_dim=16, out_dim=16).program.compiled_for(
+        hector.Graph(torch.tensor([[0, 1, 2], [1, 2, 0]]), num_nodes=3))
+    weights = [v for v in N.toposort(cp.forward.optimized) if v.op == N.Op.WCAT]
+    assert any(w.attr("rows") and len(w.args) == 4 for w in weights)
+    gemms = [s for s in cp.forward_plan.steps if s.template == "gemm"]
+    assert len(gemms) == 1
