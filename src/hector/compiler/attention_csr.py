@@ -17,6 +17,7 @@ import torch
 
 from ..kernels.attention import csr
 from ..kernels.attention.reference import dropout_keep
+from ..kernels.reduce import accumulating
 from .ir import NODE
 
 #: The roles a fused attention's node operands play (``p``, a per-relation prior, is not a
@@ -36,8 +37,7 @@ def applies(roles: dict, graph) -> bool:
                for r in _NODE_ROLES if r in roles)
 
 
-def _acc(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
+_acc = accumulating
 
 
 def _scores(att, roles, lay):

@@ -17,6 +17,7 @@ from ..graph.capacity import compact_rows, with_compact_maps
 from ..kernels.activations import gelu_grad
 from ..kernels.traversal.reference import edge_softmax_torch
 from ..kernels.attention.reference import dropout_keep
+from ..kernels.reduce import accumulating
 from ..kernels.segment_mm.head_blocks import head_blocks_torch
 from . import attention_csr
 from .ir import (CDST, CSRC, EDGE, NODE, NORMALIZE_EPS, Op, Value, WEIGHT, attention_roles,
@@ -237,11 +238,7 @@ def _operand(t: torch.Tensor, v: Value, rows_kind: str, ix: GraphIndex) -> torch
     return per_slice if idx is None else take_rows(per_slice, idx)
 
 
-def _acc(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in its accumulation precision: fp32 at least (half-precision inputs accumulate
-    in fp32, as the kernels do), float64 kept (``.float()`` would round a float64 layer's
-    softmax and gradients to fp32)."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
+_acc = accumulating
 
 
 def edge_softmax(s: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
