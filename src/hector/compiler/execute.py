@@ -110,9 +110,10 @@ def run_plan(plan: Plan, ix: GraphIndex, leaves: Dict[Value, torch.Tensor],
             if leaf.op == Op.CONST:
                 env[leaf] = torch.full((ix.rows[leaf.kind],) + leaf.shape, leaf.attr("value"),
                                        device=ix.graph.device)
-            elif leaf.op == Op.HAS_EDGES:
-                dtype = next((t.dtype for t in env.values() if t.is_floating_point()),
-                             torch.float32)
+            elif leaf.op == Op.HAS_EDGES:       # (in the layer inputs' dtype)
+                dtype = next((t.dtype for v, t in env.items() if v.op == Op.INPUT),
+                             next((t.dtype for t in env.values() if t.is_floating_point()),
+                                  torch.float32))
                 env[leaf] = has_in_edges(ix.graph, dtype).view(-1, 1, 1)
             else:
                 raise ValueError(f"plan leaf {leaf.op}({dict(leaf.attrs)}) has no value")

@@ -11,10 +11,10 @@ Mostly linears of *gathered* rows (a node row read per compact or edge row): the
 GEMM saves the scattered reads.  Over node rows the input is read in order anyway, and one
 output would tie its windows' lifetimes: HGT's K, Q and V on a graph of mixed source types,
 where Q is kept for the attention backward and K and V are rebuilt there instead of kept
-(``autodiff.recomputed``), would keep all three alive.  Node-row linears with shared weights
-that only an attention reads (gathered) or that are added to its output join too
-(:func:`_node_member`: the Transformer's query, key, value and root projections, one GEMM
-instead of four, and one of each kind backward).
+(``autodiff.recomputed``), would keep all three alive.  A layer input's linears with
+declared, shared weights that only an attention reads (gathered) or that are added to its
+output join too (:func:`_node_member`: the Transformer's query, key, value and root
+projections, one GEMM instead of four, and one of each kind backward).
 
 Its backward (autodiff gives a fused linear's gradient as the ``place`` of its windows'
 gradients: a concat) is free where the windows' gradients come from one fused attention
@@ -91,11 +91,11 @@ def _node_member(v: Value, x: Value, w: Value, readers) -> bool:
     """Whether ``v``, a linear of node rows ``x``, may join one GEMM with its siblings: ``x`` a
     layer input, a parameter for weight (as declared, not a product ``reorder`` made), shared
     by every row, and ``v`` read only per edge (gathered: an attention's query, key or value)
-    or added (a root term the attention's store adds).  Such windows are kept
-    for the attention backward anyway, so one output ties no lifetimes that were apart
-    (unlike HGT's per-type K, Q, V, or GAT's projection, whose score products ride on its
-    own GEMM); their gradients are built as one concat (:func:`distribute`), read by one
-    transposed GEMM and one weight gradient: the Transformer's four projections."""
+    or added (a root term the attention's store adds).  Such windows are kept for the
+    attention backward anyway, so one output ties no lifetimes that were apart (unlike HGT's
+    per-type K, Q, V, or GAT's projection, whose score products ride on its own GEMM); their
+    gradients are built as one concat (:func:`distribute`), read by one transposed GEMM and
+    one weight gradient: the Transformer's four projections."""
     param = w.args[0] if w.op == Op.WT else w
     if x.op != Op.INPUT or w.per is not None or param.op != Op.PARAM:
         return False
