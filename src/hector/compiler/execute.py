@@ -267,7 +267,10 @@ class PlanFunction(torch.autograd.Function):
             outs = tuple(o.clone() for o in outs)
         ctx.compiled, ctx.part, ctx.ix, ctx.backend = compiled, part, ix, backend
         ctx.leaves = leaves
-        ctx.metas = [(t.shape, t.dtype, t.device) for t in tensors]
+        # (a parameter the optimised program no longer reads: its zero gradient's shape)
+        unread = _unread_params(compiled, leaves)
+        ctx.unread = [(i, t.shape, t.dtype, t.device) for i, t in enumerate(tensors)
+                      if leaves[i] in unread]
         _stash(ctx, [env[v] for v in part.saved_values], outs, given)
         return outs if len(outs) > 1 else outs[0]
 
@@ -293,10 +296,8 @@ class PlanFunction(torch.autograd.Function):
         # A parameter the optimised program no longer reads (a key bias that the softmax
         # cancels, dropped by reordering) has gradient zero, given as such: optimizers and
         # DistributedDataParallel expect one for every parameter the layer as written reads.
-        unread = _unread_params(compiled, ctx.leaves)
-        for i, (leaf, needs) in enumerate(zip(ctx.leaves, ctx.needs_input_grad[4:])):
-            if needs and leaf in unread:
-                shape, dtype, device = ctx.metas[i]
+        for i, shape, dtype, device in ctx.unread:
+            if ctx.needs_input_grad[4 + i]:
                 grads_in[i] = torch.zeros(shape, dtype=dtype, device=device)
         return (None, None, None, None, *grads_in)
 

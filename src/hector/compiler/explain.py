@@ -8,7 +8,6 @@ launches of one training step's forward and backward (the layer is run once to c
 from __future__ import annotations
 
 import argparse
-import copy
 from typing import Callable, List, Optional, Union
 
 import torch
@@ -150,33 +149,21 @@ def _parameters_only(cp) -> str:
             f"values for them")
 
 
-def launch_counts(layer, graph: Graph, dtype=torch.float32, features=None) -> str:
-    """Kernel launches of one training step of ``layer`` on ``graph`` (``compiler.launches``),
-    forward and backward, counted on the second call (the first plans and compiles).
-    ``layer``: an attention layer (run on random ``[N, in_channels]`` features; AGNN on
-    ``features`` columns, 16 by default) or a ``Program`` (run with random weights: the
-    counts do not depend on their values)."""
+def launch_counts(program: Program, graph: Graph, dtype=torch.float32) -> str:
+    """Kernel launches of one training step of ``program`` on ``graph``
+    (``compiler.launches``), forward and backward, with random weights (the counts do not
+    depend on their values), counted on the second call (the first plans and compiles)."""
     dev = graph.device
     gen = torch.Generator().manual_seed(0)
-    if isinstance(layer, Program):
-        module = CompiledModule(layer).to(device=dev, dtype=dtype)
-        inputs = {n: torch.randn(graph.num_nodes, v.dim, generator=gen).to(dev, dtype)
-                  for n, v in layer.traced.inputs.items()}
+    module = CompiledModule(program).to(device=dev, dtype=dtype)
+    inputs = {n: torch.randn(graph.num_nodes, v.dim, generator=gen).to(dev, dtype)
+              for n, v in program.traced.inputs.items()}
 
-        def forward():
-            out = module(graph, **inputs)
-            return torch.cat([o.flatten() for o in out]) if isinstance(out, tuple) else out
-        leaves = list(module.parameters())
-        backend = resolve_backend(layer.backend, dev, dtype)
-    else:
-        width = getattr(layer, "in_channels", None) or features or 16
-        x = torch.randn(graph.num_nodes, width, generator=gen).to(dev, dtype).requires_grad_()
-        layer = copy.deepcopy(layer).to(device=dev, dtype=dtype)   # the caller's stays as it is
-
-        def forward():
-            return layer(x, graph)
-        leaves = list(layer.parameters()) + [x]
-        backend = resolve_backend(layer.backend, dev, dtype)
+    def forward():
+        out = module(graph, **inputs)
+        return torch.cat([o.flatten() for o in out]) if isinstance(out, tuple) else out
+    leaves = list(module.parameters())
+    backend = resolve_backend(program.backend, dev, dtype)
     forward().sum().backward()
     c = count_step(forward, dev.type, leaves)
     where = ("" if dev.type != "cpu" or interpreting() else

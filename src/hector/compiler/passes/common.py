@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from ...graph.capacity import compact_rows
-from ..ir import CDST, CSRC, EDGE, NODE
+from ..ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT
 
 
 @dataclass(frozen=True)
@@ -102,3 +102,16 @@ class Cheaper:
 
 def rows_or_none(stats: Optional[GraphStats], kind: str) -> Optional[int]:
     return None if stats is None else stats.rows(kind)
+
+
+def bias_split(v: Value) -> Optional[Tuple[Value, Optional[Value]]]:
+    """``(x, b)`` for ``v = x + b`` with ``b`` a weight and ``x`` not (a linear and its bias
+    row, as the reorder rules read them); ``(v, None)`` when ``v`` is no addition; None for an
+    addition of other terms."""
+    if v.op != Op.ADD:
+        return v, None
+    w = [a for a in v.args if a.kind == WEIGHT]
+    rest = [a for a in v.args if a.kind != WEIGHT]
+    if len(w) != 1 or len(rest) != 1:
+        return None
+    return rest[0], w[0]

@@ -29,7 +29,7 @@ from typing import List, Optional
 
 from .. import ir as N
 from ..ir import CDST, CSRC, EDGE, NODE, Op, Value, WEIGHT, rewrite, toposort
-from .common import Cheaper, Decision, GraphStats
+from .common import Cheaper, Decision, GraphStats, bias_split
 from .compact import lift
 from . import reorder_attention
 
@@ -61,14 +61,11 @@ def _typed_input(g: Value):
         return None
     y = g.args[0]
     z = y.args[0] if y.op == Op.RESHAPE else y
-    chain, b = [y, z], None
-    if z.op == Op.ADD:
-        bias = [a for a in z.args if a.kind == WEIGHT]
-        lin = [a for a in z.args if a.kind != WEIGHT]
-        if len(bias) != 1 or len(lin) != 1:
-            return None
-        (b,), (z,) = bias, lin
-        chain.append(z)
+    split = bias_split(z)
+    if split is None:
+        return None
+    chain = [y, z, split[0]]
+    z, b = split
     if z.op != Op.LINEAR or z.kind != NODE or not _dense(z.args[1]):
         return None
     x, A = z.args

@@ -33,11 +33,11 @@ docs/perf-notes.md, "Attention layers", 2026-11-28).
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 from .. import ir as N
-from ..ir import EDGE, NODE, Op, Value, WEIGHT
-from .common import ONE, Cheaper, Decision, EveryRowHasEdges, GraphStats
+from ..ir import EDGE, NODE, Op, Value
+from .common import ONE, Cheaper, Decision, EveryRowHasEdges, GraphStats, bias_split
 
 #: A row element moved through DRAM costs about the time of this many fp32 multiply-adds on
 #: the H200 (a K = N = 64 segment GEMM, FMA-bound: 7.9 G multiply-adds in 0.44 ms, ~18 T/s,
@@ -54,36 +54,27 @@ FIXED_MACS = 1_000_000_000
 WHAT = "key and value projections across the attention (q' = q W_k^T, aggregate x, then W_v)"
 
 
-def _chain(v: Value) -> List[Value]:
-    """``v`` and the values between it and its linear (a one-head reshape, the bias add)."""
-    out = [v]
-    if v.op == Op.RESHAPE and v.shape == v.args[0].shape:
-        out.append(v.args[0])
-    if out[-1].op == Op.ADD:
-        out += [a for a in out[-1].args if a.kind != WEIGHT]
-    return out
-
-
-def _affine(v: Value) -> Optional[Tuple[Value, Value, Optional[Value]]]:
-    """``(x, W, b or None)`` for ``v = [reshape](linear(x, W) [+ b])`` with a dense weight
-    shared by every row and one head; else None."""
-    b = None
+def _affine(v: Value):
+    """``(x, W, b or None, chain)`` for ``v = [reshape](linear(x, W) [+ b])`` with a dense
+    weight shared by every row and one head (``chain``: ``v`` and the values between it and
+    ``x``); else None."""
+    chain = [v]
     if v.op == Op.RESHAPE and v.shape == v.args[0].shape:
         v = v.args[0]
-    if v.op == Op.ADD:
-        w = [a for a in v.args if a.kind == WEIGHT]
-        rest = [a for a in v.args if a.kind != WEIGHT]
-        if len(w) != 1 or len(rest) != 1:
-            return None
-        (b,), (v,) = w, rest
-        if b.per is not None:
-            return None
+        chain.append(v)
+    split = bias_split(v)
+    if split is None:
+        return None
+    v, b = split
+    chain.append(v)
+    if b is not None and b.per is not None:
+        return None
     if v.op != Op.LINEAR or v.kind != NODE or v.heads != 1:
         return None
     x, W = v.args
     if len(W.shape) != 2 or W.per is not None or x.heads != 1:
         return None
-    return x, W, b
+    return x, W, b, tuple(dict.fromkeys(chain))
 
 
 def _parts(v: Value):
@@ -128,9 +119,9 @@ def rule(stats: Optional[GraphStats], uses, always: bool,
                 declined(f"{q.heads} heads: one row of x as every head's key and value is a "
                          "head-stride-0 operand the IR does not express")
             return None
-        x, w_k, _ = ks
-        _, w_v, b_v = vs
-        if any(uses[t] != 1 for t in _chain(k) + _chain(val)):
+        x, w_k, _, k_chain = ks
+        _, w_v, b_v, v_chain = vs
+        if any(uses[t] != 1 for t in k_chain + v_chain):
             declined("the key or value rows are read elsewhere too")
             return None
         if dropped is not None:
@@ -168,7 +159,7 @@ def rule(stats: Optional[GraphStats], uses, always: bool,
                 None if stats is None else EveryRowHasEdges()))
         w_kt = N.wT(w_k)
         if folded is not None:
-            x_q, w_q, b_q = folded
+            x_q, w_q, b_q, _ = folded
             q2 = N.linear(x_q, N.wmul(w_q, w_kt), 1)
             if b_q is not None:
                 q2 = N.binary(Op.ADD, q2, N.wmul(b_q, w_kt))
