@@ -20,21 +20,12 @@ import contextlib
 import cProfile
 import pstats
 import time
-import types
 
 import torch
 
 from hector.compiler import warm
 
 from capture_after_use import step_of   # (scripts/ is on the path of a script run)
-
-
-def _cpu_code(fn):
-    """``fn`` with its ``"cuda"`` device checks reading ``"cpu"``."""
-    co = fn.__code__
-    consts = tuple("cpu" if c == "cuda" else c for c in co.co_consts)
-    return types.FunctionType(co.replace(co_consts=consts), fn.__globals__, fn.__name__,
-                              fn.__defaults__, fn.__closure__)
 
 
 class _NoGraph:
@@ -49,7 +40,7 @@ class _NoGraph:
 def patch():
     """Let ``warm_call`` take CPU tensors: its own capture code runs, eagerly, inside
     stand-ins for CUDA graphs and streams, and the graphs replay nothing."""
-    warm._flatten = _cpu_code(warm._flatten)
+    warm.DEVICE = "cpu"
     torch.cuda.is_available = lambda: True
     torch.cuda.is_current_stream_capturing = lambda: False
     torch.cuda.graph_pool_handle = lambda: None

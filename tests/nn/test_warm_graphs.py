@@ -391,6 +391,31 @@ def test_only_overlapping_inputs_count_as_aliased():
     assert not _warm.overlapping([x[:0], x[:0]])             # empty views share nothing
 
 
+
+def test_a_captured_signature_checks_aliasing_again_only_at_new_addresses(monkeypatch):
+    """The signature fixes each input's extent, so one set of addresses found disjoint stays
+    disjoint; inputs at other addresses are checked again (and run eagerly if they alias)."""
+    entry = object.__new__(_warm._Captured)
+    entry.disjoint_at = None
+    x = torch.randn(10, 3)
+    assert _warm._disjoint(entry, [x[:5], x[5:]])
+    assert not _warm._disjoint(entry, [x[:5], x[4:9]])       # new addresses, aliased
+    calls = []
+    monkeypatch.setattr(_warm, "overlapping", lambda ts: calls.append(ts) or False)
+    assert _warm._disjoint(entry, [x[:5], x[5:]])
+    assert calls == []                                       # (the same addresses: no check)
+    assert _warm._disjoint(None, [x[:5], x[5:]]) and len(calls) == 1   # uncaptured: checked
+
+
+def test_named_tuples_and_dict_subclasses_are_signatures_like_their_bases():
+    from collections import OrderedDict, namedtuple
+    pair = namedtuple("pair", "a b")
+    assert _warm._flatten(pair(1, 2.5), [], [], []) == (pair, (1, 2.5))
+    assert (_warm._flatten(OrderedDict(a=1), [], [], [])
+            == _warm._flatten({"a": 1}, [], [], []))
+    with pytest.raises(_warm._Unfit):
+        _warm._flatten(pair(torch.zeros(1), 1), [], [], [])     # (a CPU tensor inside)
+
 @cuda
 def test_hgt_on_split_features_replays():
     """HGT called with one feature tensor split per node type (as hector bench and a

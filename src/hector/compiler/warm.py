@@ -114,11 +114,17 @@ class _Unfit(Exception):
     """An argument no replay can stand for (a CPU tensor, an unknown object)."""
 
 
+#: The device whose tensors a replay takes (a CPU proxy of the warm path sets "cpu").
+DEVICE = "cuda"
+_SCALARS = (bool, int, float, str, type(None))
+
+
 def _flatten(obj, leaves: list, refs: list, edges: list):
     """The signature of ``obj`` (a hashable tuple) while appending its float tensors to
     ``leaves``, and the objects it names by identity to ``refs`` (checked on a hit)."""
-    if isinstance(obj, torch.Tensor):
-        if type(obj) not in _PLAIN or obj.device.type != "cuda":
+    kind = type(obj)
+    if kind in _PLAIN:      # (plain tensors first: a warm call's signature is mostly them)
+        if obj.device.type != DEVICE:
             raise _Unfit
         if obj.is_floating_point():
             leaves.append(obj)
@@ -126,19 +132,23 @@ def _flatten(obj, leaves: list, refs: list, edges: list):
         refs.append(obj)
         edges.append(obj.shape[1] if obj.dim() == 2 else 0)    # ([2, E]: an edge_index)
         return ("i", id(obj), obj._version)
+    if kind is tuple or kind is list:
+        return (kind, tuple([_flatten(o, leaves, refs, edges) for o in obj]))
+    if kind is dict:
+        return (dict, tuple([(k, _flatten(v, leaves, refs, edges)) for k, v in obj.items()]))
     if isinstance(obj, Graph):
-        if obj.device.type != "cuda":
+        if obj.device.type != DEVICE:
             raise _Unfit
         refs.append(obj)
         edges.append(obj.num_edges)
         return ("g", id(obj))
-    if isinstance(obj, (tuple, list)):
-        return (type(obj), tuple(_flatten(o, leaves, refs, edges) for o in obj))
-    if isinstance(obj, dict):
-        return (dict, tuple((k, _flatten(v, leaves, refs, edges)) for k, v in obj.items()))
-    if obj is None or isinstance(obj, (bool, int, float, str)):
+    if isinstance(obj, _SCALARS):
         return obj
-    raise _Unfit
+    if isinstance(obj, (tuple, list)):      # (named tuples, subclasses)
+        return (kind, tuple([_flatten(o, leaves, refs, edges) for o in obj]))
+    if isinstance(obj, dict):
+        return (dict, tuple([(k, _flatten(v, leaves, refs, edges)) for k, v in obj.items()]))
+    raise _Unfit      # (a tensor subclass, an unknown object)
 
 
 def _rebuild(obj, it):
@@ -235,6 +245,7 @@ class _Captured:
                       if torch.is_grad_enabled() else [])
         self.slots = [s.detach() for s in self.inputs]   # (written in place each call)
         self.sources: list = [None] * len(self.inputs)    # (what each slot last copied)
+        self.disjoint_at: Optional[list] = None   # (leaf addresses last found disjoint)
         args, kwargs = _rebuild((args, kwargs), iter(self.inputs))
         with warm_graphs(False):    # (a warm layer inside this one records its kernels here)
             self._capture(module, forward, args, kwargs)
@@ -289,7 +300,7 @@ class _Captured:
         """The objects named by identity are still those, the parameters where they were,
         the random state the one captured against."""
         return (self.generation == _rng_generation[0] and _same(self.refs, refs)
-                and all(p.data_ptr() == q for p, q in zip(self.params, self.ptrs)))
+                and [p.data_ptr() for p in self.params] == self.ptrs)
 
     def busy(self) -> bool:
         """A forward replay's backward is still pending (its values are in the pool)."""
@@ -414,8 +425,15 @@ def _table(module) -> _Table:
 def _settings(module) -> tuple:
     """The layer's plain attributes (hyper-parameters such as ``dropout``, the training
     flag): a capture is only valid for the values it was made with."""
-    return tuple((k, v) for k, v in module.__dict__.items()
-                 if v is None or isinstance(v, (bool, int, float, str)))
+    return tuple([(k, v) for k, v in module.__dict__.items()
+                  if type(v) in _SCALAR_TYPES or (type(v) not in _CONTAINERS
+                                                  and isinstance(v, _SCALARS))])
+
+
+#: Exact types of plain attributes, and of the containers every module holds (its hooks and
+#: parameter tables): both are told apart without an ``isinstance`` per attribute.
+_SCALAR_TYPES = frozenset(_SCALARS)
+_CONTAINERS = frozenset((dict, OrderedDict, set))
 
 
 def _precision() -> tuple:
@@ -425,7 +443,7 @@ def _precision() -> tuple:
 
 
 def _eligible() -> bool:
-    return (not torch.compiler.is_compiling() and enabled() and torch.cuda.is_available()
+    return (enabled() and torch.cuda.is_available()     # (_untraced: not compiling either)
             and not torch.cuda.is_current_stream_capturing() and _untraced()
             and not C.debug_enabled() and not _retained() and not _saved_hooks())
 
@@ -466,6 +484,19 @@ def overlapping(tensors) -> bool:
     return False
 
 
+def _disjoint(entry, leaves: list) -> bool:
+    """No two of ``leaves`` share memory (:func:`overlapping`).  For a captured signature,
+    which fixes every leaf's extent, decided once per set of addresses."""
+    if not isinstance(entry, _Captured):
+        return not overlapping(leaves)
+    ptrs = [t.data_ptr() for t in leaves]
+    if ptrs != entry.disjoint_at:
+        if overlapping(leaves):
+            return False
+        entry.disjoint_at = ptrs
+    return True
+
+
 def warm_call(module, forward: Callable, args: tuple, kwargs: dict):
     """``forward(module, *args, **kwargs)``, replayed from CUDA graphs once warm."""
     if not _eligible():
@@ -478,11 +509,11 @@ def warm_call(module, forward: Callable, args: tuple, kwargs: dict):
     if sum(edges) > MAX_EDGES:
         return forward(module, *args, **kwargs)
     table = _table(module)
-    if len(leaves) > 1 and overlapping(leaves):
-        return forward(module, *args, **kwargs)   # (aliased inputs: copies would not be)
     key = (sig, _settings(module), torch.is_grad_enabled(), _precision(),
            tuple(p.requires_grad for p in table.params))
     entry = table.seen.get(key)
+    if len(leaves) > 1 and not _disjoint(entry, leaves):
+        return forward(module, *args, **kwargs)   # (aliased inputs: copies would not be)
     if isinstance(entry, _Captured):
         if entry.valid(refs):
             if not entry.busy():
