@@ -104,13 +104,13 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
     if self_loops:
         valid &= src.long() != row
     row = row.clamp(max=max(num_dst - 1, 0))
-    v = valid.long()
     # Kept picks before each position (and in all, last), so a row's count is a difference
     # at its bounds: no scatter, whose padding entries would all hit one row's counter.
-    kept_at = build.counts_to_ptr(v)
-    kept = kept_at[-1]
+    # Without loops to drop, the kept picks are the positions below ptr[-1]: no scan.
+    kept_at = build.counts_to_ptr(valid.long()) if self_loops else None
+    kept = kept_at[-1] if self_loops else ptr[-1]
     counts = torch.zeros(num_nodes, dtype=torch.int64, device=dev)
-    per_dst = kept_at[ptr[1:]] - kept_at[ptr[:-1]]
+    per_dst = kept_at[ptr[1:]] - kept_at[ptr[:-1]] if self_loops else ptr.diff()
     if dst_node is None:
         counts[:num_dst] = per_dst
     else:      # (destination slots past the batch's have no picks: they add 0 to a node)
@@ -125,7 +125,10 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
     # Where each entry goes: a kept pick at its row's start plus its rank among the row's
     # kept picks; padding entry j in sink j // w; a loop last in its row.  Masked entries
     # write spare slots past the end, one each (stores to one shared slot serialise).
-    rank = kept_at[:-1] - kept_at[ptr[:-1]][row] if num_dst else kept_at[:-1]
+    if self_loops:
+        rank = kept_at[:-1] - kept_at[ptr[:-1]][row] if num_dst else kept_at[:-1]
+    else:
+        rank = pos - ptr[row] if num_dst else pos
     spare = total + pos
     row_node = row if dst_node is None or not num_dst else dst_node.long()[row]
     slot = torch.where(valid, gptr[row_node] + rank, spare)
