@@ -319,11 +319,12 @@ def test_captured_step_replays_the_eager_step(kind, capturable):
 
 
 def _same_with_and_without_capture(make_model, graph, x, y, capturable, batch_size,
-                                   fit=False):
+                                   fit=False, overlap=None):
     """Train one epoch eagerly, then one captured (same seeds): equal losses and parameters,
     every batch after the two warm-up steps replayed (``fit``: but those whose sizes grew
     the fitted capacities, which run eagerly).  ``capturable="fused"``: torch's fused Adam
-    (one kernel per group, its step count on the device) inside the graph."""
+    (one kernel per group, its step count on the device) inside the graph.  ``overlap``:
+    the captured step's (default: on)."""
     runs = []
     for capture in (False, True):
         torch.manual_seed(0)
@@ -333,7 +334,7 @@ def _same_with_and_without_capture(make_model, graph, x, y, capturable, batch_si
         loader = NeighborLoader(graph, [4, 3], batch_size=batch_size, shuffle=True, seed=5,
                                 static=True)
         step = CapturedStep(model, opt, loader, x, y, capture=capture, fit=fit,
-                            margin=1.0 if fit else 1.25)
+                            margin=1.0 if fit else 1.25, overlap=overlap if capture else None)
         losses = [float(step.step(s, c)) for s, c in loader.seed_batches()]
         if capture and fit:
             assert step.replays > 0 and step.replays + step.eager_steps == len(loader)
@@ -346,15 +347,19 @@ def _same_with_and_without_capture(make_model, graph, x, y, capturable, batch_si
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("kind,featureless,fit,compiled", [
-    ("rgcn", False, False, False), ("rgcn", True, False, False), ("rgat", False, False, False),
-    ("hgt", False, False, False), ("rgcn", False, True, False), ("gat", False, True, False),
-    ("rgcn", True, True, True), ("hgt", False, True, True), ("gat", False, False, True)])
+@pytest.mark.parametrize("kind,featureless,fit,compiled,overlap", [
+    ("rgcn", False, False, False, True), ("rgcn", True, False, False, True),
+    ("rgat", False, False, False, True), ("hgt", False, False, False, True),
+    ("rgcn", False, True, False, True), ("gat", False, True, False, True),
+    ("rgcn", True, True, True, True), ("hgt", False, True, True, True),
+    ("gat", False, False, True, True), ("rgcn", False, True, False, False),
+    ("rgat", False, False, False, False)])
 def test_relational_captured_step_replays_the_eager_step(kind, featureless, fit, compiled,
-                                                         monkeypatch):
+                                                         overlap, monkeypatch):
     """The relational networks' captured steps (and GAT's on fitted capacities) replay the
     eager ones; ``compiled``: with the index building through ``torch.compile``
-    (``HECTOR_COMPILE_INDEX=1``) inside the captured graph."""
+    (``HECTOR_COMPILE_INDEX=1``) inside the captured graph; ``overlap``: the next batch
+    sampled while the step runs, or not."""
     monkeypatch.setenv("HECTOR_COMPILE_INDEX", "1" if compiled else "0")
     graph = (graph_with_loops(num_nodes=400, num_edges=4000) if kind == "gat"
              else hetero_graph()).to("cuda")
@@ -362,7 +367,37 @@ def test_relational_captured_step_replays_the_eager_step(kind, featureless, fit,
     y = torch.randint(0, 3, (graph.num_nodes,), device="cuda")
     make = ((lambda: TwoLayers(kind, "auto").cuda()) if kind == "gat" else
             (lambda: relational_net(kind, graph, featureless, backend="auto").cuda()))
-    _same_with_and_without_capture(make, graph, x, y, True, batch_size=12, fit=fit)
+    _same_with_and_without_capture(make, graph, x, y, True, batch_size=12, fit=fit,
+                                   overlap=overlap)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("kind,fit", [("rgcn", True), ("gat", False), ("hgt", True)])
+def test_an_overlapped_epoch_trains_like_a_sequential_one(kind, fit):
+    """``captured_epoch`` feeds each batch's seeds on the sampling stream, so the next batch
+    is sampled and built while the GPU runs this one's step: the same mean loss and
+    parameters as the captured step without the overlap, and every batch replayed but the
+    warm-up ones and those that grew fitted capacities."""
+    from hector.train.minibatch import captured_epoch
+    graph = (graph_with_loops(num_nodes=400, num_edges=4000) if kind == "gat"
+             else hetero_graph()).to("cuda")
+    x = torch.randn(graph.num_nodes, 6, device="cuda")
+    y = torch.randint(0, 3, (graph.num_nodes,), device="cuda")
+    runs = []
+    for overlap in (False, True):
+        torch.manual_seed(0)
+        model = (TwoLayers(kind, "auto") if kind == "gat"
+                 else relational_net(kind, graph, False, backend="auto")).cuda()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01, capturable=True)
+        loader = NeighborLoader(graph, [4, 3], batch_size=12, shuffle=True, seed=5,
+                                static=True)
+        step = CapturedStep(model, opt, loader, x, y, fit=fit, margin=1.0, overlap=overlap)
+        means = [captured_epoch(step, loader) for _ in range(2)]
+        assert step.replays > 0 and step.replays + step.eager_steps == 2 * len(loader)
+        runs.append((means, [p.detach().clone() for p in model.parameters()]))
+    torch.testing.assert_close(runs[0][0], runs[1][0], atol=1e-4, rtol=1e-4)
+    for a, b in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
 
 
 def test_captured_epoch_returns_the_seed_weighted_mean_loss():

@@ -135,7 +135,9 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
     j = pos
     pad_sink = first_sink + torch.div(j, w, rounding_mode="floor").clamp(max=max(sinks - 1, 0))
     pad_slot = torch.where(j < padding, gptr[pad_sink] + j % w, spare)
-    col = torch.empty(total + e_cap, dtype=torch.int64, device=dev)
+    # (zeros, not empty: for a batch the capacities do not hold, whose picks collide, an
+    # entry left unwritten must still name a node; see loader.static._build_blocks)
+    col = torch.zeros(total + e_cap, dtype=torch.int64, device=dev)
     col.scatter_(0, slot, src.long())
     col.scatter_(0, pad_slot, pad_sink)
     if self_loops:

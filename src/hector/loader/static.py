@@ -340,15 +340,27 @@ def _build_blocks(sb: StaticBatch, graph, caps: Capacities) -> list:
     first."""
     from ..graph.capacity import capacity_block
     relational = graph.num_node_types > 1 or graph.num_relations > 1
+    fitted = caps != sb.caps
     blocks = []
     for h, hop in reversed(list(enumerate(sb.hops))):
-        d, e = caps.dst[h], caps.edges[h]
+        d, e, real = caps.dst[h], caps.edges[h], caps.nodes[h] - caps.sinks[h]
+        ptr, src, dst_node, type_ptr, n_dst = (hop.ptr[:d + 1], hop.src[:e], hop.dst_local[:d],
+                                               hop.type_ptr, hop.num_dst)
+        if fitted:
+            # A batch that smaller capacities do not hold (``Capacities.holds``, read after
+            # the build where the build runs ahead of that check: an overlapped step) still
+            # builds in bounds; its blocks are wrong and the caller drops them.  For a batch
+            # they hold, every clamp is a no-op.
+            ptr, src = ptr.clamp(max=e), src.clamp(max=max(real - 1, 0))
+            if relational:
+                dst_node, n_dst = dst_node.clamp(max=max(real - 1, 0)), n_dst.clamp(max=d)
+                type_ptr = type_ptr.clamp(max=real)
         blocks.append(capacity_block(
-            hop.ptr[:d + 1], hop.src[:e], caps.nodes[h], caps.nodes[h] - caps.sinks[h],
-            caps.width[h], False, graph.node_type_names, graph.relation_names,
-            **(dict(rel=hop.rel[:e], dst_node=hop.dst_local[:d], type_ptr=hop.type_ptr,
+            ptr, src, caps.nodes[h], real, caps.width[h], False, graph.node_type_names,
+            graph.relation_names,
+            **(dict(rel=hop.rel[:e], dst_node=dst_node, type_ptr=type_ptr,
                     num_relations=graph.num_relations,
-                    num_node_types=graph.num_node_types, dst_count=hop.num_dst)
+                    num_node_types=graph.num_node_types, dst_count=n_dst)
                if relational else {})))
     return blocks
 

@@ -26,17 +26,30 @@ waits for the sampling, not for the step): a batch the blocks would not hold gro
 capacities and runs eagerly on the new ones, and the next batch captures the step again
 (:attr:`CapturedStep.grown` counts the growths).  Nothing is ever cut.
 
+Overlapped (``overlap=True``, the default where the step is captured): the batch's sampling
+and blocks are one graph, replayed on a stream of their own, and the forward, backward and
+optimizer step another, on the caller's stream.  The step's graph reads a twin of the
+blocks (:mod:`hector.graph.twin`) refilled from the sampled ones by a few copies, so the
+next batch is sampled and built while the GPU still runs this one's step: a batch costs the
+longer of the two, not their sum.  With ``fit``, the blocks are built before the batch's
+sizes are read (on capacities that may not hold it: the build stays in bounds and a batch
+that does not fit runs eagerly on grown capacities, as above).  The overlap needs the next
+batch's seeds made on the sampling stream: :meth:`CapturedStep.feeding` (``hector train``'s
+epoch does it); seeds made on the caller's stream are waited for, correct but sequential.
+
 :class:`CapturedInference` does the same for sampled inference: sampling, blocks, gather and
 forward as one graph per batch, the logits written into the seeds' rows of one table.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from ..graph.twin import twin
 from .distributed import average_gradients
 
 #: Eager steps before the capture (side-stream warm-up, as torch's CUDA-graph docs advise).
@@ -74,14 +87,21 @@ def _side_stream(fn):
 
 def _captured(loader, fn):
     """(``fn()`` captured as a CUDA graph, its result): the graph replays ``loader``'s
-    sampling anew (its generator registered)."""
+    sampling anew (its generator registered; ``loader`` None: the graph samples nothing)."""
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    if hasattr(g, "register_generator_state"):   # torch's path of the sampler, if taken
-        g.register_generator_state(loader.generator)
+    if loader is not None and hasattr(g, "register_generator_state"):   # (the sampler's
+        g.register_generator_state(loader.generator)                     # torch path)
     with torch.cuda.graph(g):
         out = fn()
     return g, out
+
+
+def _recorded(stream) -> torch.cuda.Event:
+    """An event recorded on ``stream`` now."""
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
 
 
 class CapturedStep:
@@ -106,13 +126,18 @@ class CapturedStep:
         fit: blocks of capacities fitted to the batches seen, grown when a batch needs more
             (see the module's docstring); ``margin``: their headroom (1.25: a quarter more
             than the largest batch seen).
+        overlap: the next batch sampled and built while this one's step runs (see the
+            module's docstring); default: wherever the step is captured.
     """
 
     def __init__(self, model, optimizer, loader, x: Optional[torch.Tensor], y: torch.Tensor,
                  loss: Callable = masked_cross_entropy, capture: Optional[bool] = None,
-                 fit: bool = False, margin: float = 1.25):
+                 fit: bool = False, margin: float = 1.25, overlap: Optional[bool] = None):
         graph = loader.graph
         self.capture = _capture_choice(loader, capture)
+        if overlap and not self.capture:
+            raise ValueError("overlap=True needs a captured step (capture on a CUDA graph)")
+        self.overlap = self.capture if overlap is None else bool(overlap)
         #: The distributed wrapper (its module is what runs), or None.
         self.ddp = model if isinstance(model, DistributedDataParallel) else None
         self.model = model.module if self.ddp is not None else model
@@ -136,6 +161,14 @@ class CapturedStep:
         self.grown = 0
         self._sampling: Optional[torch.cuda.CUDAGraph] = None
         self._sb = self._blocks = self._n_id = None
+        # (overlap) The sampling stream and the caller's, the sampling-and-blocks graph and
+        # its outputs, the step's twin of them and its refill, and the event after which
+        # the sampled buffers are free again (the twin has taken them).
+        self._main = torch.cuda.current_stream() if self.overlap else None
+        self._prep = torch.cuda.Stream() if self.overlap else None
+        self._pgraph: Optional[torch.cuda.CUDAGraph] = None
+        self._prepared = self._twin = self._refill = self._free = None
+        self._fed = False
 
     def _fit_to(self, sb) -> bool:
         """(``fit``) Read the batch's sizes and grow the capacities if they do not hold it;
@@ -148,17 +181,24 @@ class CapturedStep:
         self.caps = self.loader.static.caps.fitted(sizes, self.margin, at_least=self.caps)
         return True
 
-    def _forward_backward(self, sb=None) -> torch.Tensor:
+    def _prepare(self, sb=None) -> tuple:
+        """(blocks, n_id, seeds, count) of the batch in ``self.seeds``: sampled unless
+        ``sb`` is given, its sizes read first where the capacities are fitted."""
         if sb is None:
             sb = self.loader.static.sample(self.seeds, self.count)
             if self.fit:
                 self._fit_to(sb)
+        return self._build(sb) + (self.seeds, self.count)
+
+    def _build(self, sb) -> tuple:
         caps = self.caps if self.fit else None
-        blocks = sb.capacity_blocks(self.loader.graph, caps)
-        n_id = sb.n_id_of(caps)
+        return sb.capacity_blocks(self.loader.graph, caps), sb.n_id_of(caps)
+
+    def _forward_backward(self, sb=None, prepared=None) -> torch.Tensor:
+        blocks, n_id, seeds, count = prepared if prepared is not None else self._prepare(sb)
         x_b = None if self.x is None else self.x.index_select(0, n_id)
         logits = self.model(x_b, blocks, n_id=n_id)
-        loss = self.loss_fn(logits, self.y.index_select(0, self.seeds), self.count)
+        loss = self.loss_fn(logits, self.y.index_select(0, seeds), count)
         loss.backward()
         # The captured blocks stay alive with the step: hector's ops name their graphs by
         # handles that live as long as the graph does.
@@ -178,18 +218,21 @@ class CapturedStep:
         self.eager_steps += 1
         return loss
 
-    def _step_graph(self, sb=None):
+    def _step_graph(self, sb=None, prepared=None):
         """The step (on ``sb``'s buffers, or sampling too) as one graph; its loss."""
-        loss = self._forward_backward(sb)
+        loss = self._forward_backward(sb, prepared)
         if self.in_graph_optimizer:
             self.optimizer.step()
         return loss
 
-    def _replay(self, sb=None) -> torch.Tensor:
-        """The step's graph replayed, captured first if there is none yet."""
+    def _replay(self, sb=None, prepared=None) -> torch.Tensor:
+        """The step's graph replayed, captured first if there is none yet (``prepared``:
+        on those blocks, sampling nothing)."""
         if self.graph is None:
             self.optimizer.zero_grad(set_to_none=True)
-            self.graph, self.loss = _captured(self.loader, lambda: self._step_graph(sb))
+            self.graph, self.loss = _captured(
+                self.loader if prepared is None else None,
+                lambda: self._step_graph(sb, prepared))
         self.graph.replay()
         if not self.in_graph_optimizer:
             self._average()
@@ -209,16 +252,35 @@ class CapturedStep:
             return _side_stream(lambda: self._eager(self._sb))
         return self._replay(self._sb)
 
+    @contextlib.contextmanager
+    def feeding(self):
+        """Make the next batch's seeds inside this block (``NeighborLoader.seed_batches``'
+        next item) for an overlapped step: their kernels then run on the sampling stream,
+        and the step samples them without waiting for the caller's stream, which still
+        runs the previous batch's step.  A no-op where the step does not overlap."""
+        if self._prep is None:
+            yield
+            return
+        with torch.cuda.stream(self._prep):
+            yield
+        self._fed = True
+
     def step(self, seeds: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on ``seeds[:count]``; its loss, on the caller's stream."""
         if not isinstance(seeds, torch.Tensor) or seeds.shape != self.seeds.shape:
             raise ValueError(f"seeds must be a [batch_size={self.seeds.numel()}] tensor (pad a "
                              f"short batch; NeighborLoader.seed_batches does), got "
                              f"{getattr(seeds, 'shape', type(seeds).__name__)}")
         if not isinstance(count, torch.Tensor) or count.dim() != 0:
             raise ValueError("count must be a 0-d tensor (the batch's real seeds)")
+        fed, self._fed = self._fed, False
+        self.steps += 1
+        if self.overlap and self.steps > WARMUP:
+            return self._overlapped_step(seeds, count, fed)
+        if fed:           # (seeds made on the sampling stream, used on this one)
+            torch.cuda.current_stream().wait_stream(self._prep)
         self.seeds.copy_(seeds)
         self.count.copy_(count)
-        self.steps += 1
         if not self.capture:
             return self._eager()
         if self.steps <= WARMUP:
@@ -226,6 +288,37 @@ class CapturedStep:
         if self.fit:
             return self._fitted_step()
         return self._replay()
+
+    def _overlapped_step(self, seeds, count, fed: bool) -> torch.Tensor:
+        """The sampling-and-blocks graph replayed on the sampling stream (it may start while
+        the caller's stream still runs the previous step), the sizes read there (``fit``),
+        then the step's twin refilled and its graph replayed on the caller's stream."""
+        main, prep = torch.cuda.current_stream(), self._prep
+        if not fed:
+            prep.wait_stream(main)
+        if self._free is not None:          # (the twin has taken the last batch)
+            prep.wait_event(self._free)
+        with torch.cuda.stream(prep):
+            self.seeds.copy_(seeds)
+            self.count.copy_(count)
+            if self._pgraph is None:
+                self._pgraph, self._prepared = _captured(
+                    self.loader, lambda: (lambda sb: (sb,) + self._build(sb))(
+                        self.loader.static.sample(self.seeds, self.count)))
+            self._pgraph.replay()
+            sb, blocks, n_id = self._prepared
+            grown = self.fit and self._fit_to(sb)        # (reads the sizes: waits for prep)
+        main.wait_stream(prep)
+        if grown:   # (this batch on grown capacities, eagerly; both graphs captured again)
+            self.graph = self._pgraph = self._prepared = self._twin = self._refill = None
+            loss = _side_stream(lambda: self._eager(sb))
+            self._free = _recorded(main)
+            return loss
+        if self.graph is None:
+            self._twin, self._refill = twin((blocks, n_id, self.seeds, self.count))
+        self._refill()
+        self._free = _recorded(main)
+        return self._replay(prepared=self._twin)
 
 
 class CapturedInference:
