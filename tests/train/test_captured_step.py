@@ -392,7 +392,7 @@ def test_an_overlapped_epoch_trains_like_a_sequential_one(kind, fit):
         loader = NeighborLoader(graph, [4, 3], batch_size=12, shuffle=True, seed=5,
                                 static=True)
         step = CapturedStep(model, opt, loader, x, y, fit=fit, margin=1.0, overlap=overlap)
-        means = [captured_epoch(step, loader) for _ in range(2)]
+        means = [captured_epoch(step) for _ in range(2)]
         assert step.replays > 0 and step.replays + step.eager_steps == 2 * len(loader)
         runs.append((means, [p.detach().clone() for p in model.parameters()]))
     torch.testing.assert_close(runs[0][0], runs[1][0], atol=1e-4, rtol=1e-4)
@@ -414,7 +414,7 @@ def test_captured_epoch_returns_the_seed_weighted_mean_loss():
         step = CapturedStep(model, opt, loader, x, y)
         if run == 0:
             clock = BatchClock(graph.device)
-            means.append(captured_epoch(step, loader, clock))
+            means.append(captured_epoch(step, clock))
             assert clock.seconds()["batches"] == len(loader)
         else:
             losses = [(float(step.step(s, c)), int(c)) for s, c in loader.seed_batches()]

@@ -106,7 +106,7 @@ def _run(make_model, graph, x, y, fit, overlapped, monkeypatch, epoch, inputs=No
             step = CapturedStep(model, opt, loader, x, y, fit=fit, margin=1.0)
             assert step.overlap
             if epoch:
-                losses = [captured_epoch(step, loader)]
+                losses = [captured_epoch(step)]
             else:
                 losses = [float(step.step(s, c)) for s, c in loader.seed_batches()]
             assert step.replays > 0
@@ -116,7 +116,7 @@ def _run(make_model, graph, x, y, fit, overlapped, monkeypatch, epoch, inputs=No
     else:
         step = CapturedStep(model, opt, loader, x, y, capture=False, fit=fit, margin=1.0)
         if epoch:
-            losses = [captured_epoch(step, loader)]
+            losses = [captured_epoch(step)]
         else:
             losses = [float(step.step(s, c)) for s, c in loader.seed_batches()]
     return losses, [p.detach().clone() for p in model.parameters()]

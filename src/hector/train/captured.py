@@ -34,8 +34,9 @@ next batch is sampled and built while the GPU still runs this one's step: a batc
 longer of the two, not their sum.  With ``fit``, the blocks are built before the batch's
 sizes are read (on capacities that may not hold it: the build stays in bounds and a batch
 that does not fit runs eagerly on grown capacities, as above).  The overlap needs the next
-batch's seeds made on the sampling stream: :meth:`CapturedStep.feeding` (``hector train``'s
-epoch does it); seeds made on the caller's stream are waited for, correct but sequential.
+batch's seeds made on the sampling stream: iterate :meth:`CapturedStep.seed_batches` (as
+``hector train``'s epoch does) or make them inside :meth:`CapturedStep.feeding`; seeds made
+on the caller's stream are waited for, correct but sequential.
 
 :class:`CapturedInference` does the same for sampled inference: sampling, blocks, gather and
 forward as one graph per batch, the logits written into the seeds' rows of one table.
@@ -264,6 +265,18 @@ class CapturedStep:
         with torch.cuda.stream(self._prep):
             yield
         self._fed = True
+
+    def seed_batches(self):
+        """The loader's ``(seeds, count)`` batches (``NeighborLoader.seed_batches``), each
+        made inside :meth:`feeding`: ``for seeds, count in step.seed_batches():
+        step.step(seeds, count)`` overlaps every batch's sampling with the step before."""
+        batches = self.loader.seed_batches()
+        while True:
+            with self.feeding():
+                batch = next(batches, None)
+            if batch is None:
+                return
+            yield batch
 
     def step(self, seeds: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         """One optimizer step on ``seeds[:count]``; its loss, on the caller's stream."""

@@ -422,7 +422,7 @@ def _train(args, out=None) -> dict:
             with tqdm(total=len(loader), desc=f"epoch {epoch}", unit="batch", file=sys.stderr,
                       leave=False, disable=no_progress) as batch_bar:
                 loss = torch.tensor(
-                    minibatch.captured_epoch(batch_step, loader, bclock, batch_bar)
+                    minibatch.captured_epoch(batch_step, bclock, batch_bar)
                     if batch_step is not None else
                     minibatch.train_epoch(net, opt, loader, x, y, bclock, batch_bar),
                     device=device)

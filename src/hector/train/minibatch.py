@@ -161,22 +161,16 @@ def train_epoch(model, opt, loader, x, y, clock: Optional[BatchClock] = None,
     return total.item() / max(seen, 1)
 
 
-def captured_epoch(step, loader, clock: Optional[BatchClock] = None, progress=None) -> float:
+def captured_epoch(step, clock: Optional[BatchClock] = None, progress=None) -> float:
     """:func:`train_epoch` with a :class:`~hector.train.captured.CapturedStep`: per batch, its
     seeds copied in and one graph replayed (sampling and gathers happen inside the step, so
     the clock's ``sample`` and ``gather`` phases are only the seeds' slicing); mean loss,
     read once after the last batch.  Each batch's seeds are made where an overlapped step
-    samples them (:meth:`~hector.train.captured.CapturedStep.feeding`), so the next batch's
-    sampling need not wait for this one's step."""
+    samples them (:meth:`~hector.train.captured.CapturedStep.seed_batches`), so the next
+    batch's sampling need not wait for this one's step."""
     total = torch.zeros((), dtype=torch.float64, device=step.seeds.device)
     seen = torch.zeros((), dtype=torch.int64, device=step.seeds.device)
-    batches = loader.seed_batches()
-    while True:
-        with step.feeding():
-            batch = next(batches, None)
-        if batch is None:
-            break
-        seeds, count = batch
+    for seeds, count in step.seed_batches():
         if clock is not None:
             clock.mark(new_batch=True)
             clock.mark()
