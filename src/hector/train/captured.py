@@ -162,10 +162,9 @@ class CapturedStep:
         self.grown = 0
         self._sampling: Optional[torch.cuda.CUDAGraph] = None
         self._sb = self._blocks = self._n_id = None
-        # (overlap) The sampling stream and the caller's, the sampling-and-blocks graph and
-        # its outputs, the step's twin of them and its refill, and the event after which
-        # the sampled buffers are free again (the twin has taken them).
-        self._main = torch.cuda.current_stream() if self.overlap else None
+        # (overlap) The sampling stream, the sampling-and-blocks graph and its outputs, the
+        # step's twin of them and its refill, and the event after which the sampled
+        # buffers are free again (the twin has taken them).
         self._prep = torch.cuda.Stream() if self.overlap else None
         self._pgraph: Optional[torch.cuda.CUDAGraph] = None
         self._prepared = self._twin = self._refill = self._free = None
@@ -194,6 +193,12 @@ class CapturedStep:
     def _build(self, sb) -> tuple:
         caps = self.caps if self.fit else None
         return sb.capacity_blocks(self.loader.graph, caps), sb.n_id_of(caps)
+
+    def _sample_and_build(self) -> tuple:
+        """(sb, blocks, n_id): an overlapped step's first graph, on the capacities as they
+        are (where they are fitted, the batch's sizes are read after it)."""
+        sb = self.loader.static.sample(self.seeds, self.count)
+        return (sb,) + self._build(sb)
 
     def _forward_backward(self, sb=None, prepared=None) -> torch.Tensor:
         blocks, n_id, seeds, count = prepared if prepared is not None else self._prepare(sb)
@@ -315,9 +320,7 @@ class CapturedStep:
             self.seeds.copy_(seeds)
             self.count.copy_(count)
             if self._pgraph is None:
-                self._pgraph, self._prepared = _captured(
-                    self.loader, lambda: (lambda sb: (sb,) + self._build(sb))(
-                        self.loader.static.sample(self.seeds, self.count)))
+                self._pgraph, self._prepared = _captured(self.loader, self._sample_and_build)
             self._pgraph.replay()
             sb, blocks, n_id = self._prepared
             grown = self.fit and self._fit_to(sb)        # (reads the sizes: waits for prep)
