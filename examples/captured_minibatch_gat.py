@@ -8,8 +8,7 @@
 read, its blocks are capacity blocks (their sizes are those capacities), and
 ``hector.train.CapturedStep`` captures sampling, blocks, gathers, forward, loss, backward and
 Adam once, then replays them for every batch: per batch the host copies the seeds in and
-launches two graphs, the next batch's sampling and blocks overlapping this one's step.  On
-the CPU the same step runs eagerly.  The same run through the
+launches one graph.  On the CPU the same step runs eagerly.  The same run through the
 command line (captured by default on CUDA):
 ``hector train --model gat --dataset cora --batch-size 64 --fanout 10,10``.
 """
@@ -59,7 +58,7 @@ step = CapturedStep(model, opt, loader, data.x, data.y)
 t0 = time.perf_counter()
 for epoch in range(args.epochs):
     model.train()
-    for seeds, count in step.seed_batches():    # (each batch sampled while the last trains)
+    for seeds, count in step.seed_batches():
         loss = step.step(seeds, count)
 seconds = time.perf_counter() - t0
 model.eval()

@@ -103,8 +103,7 @@ def _run(make_model, graph, x, y, fit, overlapped, monkeypatch, epoch, inputs=No
     if overlapped:
         with monkeypatch.context() as m:
             _stand_in(m, lambda: step)
-            step = CapturedStep(model, opt, loader, x, y, fit=fit, margin=1.0)
-            assert step.overlap
+            step = CapturedStep(model, opt, loader, x, y, fit=fit, margin=1.0, overlap=True)
             if epoch:
                 losses = [captured_epoch(step)]
             else:
@@ -149,3 +148,18 @@ def test_overlap_needs_a_captured_step():
     with pytest.raises(ValueError, match="overlap=True needs a captured step"):
         CapturedStep(model, torch.optim.Adam(model.parameters()), loader, x, y, overlap=True)
     assert not CapturedStep(model, torch.optim.Adam(model.parameters()), loader, x, y).overlap
+
+
+def test_overlap_is_opt_in(monkeypatch):
+    graph = graph_with_loops()
+    model = TwoLayers("gat", "torch")
+    x, y = torch.randn(graph.num_nodes, 6), torch.zeros(graph.num_nodes, dtype=torch.long)
+    loader = NeighborLoader(graph, [2], batch_size=4, static=True)
+
+    def make():
+        return CapturedStep(model, torch.optim.Adam(model.parameters()), loader, x, y)
+    monkeypatch.setattr(captured, "_capture_choice", lambda loader, capture: True)
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    assert not make().overlap
+    monkeypatch.setenv("HECTOR_OVERLAP", "1")
+    assert make().overlap

@@ -26,8 +26,9 @@ waits for the sampling, not for the step): a batch the blocks would not hold gro
 capacities and runs eagerly on the new ones, and the next batch captures the step again
 (:attr:`CapturedStep.grown` counts the growths).  Nothing is ever cut.
 
-Overlapped (``overlap=True``, the default where the step is captured): the batch's sampling
-and blocks are one graph, replayed on a stream of their own, and the forward, backward and
+Overlapped (``overlap=True``; opt-in, also by ``HECTOR_OVERLAP=1``, where the step is
+captured): the batch's sampling and blocks are one graph, replayed on a stream of their
+own, and the forward, backward and
 optimizer step another, on the caller's stream.  The step's graph reads a twin of the
 blocks (:mod:`hector.graph.twin`) refilled from the sampled ones by a few copies, so the
 next batch is sampled and built while the GPU still runs this one's step: a batch costs the
@@ -44,6 +45,7 @@ forward as one graph per batch, the logits written into the seeds' rows of one t
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Callable, Optional
 
 import torch
@@ -98,6 +100,11 @@ def _captured(loader, fn):
     return g, out
 
 
+def overlap_by_default() -> bool:
+    """Whether a captured step overlaps unless told (``HECTOR_OVERLAP=1``; default off)."""
+    return os.environ.get("HECTOR_OVERLAP", "0") not in ("", "0")
+
+
 def _recorded(stream) -> torch.cuda.Event:
     """An event recorded on ``stream`` now."""
     event = torch.cuda.Event()
@@ -128,7 +135,8 @@ class CapturedStep:
             (see the module's docstring); ``margin``: their headroom (1.25: a quarter more
             than the largest batch seen).
         overlap: the next batch sampled and built while this one's step runs (see the
-            module's docstring); default: wherever the step is captured.
+            module's docstring); default: off, on with ``HECTOR_OVERLAP=1`` (where the step
+            is captured).
     """
 
     def __init__(self, model, optimizer, loader, x: Optional[torch.Tensor], y: torch.Tensor,
@@ -138,7 +146,8 @@ class CapturedStep:
         self.capture = _capture_choice(loader, capture)
         if overlap and not self.capture:
             raise ValueError("overlap=True needs a captured step (capture on a CUDA graph)")
-        self.overlap = self.capture if overlap is None else bool(overlap)
+        self.overlap = (self.capture and overlap_by_default()) if overlap is None \
+            else bool(overlap)
         #: The distributed wrapper (its module is what runs), or None.
         self.ddp = model if isinstance(model, DistributedDataParallel) else None
         self.model = model.module if self.ddp is not None else model
@@ -301,11 +310,11 @@ class CapturedStep:
         self.count.copy_(count)
         if not self.capture:
             return self._eager()
-        if self.steps <= WARMUP:
-            return _side_stream(self._eager)
-        if self.fit:
-            return self._fitted_step()
-        return self._replay()
+        loss = (_side_stream(self._eager) if self.steps <= WARMUP else
+                self._fitted_step() if self.fit else self._replay())
+        if self._prep is not None:   # (the first overlapped step's sampling waits for this)
+            self._free = _recorded(torch.cuda.current_stream())
+        return loss
 
     def _overlapped_step(self, seeds, count, fed: bool) -> torch.Tensor:
         """The sampling-and-blocks graph replayed on the sampling stream (it may start while
