@@ -8,7 +8,8 @@
 read, its blocks are capacity blocks (their sizes are those capacities), and
 ``hector.train.CapturedStep`` captures sampling, blocks, gathers, forward, loss, backward and
 Adam once, then replays them for every batch: per batch the host copies the seeds in and
-launches one graph.  On the CPU the same step runs eagerly.  The same run through the
+launches two graphs, the next batch's sampling and blocks overlapping this one's step.  On
+the CPU the same step runs eagerly.  The same run through the
 command line (captured by default on CUDA):
 ``hector train --model gat --dataset cora --batch-size 64 --fanout 10,10``.
 """

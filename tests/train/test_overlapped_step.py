@@ -150,7 +150,7 @@ def test_overlap_needs_a_captured_step():
     assert not CapturedStep(model, torch.optim.Adam(model.parameters()), loader, x, y).overlap
 
 
-def test_overlap_is_opt_in(monkeypatch):
+def test_a_captured_step_overlaps_unless_told_not_to(monkeypatch):
     graph = graph_with_loops()
     model = TwoLayers("gat", "torch")
     x, y = torch.randn(graph.num_nodes, 6), torch.zeros(graph.num_nodes, dtype=torch.long)
@@ -160,6 +160,6 @@ def test_overlap_is_opt_in(monkeypatch):
         return CapturedStep(model, torch.optim.Adam(model.parameters()), loader, x, y)
     monkeypatch.setattr(captured, "_capture_choice", lambda loader, capture: True)
     monkeypatch.setattr(torch.cuda, "Stream", _Stream)
-    assert not make().overlap
-    monkeypatch.setenv("HECTOR_OVERLAP", "1")
     assert make().overlap
+    monkeypatch.setenv("HECTOR_OVERLAP", "0")
+    assert not make().overlap

@@ -26,8 +26,8 @@ waits for the sampling, not for the step): a batch the blocks would not hold gro
 capacities and runs eagerly on the new ones, and the next batch captures the step again
 (:attr:`CapturedStep.grown` counts the growths).  Nothing is ever cut.
 
-Overlapped (``overlap=True``; opt-in, also by ``HECTOR_OVERLAP=1``, where the step is
-captured): the batch's sampling and blocks are one graph, replayed on a stream of their
+Overlapped (``overlap=True``, the default where the step is captured; ``HECTOR_OVERLAP=0``
+turns it off): the batch's sampling and blocks are one graph, replayed on a stream of their
 own, and the forward, backward and
 optimizer step another, on the caller's stream.  The step's graph reads a twin of the
 blocks (:mod:`hector.graph.twin`) refilled from the sampled ones by a few copies, so the
@@ -101,8 +101,8 @@ def _captured(loader, fn):
 
 
 def overlap_by_default() -> bool:
-    """Whether a captured step overlaps unless told (``HECTOR_OVERLAP=1``; default off)."""
-    return os.environ.get("HECTOR_OVERLAP", "0") not in ("", "0")
+    """Whether a captured step overlaps unless told (default yes; ``HECTOR_OVERLAP=0``: no)."""
+    return os.environ.get("HECTOR_OVERLAP", "1") not in ("", "0")
 
 
 def _recorded(stream) -> torch.cuda.Event:
@@ -135,8 +135,8 @@ class CapturedStep:
             (see the module's docstring); ``margin``: their headroom (1.25: a quarter more
             than the largest batch seen).
         overlap: the next batch sampled and built while this one's step runs (see the
-            module's docstring); default: off, on with ``HECTOR_OVERLAP=1`` (where the step
-            is captured).
+            module's docstring); default: on where the step is captured, unless
+            ``HECTOR_OVERLAP=0``.
     """
 
     def __init__(self, model, optimizer, loader, x: Optional[torch.Tensor], y: torch.Tensor,
