@@ -132,9 +132,9 @@ def _flatten(obj, leaves: list, refs: list, edges: list):
         refs.append(obj)
         edges.append(obj.shape[1] if obj.dim() == 2 else 0)    # ([2, E]: an edge_index)
         return ("i", id(obj), obj._version)
-    if kind is tuple or kind is list:
+    if isinstance(obj, (tuple, list)):      # (named tuples and subclasses too)
         return (kind, tuple([_flatten(o, leaves, refs, edges) for o in obj]))
-    if kind is dict:
+    if isinstance(obj, dict):
         return (dict, tuple([(k, _flatten(v, leaves, refs, edges)) for k, v in obj.items()]))
     if isinstance(obj, Graph):
         if obj.device.type != DEVICE:
@@ -144,10 +144,6 @@ def _flatten(obj, leaves: list, refs: list, edges: list):
         return ("g", id(obj))
     if isinstance(obj, _SCALARS):
         return obj
-    if isinstance(obj, (tuple, list)):      # (named tuples, subclasses)
-        return (kind, tuple([_flatten(o, leaves, refs, edges) for o in obj]))
-    if isinstance(obj, dict):
-        return (dict, tuple([(k, _flatten(v, leaves, refs, edges)) for k, v in obj.items()]))
     raise _Unfit      # (a tensor subclass, an unknown object)
 
 

@@ -36,7 +36,7 @@ class Refill:
             d, s = groups.setdefault(dst.dtype, ([], []))
             d.append(dst)
             s.append(src)
-        self.groups = [g for g in groups.values() if g[0]]
+        self.groups = list(groups.values())
         self.pairs = len(pairs)
 
     @torch.no_grad()
