@@ -208,6 +208,36 @@ def gpu_ms(step, items, top=0, label=""):
     return total / 1e3 / len(items)
 
 
+def stream_ms(step, items) -> str:
+    """Kernel time per replay on each CUDA stream (the overlapped step's sampling stream
+    against its step's), and the span from the first kernel to the last: which of the two
+    parts bounds a batch.  From the profiler's trace (its kernels carry their stream)."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+    fed_step = fed(step)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for sc in items:
+            fed_step(sc)
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    kernels = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"]
+    if not kernels:
+        return "no kernels traced"
+    per: dict = {}
+    for e in kernels:
+        t, n = per.get(e["args"].get("stream"), (0.0, 0))
+        per[e["args"].get("stream")] = (t + e["dur"], n + 1)
+    span = max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
+    k = len(items)
+    return (", ".join(f"stream {s}: {t / 1e3 / k:.3f} ms in {n / k:.0f} kernels"
+                      for s, (t, n) in sorted(per.items(), key=lambda kv: -kv[1][0]))
+            + f"; span {span / 1e3 / k:.3f} ms a batch")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -266,6 +296,7 @@ def main():
             row["stream"] = throughput(fed(step), seeds, device)
             row["captured"] = per_batch(lambda sc: step.step(*sc), seeds, device)
             row["gpu"] = gpu_ms(step, seeds[:5], args.kernels, f"{kind} {args.strategy}")
+            row["streams"] = stream_ms(step, seeds[3:11])
             sb = static.static.sample(*seeds[0])
             caps, sizes = step.caps or static.static.caps, sb.sizes()
             row["grown"] = step.grown
@@ -298,6 +329,7 @@ def main():
     for r in rows:
         if "fill" in r:
             print(f"{r['model']}: capacities filled {r['fill']}")
+            print(f"{r['model']}: overlapped, back to back: {r['streams']}")
 
 
 if __name__ == "__main__":
