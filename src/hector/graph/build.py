@@ -19,20 +19,21 @@ def index_dtype(num_nodes: int, num_edges: int) -> torch.dtype:
     return torch.int32 if max(num_nodes, num_edges) < INT32_LIMIT else torch.int64
 
 
-def host_constant(values: Tuple, device: torch.device) -> torch.Tensor:
-    """``torch.tensor(values, dtype=int64, device=device)``, made once per (values, device) and
-    shared (never write into it): a host-to-device copy from pageable memory waits for the
-    stream, and every mini-batch block asking for the same small table (a schema's relation
-    endpoint types, each relation's source type) would pay that wait and ~5 aten ops.  Inside
+def host_constant(values: Tuple, device: torch.device, dtype=torch.int64) -> torch.Tensor:
+    """``torch.tensor(values, dtype=dtype, device=device)``, made once per (values, device,
+    dtype) and shared (never write into it): a host-to-device copy from pageable memory waits
+    for the stream, and every mini-batch block asking for the same small table (a schema's
+    relation endpoint types, each relation's source type) would pay that wait and ~5 aten
+    ops.  Inside
     ``torch.compile`` a graph constant instead (the compiled code holds its own)."""
     if torch.compiler.is_compiling():
-        return torch.tensor(values, dtype=torch.int64, device=device)
-    return _shared_constant(values, device)
+        return torch.tensor(values, dtype=dtype, device=device)
+    return _shared_constant(values, device, dtype)
 
 
 @functools.lru_cache(maxsize=64)
-def _shared_constant(values: Tuple, device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device)
+def _shared_constant(values: Tuple, device: torch.device, dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
 
 
 def counts_to_ptr(counts: torch.Tensor) -> torch.Tensor:

@@ -148,23 +148,25 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
     capacity = Capacity(ptr, src, num_nodes, first_sink, width, self_loops, rel, dst_node,
                         type_ptr, num_relations, num_node_types, dst_count)
     g = _graph(gptr, col, dst, num_nodes, num_dst, width + int(self_loops), capacity,
-               node_type_names, relation_names)
+               node_type_names, relation_names, edges=not relational)
     if relational:
         etype = torch.full((total + e_cap,), num_relations - 1, dtype=torch.int64, device=dev)
         etype.scatter_(0, slot, rel.long())
-        _relational(g, etype[:total], capacity)
+        _relational(g, col, dst, etype[:total], capacity)
     return g
 
 
-def _relational(g: Graph, etype: torch.Tensor, c: Capacity) -> None:
-    """Turn the one-relation block ``g`` (edges by destination, ``etype`` each edge's
-    relation) into the relational one: canonical order, compact maps, node types, and every
-    segment pointer as device bounds (see the module's docstring); no host read."""
+def _relational(g: Graph, col: torch.Tensor, dst: torch.Tensor, etype: torch.Tensor,
+                c: Capacity) -> None:
+    """Turn the one-relation block ``g`` (its edges by destination: ``col`` their sources,
+    ``dst`` their destinations, ``etype`` their relations, int64) into the relational one:
+    canonical order, compact maps, node types, and every segment pointer as device bounds
+    (see the module's docstring); no host read."""
     n, r, t, total, dev = g.num_nodes, c.num_relations, c.num_node_types, g.num_edges, g.device
     idx = g.index_dtype
     # Input edges run by (destination, relation): a stable sort by relation is canonical.
     perm = build.relation_order(etype, r)
-    src, dst, et = (build.take(a, perm) for a in (g.src.long(), g.dst.long(), etype))
+    src, dst, et = (build.take(a, perm) for a in (col, dst, etype))
     eid = torch.empty_like(perm).scatter_(0, perm, torch.arange(total, device=dev))
     g.csr_in = CSR(g.csr_in.ptr, g.csr_in.col, eid.to(idx))
     g.src, g.dst, g.etype, g.edge_perm = src.to(idx), dst.to(idx), et.to(torch.int32), perm.to(idx)
@@ -241,9 +243,11 @@ def sinks_in_turn(i: torch.Tensor, num_nodes: int, first_sink: int) -> torch.Ten
 
 
 def _graph(gptr, col, dst, num_nodes: int, num_dst: int, max_row: int, capacity: Capacity,
-           node_type_names, relation_names) -> Graph:
+           node_type_names, relation_names, edges: bool = True) -> Graph:
     """A ``Graph`` over these arrays, every field set without a read (see ``Graph._build``
-    for what each one is)."""
+    for what each one is).  ``edges=False``: the per-edge arrays and the type pointers are
+    left for :func:`_relational`, which sets them in canonical order (made here, they would
+    be a dozen kernels a block for nothing)."""
     dev, total = gptr.device, col.numel()
     idx = build.index_dtype(num_nodes, total)
     g = object.__new__(Graph)
@@ -252,16 +256,21 @@ def _graph(gptr, col, dst, num_nodes: int, num_dst: int, max_row: int, capacity:
     g.node_type_names = list(node_type_names) if node_type_names is not None else None
     g.relation_names = [tuple(r) for r in relation_names] if relation_names is not None else None
     g.graph_ptr = None
-    eid = torch.arange(total, device=dev)
-    g.csr_in = CSR(gptr.to(idx), col.to(idx), eid.to(idx))
+    # (the edges run by destination: a source column is the CSR's, an edge's id its
+    # position; each array is made once and named twice, nothing writes into it)
+    g.src = col.to(idx)
     g._csr_out = None
-    g.src, g.dst = col.to(idx), dst.to(idx)
-    g.etype = torch.zeros(total, dtype=torch.int32, device=dev)
-    g.edge_perm = eid.to(idx)
-    g.node_type = torch.zeros(num_nodes, dtype=torch.int32, device=dev)
     g.node_perm, g.node_types_contiguous = None, True
-    g.rel_ptr = build.host_constant((0, total), dev).to(idx)
-    g.node_type_ptr = build.host_constant((0, num_nodes), dev).to(idx)
+    if edges:
+        eid = torch.arange(total, device=dev, dtype=idx)
+        g.csr_in = CSR(gptr.to(idx), g.src, eid)
+        g.dst, g.edge_perm = dst.to(idx), eid
+        g.etype = torch.zeros(total, dtype=torch.int32, device=dev)
+        g.node_type = torch.zeros(num_nodes, dtype=torch.int32, device=dev)
+        g.rel_ptr = build.host_constant((0, total), dev, idx)
+        g.node_type_ptr = build.host_constant((0, num_nodes), dev, idx)
+    else:
+        g.csr_in = CSR(gptr.to(idx), g.src, None)
     g.host_ptr = {"edge": [0, total], "compact_src": None, "compact_dst": None,
                   "node": [0, num_nodes]}
     g.compact_src = g.compact_dst = None
