@@ -305,8 +305,10 @@ class StaticSampler:
         ptr = build.counts_to_ptr(valid.sum(1))
         # Valid picks keep their row order (lanes ascend; per relation: relation, then lane);
         # the others go to spare slots past the end, one each (stores to one shared slot
-        # serialise), cut off after.
-        lane = torch.cumsum(valid.long(), 1) - 1
+        # serialise), cut off after.  One fan-out: a row's valid lanes are its first ones
+        # (floyd_table), so a pick's place in its row is its lane, no scan.
+        lane = (torch.cumsum(valid.long(), 1) - 1 if isinstance(fan, list)
+                else torch.arange(valid.shape[1], device=dev))
         spare = e_cap + torch.arange(valid.numel(), device=dev).view_as(valid)
         slot = torch.where(valid, ptr[:-1, None] + lane, spare).reshape(-1)
         pos_c = torch.zeros(e_cap + valid.numel(), dtype=torch.int64, device=dev)
@@ -395,7 +397,7 @@ def relabel(node_type: torch.Tensor, num_graph_nodes: int, num_types: int, n: in
     cand = torch.cat([dst, src_global])
     c = cand.numel()
     idx = torch.arange(c, device=dev)
-    valid = torch.cat([idx[:n] < n_dst, idx[n:] - n < ptr[-1]])
+    valid = torch.cat([idx[:n] < n_dst, idx[:c - n] < ptr[-1]])
     # Invalid candidates get a spare table entry each: on one shared entry their atomics
     # serialise, and most slots are padding on sparse graphs (docs/perf-notes.md,
     # "Mini-batches: one captured step per batch").
@@ -403,9 +405,11 @@ def relabel(node_type: torch.Tensor, num_graph_nodes: int, num_types: int, n: in
     # First candidate naming each node (destinations come first, so they win).
     first = torch.full((num_graph_nodes + c,), c, dtype=torch.int64, device=dev)
     first.scatter_reduce_(0, key_node, idx, reduce="amin")
-    is_first = valid & (first[key_node] == idx)
+    first_of = first[key_node]
+    is_first = valid & (first_of == idx)
     span = n + num_graph_nodes
-    order_key = torch.where(idx < n, idx, n + cand)
+    # (a destination orders by its slot, a sampled source after them by its node id)
+    order_key = torch.cat([idx[:n], cand[n:] + n])
     order_key = torch.where(is_first, node_type[cand] * span + order_key,
                             num_types * span)
     # (keys below 2^31 sort as int32: half the radix passes of int64 on CUDA)
@@ -413,12 +417,12 @@ def relabel(node_type: torch.Tensor, num_graph_nodes: int, num_types: int, n: in
     rank = torch.empty_like(order)
     rank[order] = idx
     num_nodes = is_first.sum()
-    local = rank[first[key_node]]           # (an invalid candidate: itself, masked below)
+    local = torch.where(valid, rank[first_of], 0)     # (an invalid candidate: 0)
     slots = torch.arange(num_slots, device=dev)
     spread = slots % num_graph_nodes        # padding and the sinks (see the module's doc)
     node_ids = torch.cat([cand[order[:n_cap]], spread[n_cap:]])
-    node_ids = torch.where(slots < num_nodes, node_ids, spread)
-    types = torch.where(slots < num_nodes, node_type[node_ids], num_types)
+    sampled = slots < num_nodes
+    node_ids = torch.where(sampled, node_ids, spread)
+    types = torch.where(sampled, node_type[node_ids], num_types)
     type_ptr = torch.searchsorted(types, torch.arange(num_types + 1, device=dev))
-    return (torch.where(idx[n:] - n < ptr[-1], local[n:], 0), node_ids, num_nodes,
-            torch.where(idx[:n] < n_dst, local[:n], 0), type_ptr)
+    return local[n:], node_ids, num_nodes, local[:n], type_ptr
