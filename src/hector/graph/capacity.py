@@ -119,7 +119,8 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
     w = max(width, 1)
     sink = torch.arange(sinks, device=dev)
     counts[first_sink:] += (padding - sink * w).clamp(min=0, max=w)
-    counts += int(self_loops)
+    if self_loops:
+        counts += 1
     gptr = build.counts_to_ptr(counts)
     total = e_cap + (num_nodes if self_loops else 0)
     # Where each entry goes: a kept pick at its row's start plus its rank among the row's
@@ -144,7 +145,8 @@ def capacity_block(ptr: torch.Tensor, src: torch.Tensor, num_nodes: int, first_s
         nodes = torch.arange(num_nodes, device=dev)
         col.scatter_(0, gptr[1:] - 1, nodes)
     col = col[:total]
-    dst = torch.searchsorted(gptr, torch.arange(total, device=dev), right=True) - 1
+    entries = torch.arange(total, device=dev) if self_loops else pos    # (total == e_cap)
+    dst = torch.searchsorted(gptr, entries, right=True) - 1
     capacity = Capacity(ptr, src, num_nodes, first_sink, width, self_loops, rel, dst_node,
                         type_ptr, num_relations, num_node_types, dst_count)
     g = _graph(gptr, col, dst, num_nodes, num_dst, width + int(self_loops), capacity,
