@@ -194,3 +194,33 @@ def grads_by_pyg_name(module, loss, inputs, names):
     if hasattr(module, "in_pyg_layout"):
         named = module.in_pyg_layout(named)
     return list(got[:len(inputs)]) + [named[n] for n in names]
+
+
+#: The ways a user can allow TF32 fp32 matmuls in torch (see :func:`set_tf32`).
+TF32_APIS = ("allow_tf32", "fp32_precision", "matmul_precision")
+
+
+def set_tf32(api: str, on: bool) -> None:
+    """Allow (or forbid) TF32 fp32 matmuls through one of torch's APIs: the legacy
+    ``allow_tf32``, the new ``fp32_precision`` or ``set_float32_matmul_precision``."""
+    if api == "allow_tf32":
+        torch.backends.cuda.matmul.allow_tf32 = on
+    elif api == "fp32_precision":
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if on else "ieee"
+    else:
+        torch.set_float32_matmul_precision("high" if on else "highest")
+
+
+@contextlib.contextmanager
+def tf32_state():
+    """Put torch's TF32 switches back as they were (a test may set them any way)."""
+    matmul = torch.backends.cuda.matmul
+    new = hasattr(matmul, "fp32_precision")
+    before = matmul.fp32_precision if new else matmul.allow_tf32
+    try:
+        yield
+    finally:
+        if new:
+            matmul.fp32_precision = before
+        else:
+            matmul.allow_tf32 = before

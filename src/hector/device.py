@@ -1,7 +1,9 @@
 """Facts about where kernels run, in one place: is Triton's interpreter on, which dtypes the
-Triton kernels take, which backend ``'auto'`` picks, and how many SMs the GPU has."""
+Triton kernels take, which backend ``'auto'`` picks, how many SMs the GPU has, and whether
+torch lets fp32 matmuls use TF32."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -58,3 +60,35 @@ def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return DEFAULT_NUM_SMS
+
+
+#: torch's per-backend precision switch (torch >= 2.9), which every TF32 setting of torch's
+#: shows through: the legacy ``allow_tf32`` and ``set_float32_matmul_precision``, and the new
+#: ``torch.backends[.cuda.matmul].fp32_precision``.  Reading ``allow_tf32`` after a user set
+#: the new one raises ("mix of the legacy and new APIs"), so it is read only where torch has
+#: no new switch.
+_NEW_PRECISION_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+def tf32_allowed() -> bool:
+    """Whether torch lets fp32 matmuls run on TF32 tensor cores (hector's fp32 GEMMs follow
+    it, as torch's own matmuls do); off by default, as in PyTorch."""
+    matmul = torch.backends.cuda.matmul
+    if _NEW_PRECISION_API:
+        return matmul.fp32_precision == "tf32"
+    return bool(matmul.allow_tf32)
+
+
+@contextlib.contextmanager
+def tf32_matmuls(enabled: bool):
+    """TF32 fp32 matmuls on or off inside the block (torch's and hector's), restored after,
+    through the switch that neither raises nor leaves a mix of torch's two APIs behind."""
+    matmul = torch.backends.cuda.matmul
+    name = "fp32_precision" if _NEW_PRECISION_API else "allow_tf32"
+    before = getattr(matmul, name)
+    setattr(matmul, name, ("tf32" if enabled else "ieee") if _NEW_PRECISION_API
+            else bool(enabled))
+    try:
+        yield
+    finally:
+        setattr(matmul, name, before)

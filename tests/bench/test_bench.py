@@ -1,12 +1,17 @@
 """hector bench on tiny CPU inputs: rows, checks, output files, bad options."""
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from hector.bench import BenchConfig, configure, resolve, run, run_bench
 from hector.bench import report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers.py
+from helpers import TF32_APIS, set_tf32, tf32_state  # noqa: E402
 
 
 def tiny(**kw):
@@ -177,23 +182,25 @@ def test_interleaved_alternates_the_order():
     assert out["a"]["runs"] == 9 and out["a"]["ms"] == 1.0
 
 
-def test_tf32_switch_holds_for_the_run_and_is_restored(monkeypatch):
+@pytest.mark.parametrize("api", TF32_APIS)
+def test_tf32_switch_holds_for_the_run_and_is_restored(monkeypatch, api):
     """--tf32 turns torch's TF32 matmul switch on for every peer while the cases run (hector's
-    fp32 GEMMs follow it) and puts the caller's setting back after; without it the run is
-    strict fp32 whatever the caller had set."""
+    fp32 GEMMs follow it) and puts the caller's setting back after, whichever of torch's
+    APIs the caller set it with; without it the run is strict fp32 whatever the caller had
+    set."""
     from hector.bench import config_from_args, runner
+    from hector.device import tf32_allowed
     seen = []
-    monkeypatch.setattr(runner, "_run_cases",
-                        lambda cfg, *a: seen.append(torch.backends.cuda.matmul.allow_tf32))
+    monkeypatch.setattr(runner, "_run_cases", lambda cfg, *a: seen.append(tf32_allowed()))
     p = argparse.ArgumentParser()
     configure(p)
-    before = torch.backends.cuda.matmul.allow_tf32
-    try:
+    with tf32_state():
         for flag, caller in ((["--tf32"], False), ([], True)):
-            torch.backends.cuda.matmul.allow_tf32 = caller
+            set_tf32(api, caller)
             cfg = config_from_args(p.parse_args(["--layers", "gat", "--no-pyg", *flag]))
             runner.run_bench(cfg)
-            assert torch.backends.cuda.matmul.allow_tf32 == caller
+            assert tf32_allowed() == caller
+            if api == "matmul_precision":       # (the caller's legacy reads still work)
+                assert torch.get_float32_matmul_precision() == ("high" if caller
+                                                                else "highest")
         assert seen == [True, False]
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before

@@ -12,6 +12,7 @@ import torch
 
 from . import floor, suites, targets
 from ..checks import check_device_option
+from ..device import tf32_matmuls
 from ..compiler.warm import enabled as warm_enabled, warm_graphs
 from .paper import ATTENTION_PROFILES, ATTENTION_REAL, HETERO_PROFILES, SUITES, suite
 from .timing import CPU_MAX_S, MIN_RUNS, NOISE_IQR, ROUNDS, interleaved, timed
@@ -373,17 +374,15 @@ def run_bench(cfg: BenchConfig, log=None, on_case=None) -> dict:
     device = torch.device(cfg.device)
     pyg_version = None if cfg.no_pyg else require("torch_geometric", "PyG").__version__
     threads_before = torch.get_num_threads()
-    tf32_before = torch.backends.cuda.matmul.allow_tf32
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     # One switch for every peer: torch's matmuls (PyG, compiled or not) and hector's fp32
     # GEMMs (which follow torch's switch: kernels.segment_mm.spec.fp32_dot).
-    torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
     try:
-        return _run_cases(cfg, device, pyg_version, on_case)
+        with tf32_matmuls(cfg.tf32):
+            return _run_cases(cfg, device, pyg_version, on_case)
     finally:
         torch.set_num_threads(threads_before)
-        torch.backends.cuda.matmul.allow_tf32 = tf32_before
 
 
 def _run_cases(cfg: BenchConfig, device: torch.device, pyg_version, on_case) -> dict:

@@ -54,6 +54,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.modules import module as _module
 
 from .. import checks as C
+from ..device import tf32_allowed
 from ..graph import Graph
 from ..kernels.eager import _PLAIN, _untraced
 from .execute import _RETAIN
@@ -434,7 +435,7 @@ _CONTAINERS = frozenset((dict, OrderedDict, set))
 
 def _precision() -> tuple:
     """What decides how torch's own ops in a layer compute (a capture keeps its choice)."""
-    return (torch.backends.cuda.matmul.allow_tf32, torch.is_autocast_enabled("cuda"),
+    return (tf32_allowed(), torch.is_autocast_enabled("cuda"),
             torch.get_autocast_dtype("cuda"))
 
 

@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ...device import tf32_allowed
 from ..activations import gelu_grad
 from ..sizes import next_pow2
 
@@ -27,12 +28,14 @@ FP32_DOT_ENV = "HECTOR_FP32_DOT"
 def fp32_dot() -> str:
     """How the segment GEMMs multiply fp32 tiles.
 
-    torch's ``torch.backends.cuda.matmul.allow_tf32`` on: "tf32", as torch's own matmuls.
+    TF32 allowed by torch (``hector.device.tf32_allowed``: ``allow_tf32``,
+    ``set_float32_matmul_precision("high")`` or ``fp32_precision = "tf32"``): "tf32", as
+    torch's own matmuls.
     Otherwise ``HECTOR_FP32_DOT``: "ieee" when unset (the FMA units, as cuBLAS's fp32), or
     "tf32x3".  3xTF32 is not the default because it measured no faster on these skinny GEMMs
     (K = N = 64 over 2-3M rows), with the same error (H200 timings: docs/perf-notes.md,
     "Segment GEMM", 2026-11-24)."""
-    if torch.backends.cuda.matmul.allow_tf32:
+    if tf32_allowed():
         return "tf32"
     mode = os.environ.get(FP32_DOT_ENV, "ieee")
     if mode not in ("ieee", "tf32x3"):
