@@ -136,10 +136,15 @@ def canonical_order(src: torch.Tensor, dst: torch.Tensor, etype: torch.Tensor,
 def relation_order(etype: torch.Tensor, num_relations: int) -> torch.Tensor:
     """:func:`canonical_order` of edges given sorted by (destination, relation), as the
     loader's sampler lists them: a stable sort by relation alone then keeps each relation's
-    edges by destination, ties in input order.  The key is the narrowest dtype that holds
-    it: a stable sort of 8-bit keys is ~4x faster than of 32-bit ones (CPU, 70K edges)."""
-    key = etype.to(torch.uint8) if num_relations <= 256 else sort_key(etype, num_relations)
-    return stable_argsort(key)
+    edges by destination, ties in input order."""
+    return small_key_order(etype, num_relations)
+
+
+def small_key_order(key: torch.Tensor, bound: int) -> torch.Tensor:
+    """The permutation of a stable sort of ``key`` (values in ``[0, bound)``), sorted in the
+    narrowest dtype that holds it: a stable sort of 8-bit keys is ~4x faster than of 32-bit
+    ones (CPU, 70K edges), and on CUDA one radix pass instead of four."""
+    return stable_argsort(key.to(torch.uint8) if bound <= 256 else sort_key(key, bound))
 
 
 def csr_of_sorted_input(src: torch.Tensor, dst: torch.Tensor, perm: torch.Tensor,

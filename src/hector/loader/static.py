@@ -20,10 +20,11 @@ Per hop (around the seeds first, like ``NeighborLoader.num_neighbors``):
    fan-outs), a uniform sample without replacement of ``min(degree, fan-out)`` incoming edges;
 2. the picks laid out as a CSR by destination (``ptr``, counts by a cumsum), in the same order
    as :func:`.sampler.sample_hop`'s: by destination, then CSR position;
-3. the hop's nodes: the destinations first, then each new source once, sorted by (node type,
-   destination first, global id) so node types stay contiguous ranges and, within a type, the
-   destinations are the first nodes in their own order (the block layout of
-   :mod:`hector.graph.block`).  Duplicates are found through a table over the graph's nodes
+3. the hop's nodes: the destinations first, then each new source once, grouped by node type
+   (a stable sort by type of the candidates in pick order) so node types stay contiguous
+   ranges and, within a type, the destinations are the first nodes in their own order (the
+   block layout of :mod:`hector.graph.block`), then the new sources in the order of their
+   first pick.  Duplicates are found through a table over the graph's nodes
    (the first candidate naming a node wins), not ``torch.unique``, whose output size is a host
    read.
 
@@ -407,13 +408,11 @@ def relabel(node_type: torch.Tensor, num_graph_nodes: int, num_types: int, n: in
     first.scatter_reduce_(0, key_node, idx, reduce="amin")
     first_of = first[key_node]
     is_first = valid & (first_of == idx)
-    span = n + num_graph_nodes
-    # (a destination orders by its slot, a sampled source after them by its node id)
-    order_key = torch.cat([idx[:n], cand[n:] + n])
-    order_key = torch.where(is_first, node_type[cand] * span + order_key,
-                            num_types * span)
-    # (keys below 2^31 sort as int32: half the radix passes of int64 on CUDA)
-    order = torch.sort(build.sort_key(order_key, num_types * span + 1)).indices
+    # Each node's first candidate grouped by type, in candidate order (so the destinations,
+    # which come first, keep their slots' order), the others last: a stable sort of the
+    # type alone, one radix pass of 8-bit keys on CUDA where a (type, id) key took four.
+    order = build.small_key_order(torch.where(is_first, node_type[cand], num_types),
+                                  num_types + 1)
     rank = torch.empty_like(order)
     rank[order] = idx
     num_nodes = is_first.sum()
