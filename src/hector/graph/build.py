@@ -24,8 +24,8 @@ def host_constant(values: Tuple, device: torch.device, dtype=torch.int64) -> tor
     dtype) and shared (never write into it): a host-to-device copy from pageable memory waits
     for the stream, and every mini-batch block asking for the same small table (a schema's
     relation endpoint types, each relation's source type) would pay that wait and ~5 aten
-    ops.  Inside
-    ``torch.compile`` a graph constant instead (the compiled code holds its own)."""
+    ops.  Inside ``torch.compile`` a graph constant instead (the compiled code holds its
+    own)."""
     if torch.compiler.is_compiling():
         return torch.tensor(values, dtype=dtype, device=device)
     return _shared_constant(values, device, dtype)
