@@ -276,7 +276,11 @@ def main():
         for m in net.modules():
             if hasattr(m, "strategy") and args.strategy != "auto":
                 m.strategy = args.strategy
-        opt = torch.optim.Adam(net.parameters(), lr=cfg["lr"], capturable=device.type == "cuda")
+        # (Adam as hector train builds it on CUDA: fused, capturable; PyG's layers get the
+        # same fused Adam below)
+        cuda = device.type == "cuda"
+        opt = torch.optim.Adam(net.parameters(), lr=cfg["lr"], capturable=cuda,
+                               fused=True if cuda else None)
         loader = NeighborLoader(graph, fanout, **kw)
         batches = [b for _, b in zip(range(args.batches), loader)]
 
@@ -306,7 +310,8 @@ def main():
         layers = None if args.no_pyg else pyg_model(kind, net)
         if layers is not None:
             layers = layers.to(device)
-            popt = torch.optim.Adam(layers.parameters(), lr=cfg["lr"])
+            popt = torch.optim.Adam(layers.parameters(), lr=cfg["lr"],
+                                    fused=True if cuda else None)
             def peer(item):
                 pyg_step(kind, layers, popt, x, y, item)
             items = pyg_items(kind, net, batches)
