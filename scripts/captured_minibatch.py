@@ -143,23 +143,27 @@ def pyg_items(kind, net, batches):
 def pyg_step(kind, layers, opt, x, y, item):
     batch, edge_dicts = item
     opt.zero_grad(set_to_none=True)
-    h = x.index_select(0, batch.n_id)
+    logits = pyg_forward(kind, layers, x.index_select(0, batch.n_id), batch, edge_dicts)
+    F.cross_entropy(logits, y[batch.seed]).backward()
+    opt.step()
+
+
+def pyg_forward(kind, layers, h, batch, edge_dicts):
+    """PyG's layers on the batch's blocks (each block's destination rows kept), as hector
+    train's network of ``kind`` runs them: its logits."""
     if kind == "hgt":
         lin_in, conv1, conv2, lin_out = layers
         h = F.relu(lin_in(h))
         h = F.relu(take_rows(conv1({"n": h}, edge_dicts[0])["n"], dst_rows(batch.blocks[0])))
         h = take_rows(conv2({"n": h}, edge_dicts[1])["n"], dst_rows(batch.blocks[1]))
-        F.cross_entropy(lin_out(F.relu(h)), y[batch.seed]).backward()
-        opt.step()
-        return
+        return lin_out(F.relu(h))
     for i, (conv, block) in enumerate(zip(layers, batch.blocks)):
         args = (block.input_edge_index(),) + (
             (block.input_edge_type(),) if kind in ("rgcn", "rgat") else ())
         h = take_rows(conv(h, *args), dst_rows(block))
         if i == 0:
             h = F.elu(h)
-    F.cross_entropy(h, y[batch.seed]).backward()
-    opt.step()
+    return h
 
 
 #: name fragments -> family, first match wins (torch's and Triton's kernel names)
@@ -223,7 +227,8 @@ def stream_ms(step, items) -> str:
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))
+        with open(f.name) as g:
+            trace = json.load(g)
     kernels = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"]
     if not kernels:
         return "no kernels traced"
