@@ -4,7 +4,7 @@ of small index kernels (each a few microseconds in a CUDA graph).
 
     python scripts/step_ops.py [--profile mag] [--scale 0.01] [--batch-size 64]
         [--fanout 25,20] [--model rgcn] [--phases sample,blocks] [--sites 12] [--worst]
-        [--backend triton|torch]
+        [--backend triton|torch] [--bytes]
 
 Counts every aten op that runs a kernel (views, slices and the like are left out) while one
 ``StaticSampler`` batch is sampled (``sample``), its capacity blocks built on fitted
@@ -12,7 +12,9 @@ capacities (``blocks``; ``--worst``: the worst-case ones), and, with ``forward``
 ``backward`` in ``--phases``, ``hector train``'s ``--model`` network run on them (Triton
 kernels under the interpreter: set ``TRITON_INTERPRET=1``, slow).  On CUDA the sampler's
 Floyd table is one kernel where the torch reference here runs hundreds of ops: its line is
-reported apart.
+reported apart.  ``--bytes``: the sites by the bytes their ops' tensors hold (inputs and
+outputs summed, by site and op): where a step's GPU time can go when it is not launches
+(an upper bound for gathers, whose whole source table is counted).
 """
 import argparse
 import collections
@@ -40,14 +42,20 @@ class Count(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.sites = collections.Counter()
+        self.bytes = collections.Counter()   # (site, op): bytes of its inputs and outputs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ not in NO_KERNEL:
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name not in NO_KERNEL:
             frames = [f for f in traceback.extract_stack() if "/hector/" in f.filename]
             site = (frames[-1].filename.split("/hector/")[-1] + ":" + frames[-1].name
                     if frames else "(outside hector)")
             self.sites[site] += 1
-        return func(*args, **(kwargs or {}))
+            tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs, out))
+                       if isinstance(t, torch.Tensor)]
+            self.bytes[(site, name)] += sum(t.numel() * t.element_size() for t in tensors)
+        return out
 
     def total(self) -> int:
         return sum(v for k, v in self.sites.items()
@@ -64,6 +72,7 @@ def main():
     p.add_argument("--phases", default="sample,blocks")
     p.add_argument("--sites", type=int, default=12)
     p.add_argument("--worst", action="store_true")
+    p.add_argument("--bytes", action="store_true")
     p.add_argument("--backend", default="triton", choices=("triton", "torch"),
                    help="the network's backend (torch: fast, the index building's counts "
                         "are the same, the layers' own ops are not the GPU's)")
@@ -104,6 +113,10 @@ def main():
         for site, n in c.sites.most_common(a.sites):
             note = "  (one kernel on CUDA)" if site.endswith(ONE_KERNEL_ON_CUDA) else ""
             print(f"  {n:5d}  {site}{note}")
+        if a.bytes:
+            print(f"-- {phase} by bytes ({sum(c.bytes.values()) / 1e6:.1f} MB in all)")
+            for (site, op), b in c.bytes.most_common(a.sites):
+                print(f"  {b / 1e6:9.2f} MB  {op:24s} {site}")
 
 
 if __name__ == "__main__":
