@@ -95,6 +95,30 @@ def test_capacity_blocks_give_the_ordinary_blocks_results(kind, loops, backend):
             torch.testing.assert_close(got, w, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("kind,loops", [("gat", True), ("agnn", True), ("transformer", False)])
+def test_the_sampling_part_prederives_what_the_step_derived(kind, loops):
+    """An overlapped step's sampling part (``_sample_and_build``) makes on the new blocks the
+    recipe derivations the last step's blocks hold (the twin with self loops of GAT and
+    AGNN; the Transformer adds none): the same logits as blocks derived on demand."""
+    graph = graph_with_loops()
+    x, y = torch.randn(graph.num_nodes, 6), torch.randint(0, 3, (graph.num_nodes,))
+    torch.manual_seed(0)
+    model = TwoLayers(kind, "torch")
+    loader = NeighborLoader(graph, [3, 2], batch_size=16, shuffle=True, seed=5, static=True)
+    step = CapturedStep(model, torch.optim.Adam(model.parameters()), loader, x, y)
+    batches = loader.seed_batches()
+    step.step(*next(batches))
+    seeds, count = next(batches)
+    step.seeds.copy_(seeds)
+    step.count.copy_(count)
+    sb, blocks, n_id = step._sample_and_build()
+    assert [("self_loops" in b._derived) for b in blocks] == [loops, loops]
+    fresh, fresh_n_id = sb.capacity_blocks(graph), sb.n_id_of(None)
+    assert not any(b._derived for b in fresh)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x[n_id], blocks), model(x[fresh_n_id], fresh))
+
+
 def test_capacity_blocks_have_capacity_sizes_only():
     graph = graph_with_loops()
     loader = NeighborLoader(graph, [3, 2], batch_size=9, shuffle=True, seed=2, static=True)

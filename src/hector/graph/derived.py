@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from . import build
-from .graph import SUPER_NODE_DEGREE, Graph
+from .graph import SUPER_NODE_DEGREE, Graph, recipe
 from .structures import CSR, DegreeStats
 
 #: What an :class:`AttentionGraph` holds (besides sizes and device): the fused attention op's
@@ -103,8 +103,11 @@ def has_in_edges(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
     graph; under ``torch.compile`` made in the compiled code instead, since a tensor that a
     compiled region made, kept on the graph, may live in a CUDA-graph pool that later
     replays overwrite)."""
-    def make():
-        return (graph.csr_in.degrees() > 0).to(dtype)
     if torch.compiler.is_compiling():
-        return make()
-    return graph.derived(("has_in_edges", dtype), make)
+        return _has_in_edges(graph, dtype)
+    return graph.derive(("has_in_edges", dtype))
+
+
+@recipe("has_in_edges")
+def _has_in_edges(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
+    return (graph.csr_in.degrees() > 0).to(dtype)

@@ -4,7 +4,7 @@ at build time, so the hot path never re-checks ids."""
 from __future__ import annotations
 
 import operator
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -19,6 +19,26 @@ from .structures import CSR, CompactMap, DegreeStats, move, nbytes_of
 SUPER_NODE_DEGREE = 1000
 
 EdgeTypeName = Tuple[str, str, str]
+
+#: Derivations that can be made again on another graph of the same shape: name ->
+#: ``recipe(graph, *args)``, reading the graph only through its argument.  A graph made by
+#: :meth:`Graph.derive` is what an overlapped captured step builds with a batch's blocks on
+#: the sampling stream (:func:`hector.graph.twin.prederive`) instead of in its step.
+RECIPES: Dict[str, Callable] = {}
+
+
+def recipe(name: str):
+    """Register ``fn(graph, *args)`` as the recipe of the derivations named ``name``."""
+    def register(fn):
+        RECIPES[name] = fn
+        return fn
+    return register
+
+
+def recipe_name(key) -> Optional[str]:
+    """The recipe name of a derivation key (``name`` or ``(name, *args)``), None if none."""
+    name = key if isinstance(key, str) else key[0] if type(key) is tuple and key else None
+    return name if name in RECIPES else None
 
 
 class Graph:
@@ -305,6 +325,7 @@ class Graph:
         view._derived, view._device_copies = {}, {self.device: view}
         return view
 
+
     # -- device and memory ----------------------------------------------------------------
     def to(self, device) -> "Graph":
         """This graph on ``device``; the copy is kept, so moving twice costs nothing."""
@@ -330,6 +351,16 @@ class Graph:
         memo = self._derived
         if key not in memo:
             memo[key] = build()
+        return memo[key]
+
+    def derive(self, key):
+        """The registered derivation ``key`` (``name`` or ``(name, *args)``, see
+        :data:`RECIPES`), made once and kept like :meth:`derived`, and made again from
+        another graph's arrays where a step asks (:func:`hector.graph.twin.prederive`)."""
+        memo = self._derived
+        if key not in memo:
+            name, args = (key, ()) if isinstance(key, str) else (key[0], key[1:])
+            memo[key] = RECIPES[name](self, *args)
         return memo[key]
 
     def nbytes(self) -> int:
@@ -500,3 +531,8 @@ def _check_endpoint_types(src, dst, etype, ntype, node_type_names: List[str],
         raise ValueError(f"edge {e} ({int(src[e])} -> {int(dst[e])}) has relation {r!r} but "
                          f"its endpoints have node types ({node_type_names[int(ntype[src[e]])]!r}, "
                          f"{node_type_names[int(ntype[dst[e]])]!r})")
+
+
+@recipe("one_node_type")
+def _one_node_type(graph: Graph, name: str, relation_names) -> Graph:
+    return graph.with_one_node_type(name, relation_names)

@@ -4,15 +4,16 @@ from __future__ import annotations
 import torch
 
 from .capacity import with_loops
-from .graph import Graph
+from .graph import Graph, recipe
 
 
 def with_self_loops(graph: Graph) -> Graph:
     """PyG's ``remove_self_loops`` then ``add_self_loops``: every node gets exactly one self
     loop (relation 0), after the graph's other edges in input order."""
-    return graph.derived("self_loops", lambda: _self_loop_twin(graph))
+    return graph.derive("self_loops")
 
 
+@recipe("self_loops")
 def _self_loop_twin(graph: Graph) -> Graph:
     twin = with_loops(graph)           # a capacity block's: its sizes stay capacities
     if twin is not None:

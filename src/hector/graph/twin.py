@@ -7,9 +7,15 @@ copied into the step's once the step before is done with them: a few launches (o
 dtype) instead of the sampler's and the blocks' several hundred kernels on the step's path.
 
 :func:`twin` makes the step's set: the same objects (graphs, their index records, device
-bounds, capacities), every tensor cloned, with what a graph derives on use left out (the
-step derives it from the twin's own arrays).  An object it does not know raises: a tensor
-shared between the two sets would be read by the step while the next batch rewrites it.
+bounds, capacities), every tensor cloned.  Of what a graph derives on use, the derivations
+with a recipe (:data:`hector.graph.graph.RECIPES`: a GAT block's twin with self loops, HGT's
+one-type view) are twinned too; the rest is left out, and the step derives it from the
+twin's own arrays.  An object it does not know raises: a tensor shared between the two sets
+would be read by the step while the next batch rewrites it.
+
+:func:`prederive` makes on a new batch's blocks the recipe derivations that the blocks of an
+earlier step hold: the overlapped step runs it with the sampling, so those derivations'
+kernels leave the step's stream and the refill copies their results like the blocks'.
 """
 from __future__ import annotations
 
@@ -18,12 +24,13 @@ from typing import List, Tuple
 
 import torch
 
-from .graph import Graph
+from .graph import Graph, recipe_name
 
 #: Values a twin shares with its original: nothing in them is ever written.
 _SHARED = (int, float, bool, str, type(None), torch.device, torch.dtype)
 #: A graph's entries the twin starts empty: derived structures (rebuilt on first use, from
-#: the twin's arrays), its copies on other devices, the custom ops' handle mark.
+#: the twin's arrays; but those with a recipe), its copies on other devices, the custom
+#: ops' handle mark.
 _FRESH = ("_derived", "_device_copies", "_attention_op_handle")
 
 
@@ -61,11 +68,13 @@ def _twin(v, memo: dict, pairs: list):
         out = v.clone()
         pairs.append((out, v))
     elif isinstance(v, Graph):
-        out = object.__new__(Graph)
+        out = object.__new__(type(v))
         memo[id(v)] = out                    # (before its fields: they may name it)
         out.__dict__.update({k: _twin(x, memo, pairs) for k, x in v.__dict__.items()
                              if k not in _FRESH})
-        out._derived, out._device_copies = {}, {v.device: out}
+        out._derived = {k: _twin(x, memo, pairs) for k, x in v._derived.items()
+                        if recipe_name(k) is not None}
+        out._device_copies = {v.device: out}
     elif dataclasses.is_dataclass(v) and not isinstance(v, type):
         out = dataclasses.replace(v, **{f.name: _twin(getattr(v, f.name), memo, pairs)
                                         for f in dataclasses.fields(v) if f.init})
@@ -79,3 +88,17 @@ def _twin(v, memo: dict, pairs: list):
         raise TypeError(f"twin: cannot make a separate copy of a {type(v).__name__}")
     memo[id(v)] = out
     return out
+
+
+def prederive(obj, like) -> None:
+    """Make on every graph in ``obj`` (graphs, lists, tuples) the recipe derivations that the
+    graph in the same place of ``like`` holds, and so on into the derived graphs: what a
+    step on ``like`` derived, made ahead for a step on ``obj``.  Places that differ in kind
+    are left alone."""
+    if isinstance(obj, Graph) and isinstance(like, Graph):
+        for key, value in list(like._derived.items()):
+            if recipe_name(key) is not None:
+                prederive(obj.derive(key), value)
+    elif type(obj) in (list, tuple) and type(like) is type(obj) and len(obj) == len(like):
+        for o, k in zip(obj, like):
+            prederive(o, k)

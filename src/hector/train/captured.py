@@ -32,7 +32,9 @@ own, and the forward, backward and
 optimizer step another, on the caller's stream.  The step's graph reads a twin of the
 blocks (:mod:`hector.graph.twin`) refilled from the sampled ones by a few copies, so the
 next batch is sampled and built while the GPU still runs this one's step: a batch costs the
-longer of the two, not their sum.  With ``fit``, the blocks are built before the batch's
+longer of the two, not their sum.  What the step derives from its blocks through a recipe
+(:func:`hector.graph.twin.prederive`: GAT's and AGNN's blocks with self loops) is built
+with the blocks, on the sampling stream.  With ``fit``, the blocks are built before the batch's
 sizes are read (on capacities that may not hold it: the build stays in bounds and a batch
 that does not fit runs eagerly on grown capacities, as above).  The overlap needs the next
 batch's seeds made on the sampling stream: iterate :meth:`CapturedStep.seed_batches` (as
@@ -52,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from ..graph.twin import twin
+from ..graph.twin import prederive, twin
 from .distributed import average_gradients
 
 #: Eager steps before the capture (side-stream warm-up, as torch's CUDA-graph docs advise).
@@ -205,9 +207,14 @@ class CapturedStep:
 
     def _sample_and_build(self) -> tuple:
         """(sb, blocks, n_id): an overlapped step's first graph, on the capacities as they
-        are (where they are fitted, the batch's sizes are read after it)."""
+        are (where they are fitted, the batch's sizes are read after it).  The blocks'
+        derivations with a recipe that the last step's blocks hold (a GAT block's twin
+        with self loops) are made here too, off the step's stream."""
         sb = self.loader.static.sample(self.seeds, self.count)
-        return (sb,) + self._build(sb)
+        blocks, n_id = self._build(sb)
+        if self._blocks is not None:
+            prederive(blocks, like=self._blocks)
+        return sb, blocks, n_id
 
     def _forward_backward(self, sb=None, prepared=None) -> torch.Tensor:
         blocks, n_id, seeds, count = prepared if prepared is not None else self._prepare(sb)

@@ -303,8 +303,7 @@ class Net(nn.Module):
         node type (its index arrays shared, kept on the block so that a second step on it
         plans nothing), then the block's destination rows."""
         names = self._meta[1]
-        view = block.derived(("one_node_type", tuple(names)),
-                             lambda: block.with_one_node_type("n", names))
+        view = block.derive(("one_node_type", "n", tuple(names)))
         return take_rows(conv({"n": h}, view)["n"], dst_rows(block))
 
 
