@@ -4,7 +4,7 @@ of small index kernels (each a few microseconds in a CUDA graph).
 
     python scripts/step_ops.py [--profile mag] [--scale 0.01] [--batch-size 64]
         [--fanout 25,20] [--model rgcn] [--phases sample,blocks] [--sites 12] [--worst]
-        [--backend triton|torch] [--bytes]
+        [--backend triton|torch] [--bytes] [--prederive]
 
 Counts every aten op that runs a kernel (views, slices and the like are left out) while one
 ``StaticSampler`` batch is sampled (``sample``), its capacity blocks built on fitted
@@ -14,7 +14,10 @@ kernels under the interpreter: set ``TRITON_INTERPRET=1``, slow).  On CUDA the s
 Floyd table is one kernel where the torch reference here runs hundreds of ops: its line is
 reported apart.  ``--bytes``: the sites by the bytes their ops' tensors hold (inputs and
 outputs summed, by site and op): where a step's GPU time can go when it is not launches
-(an upper bound for gathers, whose whole source table is counted).
+(an upper bound for gathers, whose whole source table is counted).  ``--prederive``: as an
+overlapped captured step runs: a step on an earlier batch's blocks first (not counted),
+then the recipe derivations it made, made on this batch's blocks with the sampling
+(``prederive``, counted apart: the sampling stream's), before the counted forward.
 """
 import argparse
 import collections
@@ -73,6 +76,7 @@ def main():
     p.add_argument("--sites", type=int, default=12)
     p.add_argument("--worst", action="store_true")
     p.add_argument("--bytes", action="store_true")
+    p.add_argument("--prederive", action="store_true")
     p.add_argument("--backend", default="triton", choices=("triton", "torch"),
                    help="the network's backend (torch: fast, the index building's counts "
                         "are the same, the layers' own ops are not the GPU's)")
@@ -100,6 +104,15 @@ def main():
         cfg = dict(defaults(a.model, "synthetic:" + a.profile), dropout=0.0, num_bases=None)
         net = build(a.model, data, cfg, backend=a.backend)
         n_id = sb.n_id_of(caps)
+        if a.prederive:
+            from hector.graph.twin import prederive
+            earlier = first.capacity_blocks(loader.graph, caps)
+            fn = first.n_id_of(caps)
+            net(x.index_select(0, fn), earlier, n_id=fn).float().square().mean().backward()
+            net.zero_grad(set_to_none=True)
+            with Count() as counts["prederive"]:
+                prederive(blocks, like=earlier)
+            phases.append("prederive")
         with Count() as counts["forward"]:
             logits = net(x.index_select(0, n_id), blocks, n_id=n_id)
         with Count() as counts["backward"]:

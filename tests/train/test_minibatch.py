@@ -453,7 +453,8 @@ def test_hgt_on_a_typed_block_builds_no_graph(monkeypatch):
     again = net(x, batch.blocks, n_id=batch.n_id)
     assert built == []
     torch.testing.assert_close(first, again)
-    views = [b.derived(("one_node_type", tuple(net._meta[1])), None) for b in batch.blocks]
+    key = ("one_node_type", "n", tuple(net._meta[1]))
+    views = [b._derived.get(key) for b in batch.blocks]
     assert all(v is not None and not v.is_block for v in views)
 
 
