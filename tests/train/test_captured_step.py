@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from hector import Graph
 from hector.loader import NeighborLoader
 from hector.nn import AGNNConv, GATConv, TransformerConv
+from hector.graph.graph import recipe_name
 from hector.train.captured import CapturedInference, CapturedStep, masked_cross_entropy
 from hector.train.models import Net
 
@@ -95,15 +96,22 @@ def test_capacity_blocks_give_the_ordinary_blocks_results(kind, loops, backend):
             torch.testing.assert_close(got, w, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind,loops", [("gat", True), ("agnn", True), ("transformer", False)])
-def test_the_sampling_part_prederives_what_the_step_derived(kind, loops):
+@pytest.mark.parametrize("kind,backend,made", [
+    ("gat", "torch", "self_loops"), ("agnn", "torch", "self_loops"),
+    ("transformer", "torch", None), ("rgcn", "triton", "traversal_csr"),
+    ("hgt", "torch", "one_node_type")])
+def test_the_sampling_part_prederives_what_the_step_derived(kind, backend, made):
     """An overlapped step's sampling part (``_sample_and_build``) makes on the new blocks the
-    recipe derivations the last step's blocks hold (the twin with self loops of GAT and
-    AGNN; the Transformer adds none): the same logits as blocks derived on demand."""
-    graph = graph_with_loops()
+    recipe derivations the last step's blocks hold (GAT's and AGNN's twin with self loops,
+    RGCN's traversal CSRs, HGT's one-type view; the Transformer's step derives none): the
+    same ones, and the same logits as blocks that derive them on demand.  (Triton: under
+    the interpreter.)"""
+    relational = kind in ("rgcn", "hgt")
+    graph = hetero_graph() if relational else graph_with_loops()
     x, y = torch.randn(graph.num_nodes, 6), torch.randint(0, 3, (graph.num_nodes,))
     torch.manual_seed(0)
-    model = TwoLayers(kind, "torch")
+    model = (relational_net(kind, graph, False, backend) if relational
+             else TwoLayers(kind, backend))
     loader = NeighborLoader(graph, [3, 2], batch_size=16, shuffle=True, seed=5, static=True)
     step = CapturedStep(model, torch.optim.Adam(model.parameters()), loader, x, y)
     batches = loader.seed_batches()
@@ -112,11 +120,17 @@ def test_the_sampling_part_prederives_what_the_step_derived(kind, loops):
     step.seeds.copy_(seeds)
     step.count.copy_(count)
     sb, blocks, n_id = step._sample_and_build()
-    assert [("self_loops" in b._derived) for b in blocks] == [loops, loops]
+
+    def recipes(b):
+        return {k for k in b._derived if recipe_name(k) is not None}
+    assert [recipes(b) for b in blocks] == [recipes(b) for b in step._blocks]
+    names = {recipe_name(k) for b in blocks for k in recipes(b)}
+    assert names == ({made} if made else set())
     fresh, fresh_n_id = sb.capacity_blocks(graph), sb.n_id_of(None)
     assert not any(b._derived for b in fresh)
     with torch.no_grad():
-        torch.testing.assert_close(model(x[n_id], blocks), model(x[fresh_n_id], fresh))
+        torch.testing.assert_close(model(x[n_id], blocks, n_id=n_id),
+                                   model(x[fresh_n_id], fresh, n_id=fresh_n_id))
 
 
 def test_capacity_blocks_have_capacity_sizes_only():

@@ -19,6 +19,7 @@ import torch
 from ...kernels.traversal.csr import (WeightedCSR, compose, from_groups, narrow_cols,
                                        one_per_row, resolve_layouts, scaled)
 from ...kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
+from ...graph.graph import recipe
 from ...kernels.traversal.schedule import one_long_bin
 from ..ir import Op, toposort
 from ..steps_torch import GraphIndex, _operand
@@ -70,28 +71,31 @@ def _through_rows(ix: GraphIndex, movements: tuple) -> Optional[WeightedCSR]:
 
 def movement_csr(ix: GraphIndex, movements: tuple, coef: float = 1.0) -> WeightedCSR:
     """``coef`` times the product of a traversal's movements (innermost first) as one
-    weighted CSR: built from the graph's index arrays on the first call, memoised on the
-    graph's index."""
-    key = ("traversal_csr", movements, coef)
-    if key not in ix.memo:
-        # A backward's chain is often a forward's reversed: its CSR is that one transposed,
-        # bit for bit when there are two movements (each entry sums the same products over
-        # the one middle row, in the same order), for one sort instead of a composition.
-        mirror = (ix.memo.get(("traversal_csr", _reversed_chain(movements), coef))
-                  if len(movements) == 2 else None)
-        if mirror is not None:
-            ix.memo[key] = mirror.transpose()
-        else:
-            m = _through_rows(ix, movements)
-            for move in movements if m is None else ():
-                f = _movement_factor(ix, move)
-                m = f if m is None else compose(f, m)
-            ix.memo[key] = scaled(m, coef) if coef != 1.0 else m
-        if getattr(ix.graph, "capacity", None) is not None and ix.memo[key].bins is None:
-            # (a capacity block's CSRs: bins known without reading the batch's lengths)
-            ix.memo[key] = replace(ix.memo[key], bins=one_long_bin(ix.memo[key].rows,
-                                                                   ix.memo[key].nnz))
-    return ix.memo[key]
+    weighted CSR: built from the graph's index arrays on the first call, kept on the graph
+    as a recipe derivation (an overlapped captured step makes it with the blocks)."""
+    return ix.graph.derive(("traversal_csr", movements, coef))
+
+
+@recipe("traversal_csr")
+def _movement_csr(graph, movements: tuple, coef: float) -> WeightedCSR:
+    ix = GraphIndex.of(graph)
+    # A backward's chain is often a forward's reversed: its CSR is that one transposed, bit
+    # for bit when there are two movements (each entry sums the same products over the one
+    # middle row, in the same order), for one sort instead of a composition.
+    mirror = (graph._derived.get(("traversal_csr", _reversed_chain(movements), coef))
+              if len(movements) == 2 else None)
+    if mirror is not None:
+        m = mirror.transpose()
+    else:
+        m = _through_rows(ix, movements)
+        for move in movements if m is None else ():
+            f = _movement_factor(ix, move)
+            m = f if m is None else compose(f, m)
+        m = scaled(m, coef) if coef != 1.0 else m
+    if getattr(graph, "capacity", None) is not None and m.bins is None:
+        # (a capacity block's CSRs: bins known without reading the batch's lengths)
+        m = replace(m, bins=one_long_bin(m.rows, m.nnz))
+    return m
 
 
 def _reversed_chain(movements: tuple) -> tuple:
