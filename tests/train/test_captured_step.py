@@ -99,7 +99,9 @@ def test_capacity_blocks_give_the_ordinary_blocks_results(kind, loops, backend):
 @pytest.mark.parametrize("kind,backend,made", [
     ("gat", "torch", "self_loops"), ("agnn", "torch", "self_loops"),
     ("transformer", "torch", None), ("rgcn", "triton", "traversal_csr"),
-    ("hgt", "torch", "one_node_type")])
+    ("hgt", "torch", "one_node_type"),
+    ("hgt", "triton", "one_node_type attention_sources traversal_csr"),
+    ("rgat", "triton", "self_loops")])
 def test_the_sampling_part_prederives_what_the_step_derived(kind, backend, made):
     """An overlapped step's sampling part (``_sample_and_build``) makes on the new blocks the
     recipe derivations the last step's blocks hold (GAT's and AGNN's twin with self loops,
@@ -121,11 +123,18 @@ def test_the_sampling_part_prederives_what_the_step_derived(kind, backend, made)
     step.count.copy_(count)
     sb, blocks, n_id = step._sample_and_build()
 
-    def recipes(b):
-        return {k for k in b._derived if recipe_name(k) is not None}
+    def recipes(g):
+        """The recipe keys ``g`` holds, and those of the graphs derived from it, by path."""
+        out = set()
+        for k, v in g._derived.items():
+            if recipe_name(k) is not None:
+                out.add((k,))
+                if isinstance(v, Graph):
+                    out |= {(k,) + path for path in recipes(v)}
+        return out
     assert [recipes(b) for b in blocks] == [recipes(b) for b in step._blocks]
-    names = {recipe_name(k) for b in blocks for k in recipes(b)}
-    assert names == ({made} if made else set())
+    names = {recipe_name(path[-1]) for b in blocks for path in recipes(b)}
+    assert names == (set(made.split()) if made else set())
     fresh, fresh_n_id = sb.capacity_blocks(graph), sb.n_id_of(None)
     assert not any(b._derived for b in fresh)
     with torch.no_grad():

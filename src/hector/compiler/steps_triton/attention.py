@@ -25,6 +25,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ...graph import Graph
+from ...graph.graph import recipe
 from ...graph.capacity import with_compact_maps
 from ...graph.derived import AttentionGraph
 from ...kernels.attention.custom_ops import edge_attention_grads_triton, edge_attention_triton
@@ -39,21 +40,24 @@ from .edgewise import _program, run_edgewise_body
 
 
 def _derived_graph(ix: GraphIndex, src_kind: str):
-    """The bipartite graph (source rows of ``src_kind``) -> (nodes), memoised.  Sources and
+    """The bipartite graph (source rows of ``src_kind``) -> (nodes), kept on the graph as a
+    recipe derivation (an overlapped captured step makes it with the blocks).  Sources and
     destinations share the id range ``[0, max(S, N))`` (the kernels read each operand only
     in its own role), and the graph says each side's rows
     (``num_src``, ``num_dst``): operands, outputs and gradients have exactly their side's
     rows, no padding and no copy-out (offset destination ids needed a copy of every operand:
     on synthetic mag, HGT's ``[S, H, D]`` keys and values, 9 ms of ``cat`` per step)."""
-    g = ix.graph
+    return ix.graph.derive(("attention_sources", src_kind))
 
-    def build():
-        rows = max(ix.rows[src_kind], g.num_nodes)
-        return AttentionGraph(_source_rows(ix, src_kind), g.dst.long(), rows,
-                              dst_order=g.csr_in.eid, num_src=ix.rows[src_kind],
-                              num_dst=g.num_nodes,
-                              capacity=g if getattr(g, "capacity", None) is not None else None)
-    return g.derived("attention_sources_" + src_kind, build)
+
+@recipe("attention_sources")
+def _attention_sources(g: Graph, src_kind: str) -> AttentionGraph:
+    ix = GraphIndex.of(g)
+    rows = max(ix.rows[src_kind], g.num_nodes)
+    return AttentionGraph(_source_rows(ix, src_kind), g.dst.long(), rows,
+                          dst_order=g.csr_in.eid, num_src=ix.rows[src_kind],
+                          num_dst=g.num_nodes,
+                          capacity=g if getattr(g, "capacity", None) is not None else None)
 
 
 def _source_rows(ix: GraphIndex, src_kind: str) -> torch.Tensor:
@@ -187,12 +191,17 @@ def _dst_index(rows: AttentionRows, ix: GraphIndex) -> Optional[torch.Tensor]:
     derived graph's, one per canonical edge in its own order (``edge_perm``); memoised."""
     if not rows.dst_edge:
         return None
-    g = ix.graph
-    edge_row = with_compact_maps(g).compact_dst.edge_row
     if rows.graph == "graph":
-        return edge_row
-    return g.derived("attention_dst_rows_" + rows.source, lambda: torch.index_select(
-        edge_row, 0, attention_graph(rows, ix).edge_perm.long()))
+        return with_compact_maps(ix.graph).compact_dst.edge_row
+    return ix.graph.derive(("attention_dst_rows", rows.source))
+
+
+@recipe("attention_dst_rows")
+def _attention_dst_rows(g: Graph, source: str) -> torch.Tensor:
+    """Each derived-graph edge's (dst, relation) row (:func:`_dst_index`)."""
+    edge_row = with_compact_maps(g).compact_dst.edge_row
+    return torch.index_select(edge_row, 0, _derived_graph(GraphIndex.of(g), source)
+                              .edge_perm.long())
 
 
 def _attention_terms(step, roles, ix: GraphIndex):
