@@ -325,7 +325,6 @@ class Graph:
         view._derived, view._device_copies = {}, {self.device: view}
         return view
 
-
     # -- device and memory ----------------------------------------------------------------
     def to(self, device) -> "Graph":
         """This graph on ``device``; the copy is kept, so moving twice costs nothing."""

@@ -8,9 +8,9 @@ dtype) instead of the sampler's and the blocks' several hundred kernels on the s
 
 :func:`twin` makes the step's set: the same objects (graphs, their index records, device
 bounds, capacities), every tensor cloned.  Of what a graph derives on use, the derivations
-with a recipe (:data:`hector.graph.graph.RECIPES`: a GAT block's twin with self loops, HGT's
-one-type view) are twinned too; the rest is left out, and the step derives it from the
-twin's own arrays.  An object it does not know raises: a tensor shared between the two sets
+with a recipe (:data:`hector.graph.graph.RECIPES`: a GAT block's twin with self loops, the
+traversal CSRs, the attention's derived graphs, HGT's one-type view) are twinned too; the
+rest is left out, and the step derives it from the twin's own arrays.  An object it does not know raises: a tensor shared between the two sets
 would be read by the step while the next batch rewrites it.
 
 :func:`prederive` makes on a new batch's blocks the recipe derivations that the blocks of an

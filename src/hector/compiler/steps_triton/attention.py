@@ -25,9 +25,9 @@ from typing import List, Optional, Tuple
 import torch
 
 from ...graph import Graph
-from ...graph.graph import recipe
 from ...graph.capacity import with_compact_maps
 from ...graph.derived import AttentionGraph
+from ...graph.graph import recipe
 from ...kernels.attention.custom_ops import edge_attention_grads_triton, edge_attention_triton
 from ...kernels.attention.launch import overlap, rows_dense
 from ...kernels.attention.plan import AttentionPlan, make_plan

@@ -16,10 +16,10 @@ from typing import List, Optional
 
 import torch
 
+from ...graph.graph import recipe
 from ...kernels.traversal.csr import (WeightedCSR, compose, from_groups, narrow_cols,
                                        one_per_row, resolve_layouts, scaled)
 from ...kernels.traversal.op import edge_softmax as edge_softmax_kernel, traverse
-from ...graph.graph import recipe
 from ...kernels.traversal.schedule import one_long_bin
 from ..ir import Op, toposort
 from ..steps_torch import GraphIndex, _operand
