@@ -10,8 +10,9 @@ dtype) instead of the sampler's and the blocks' several hundred kernels on the s
 bounds, capacities), every tensor cloned.  Of what a graph derives on use, the derivations
 with a recipe (:data:`hector.graph.graph.RECIPES`: a GAT block's twin with self loops, the
 traversal CSRs, the attention's derived graphs, HGT's one-type view) are twinned too; the
-rest is left out, and the step derives it from the twin's own arrays.  An object it does not know raises: a tensor shared between the two sets
-would be read by the step while the next batch rewrites it.
+rest is left out, and the step derives it from the twin's own arrays.  An object it does
+not know raises: a tensor shared between the two sets would be read by the step while the
+next batch rewrites it.
 
 :func:`prederive` makes on a new batch's blocks the recipe derivations that the blocks of an
 earlier step hold: the overlapped step runs it with the sampling, so those derivations'
