@@ -150,7 +150,7 @@ def test_a_new_blocks_traversal_row_bins_are_one_read_and_the_backward_reads_non
     each on CUDA; then the backward plan read its own).  The backward reads nothing: with
     several GPUs a read there waits for the gradient all-reduces DDP has started, so for the
     slowest rank, in the middle of every step (measured: HGT's two-GPU step 40 -> 56 ms)."""
-    from hector.compiler.steps_torch import GraphIndex
+    from hector.graph.graph import recipe_name
     from hector.loader import NeighborLoader
     torch.manual_seed(0)
     ei, et = random_relational(num_nodes=60, num_edges=400)
@@ -166,5 +166,5 @@ def test_a_new_blocks_traversal_row_bins_are_one_read_and_the_backward_reads_non
     with host_reads() as bwd:
         out.square().sum().backward()
     assert len(fwd) == 1 and bwd == [], (fwd, bwd)
-    bins = [m.bins for k, m in GraphIndex.of(block).memo.items() if k[0] == "traversal_csr"]
+    bins = [m.bins for k, m in block._derived.items() if recipe_name(k) == "traversal_csr"]
     assert len(bins) >= 2 and all(b is not None for b in bins)
