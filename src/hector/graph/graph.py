@@ -356,11 +356,8 @@ class Graph:
         """The registered derivation ``key`` (``name`` or ``(name, *args)``, see
         :data:`RECIPES`), made once and kept like :meth:`derived`, and made again from
         another graph's arrays where a step asks (:func:`hector.graph.twin.prederive`)."""
-        memo = self._derived
-        if key not in memo:
-            name, args = (key, ()) if isinstance(key, str) else (key[0], key[1:])
-            memo[key] = RECIPES[name](self, *args)
-        return memo[key]
+        name, args = (key, ()) if isinstance(key, str) else (key[0], key[1:])
+        return self.derived(key, lambda: RECIPES[name](self, *args))
 
     def nbytes(self) -> int:
         """Bytes held by this graph's index structures on its device."""

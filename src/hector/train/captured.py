@@ -33,13 +33,15 @@ optimizer step another, on the caller's stream.  The step's graph reads a twin o
 blocks (:mod:`hector.graph.twin`) refilled from the sampled ones by a few copies, so the
 next batch is sampled and built while the GPU still runs this one's step: a batch costs the
 longer of the two, not their sum.  What the step derives from its blocks through a recipe
-(:func:`hector.graph.twin.prederive`: GAT's and AGNN's blocks with self loops) is built
-with the blocks, on the sampling stream.  With ``fit``, the blocks are built before the batch's
-sizes are read (on capacities that may not hold it: the build stays in bounds and a batch
-that does not fit runs eagerly on grown capacities, as above).  The overlap needs the next
-batch's seeds made on the sampling stream: iterate :meth:`CapturedStep.seed_batches` (as
-``hector train``'s epoch does) or make them inside :meth:`CapturedStep.feeding`; seeds made
-on the caller's stream are waited for, correct but sequential.
+(:func:`hector.graph.twin.prederive`: GAT's and AGNN's blocks with self loops, the
+compiled layers' traversal CSRs and derived attention graphs, HGT's one-type view) is
+built with the blocks, on the sampling stream.  With ``fit``, the blocks are built before
+the batch's sizes are read (on capacities that may not hold it: the build stays in bounds
+and a batch that does not fit runs eagerly on grown capacities, as above).  The overlap
+needs the next batch's seeds made on the sampling stream: iterate
+:meth:`CapturedStep.seed_batches` (as ``hector train``'s epoch does) or make them inside
+:meth:`CapturedStep.feeding`; seeds made on the caller's stream are waited for, correct but
+sequential.
 
 :class:`CapturedInference` does the same for sampled inference: sampling, blocks, gather and
 forward as one graph per batch, the logits written into the seeds' rows of one table.
@@ -209,7 +211,8 @@ class CapturedStep:
         """(sb, blocks, n_id): an overlapped step's first graph, on the capacities as they
         are (where they are fitted, the batch's sizes are read after it).  The blocks'
         derivations with a recipe that the last step's blocks hold (a GAT block's twin
-        with self loops) are made here too, off the step's stream."""
+        with self loops, the traversal CSRs, ...) are made here too, off the step's
+        stream."""
         sb = self.loader.static.sample(self.seeds, self.count)
         blocks, n_id = self._build(sb)
         if self._blocks is not None:
